@@ -1,0 +1,103 @@
+"""Host cost per launch of a tiny kernel, side by side in one run:
+
+  raw       plain cuLaunchKernel in a C++ loop on the same cubin (the floor)
+  core      lazytriton's C++ launch path (cuLaunchKernelEx) in a C++ loop
+  stub      lazytriton from Python: k[grid](x, y, out, n) through the generated stub
+  triton    Triton's own launcher: add_kernel[grid](x, y, out, n, BLOCK=...)
+
+Each figure is the median over batches of the host time of BATCH launches
+(fewer than the launch queue holds, so the GPU never throttles the host),
+divided by BATCH. Ratios are against `raw`. Run on a GPU machine:
+    python benchmarks/launch_overhead.py
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import lazytriton  # noqa: E402
+from lazytriton import _core  # noqa: E402
+
+BATCH, ROUNDS = 200, 60
+
+
+def per_launch_us(fn, sync) -> float:
+    samples = []
+    for _ in range(ROUNDS):
+        sync()
+        t0 = time.perf_counter()
+        fn(BATCH)
+        samples.append((time.perf_counter() - t0) / BATCH * 1e6)
+    return statistics.median(samples)
+
+
+def per_launch_us_timed(loop, sync) -> float:
+    samples = []
+    for _ in range(ROUNDS):
+        sync()
+        samples.append(loop(BATCH) / BATCH * 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    import torch
+    import triton
+
+    from kernels.basic import add_kernel
+
+    ok, why = lazytriton.gpu_available()
+    if not ok:
+        sys.exit(f"no GPU: {why}")
+    n, block = 1024, 1024
+    x, y, out = (torch.randn(n, device="cuda") for _ in range(3))
+    sync = torch.cuda.synchronize
+    stream = torch.cuda.current_stream().cuda_stream
+    grid = (1,)
+
+    k = lazytriton.kernel(add_kernel)
+    k[grid](x, y, out, n, BLOCK=block, stream=stream)  # compile + stub
+    sync()
+    kern = next(iter(k._kernels.values()))
+    types = ["*fp32", "*fp32", "*fp32", "i32"]
+    vals = [x.data_ptr(), y.data_ptr(), out.data_ptr(), n]
+    add_kernel[grid](x, y, out, n, BLOCK=block)  # Triton's own compile
+    sync()
+
+    def stub(b):
+        for _ in range(b):
+            k[grid](x, y, out, n, BLOCK=block, stream=stream)
+
+    def stub_run(b):
+        run = k.run
+        for _ in range(b):
+            run(x, y, out, n, grid=grid, stream=stream, BLOCK=block)
+
+    def trit(b):
+        for _ in range(b):
+            add_kernel[grid](x, y, out, n, BLOCK=block)
+
+    rows = {
+        "raw cuLaunchKernel (C++ loop)": per_launch_us_timed(
+            lambda b: _core.raw_launch_loop(kern, grid, stream, types, vals, b), sync),
+        "lazytriton core (C++ loop)": per_launch_us_timed(
+            lambda b: _core.core_launch_loop(kern, grid, stream, types, vals, b), sync),
+        "lazytriton stub: k[grid](...)": per_launch_us(stub, sync),
+        "lazytriton stub: k.run(...)": per_launch_us(stub_run, sync),
+        "triton launcher: kernel[grid](...)": per_launch_us(trit, sync),
+    }
+    # Correctness of the timed path, after all that.
+    sync()
+    assert torch.equal(out, x + y)
+    raw = rows["raw cuLaunchKernel (C++ loop)"]
+    print(f"device: {torch.cuda.get_device_name()}  triton {triton.__version__}  lazytriton {lazytriton.__version__}")
+    print(f"{'path':40s} {'us/launch':>10s} {'vs raw':>8s}")
+    for name, us in rows.items():
+        print(f"{name:40s} {us:10.2f} {us / raw:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

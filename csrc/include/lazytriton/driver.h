@@ -1,0 +1,90 @@
+// The CUDA driver, loaded from libcuda.so.1 on first use (no toolkit at build
+// time, and a process without a GPU can load this library and fail cleanly).
+#pragma once
+#include <stdexcept>
+#include <string>
+
+#include "lazytriton/cuda_abi.h"
+
+namespace lt {
+
+// Every failure the runtime reports: a message naming the kernel (when there is
+// one) and, for driver failures, the CUDA error name (e.g. CUDA_ERROR_OUT_OF_MEMORY).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class CudaError : public Error {
+ public:
+  CudaError(cu::CUresult code, const std::string& what);
+  cu::CUresult code() const { return code_; }
+
+ private:
+  cu::CUresult code_;
+};
+
+struct Driver {
+#define LT_DRIVER_FN(name, ...) cu::CUresult (*name)(__VA_ARGS__) = nullptr;
+#include "lazytriton/driver_fns.inc"
+#undef LT_DRIVER_FN
+  int version = 0;
+};
+
+// The loaded driver. Throws lt::Error if libcuda.so.1 is missing or cuInit fails
+// (e.g. no GPU); the failure is remembered so every later call reports it too.
+const Driver& driver();
+
+// Whether a usable driver and device exist, without throwing; `why` gets the reason.
+bool driver_available(std::string* why = nullptr);
+
+// "CUDA_ERROR_X" for a result code (falls back to the number without a driver).
+std::string error_name(cu::CUresult code);
+
+// Throws CudaError naming `what` (e.g. "kernel add: cuLaunchKernelEx") if code != 0.
+inline void check(cu::CUresult code, const char* what) {
+  if (code != cu::CUDA_SUCCESS) throw CudaError(code, what);
+}
+void check(cu::CUresult code, const std::string& what);
+
+// The calling thread's current context; if it has none, device 0's primary
+// context (or LAZYTRITON_DEVICE's) is made current, as the CUDA runtime would.
+cu::CUcontext current_context();
+int context_device(cu::CUcontext ctx);
+
+// The primary context of `device`, retained once for the life of the process.
+cu::CUcontext primary_context(int device);
+
+// Makes `ctx` current for a scope and restores the previous one afterwards.
+class ContextGuard {
+ public:
+  explicit ContextGuard(cu::CUcontext ctx);
+  ~ContextGuard();
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+ private:
+  cu::CUcontext prev_ = nullptr;
+  bool switched_ = false;
+};
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  int max_threads_per_block = 0;
+  int max_shared_optin = 0;
+  int max_shared_per_sm = 0;
+  int l2_bytes = 0;
+  bool cooperative = false;
+  bool cluster_launch = false;
+  int driver_version = 0;
+};
+// Cached per device after the first query.
+const DeviceInfo& device_info(int device);
+int device_count();
+
+bool stream_is_capturing(cu::CUstream stream);
+
+}  // namespace lt

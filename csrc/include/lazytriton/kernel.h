@@ -1,0 +1,89 @@
+// A compiled Triton kernel (cubin + launch metadata), loaded per CUDA context
+// and launched with cuLaunchKernelEx honouring every Triton 3.x launch field.
+#pragma once
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lazytriton/driver.h"
+
+namespace lt {
+
+// The launch-relevant fields of Triton's compiled-kernel metadata.
+struct LaunchMeta {
+  std::string name;  // the kernel symbol in the cubin
+  int num_warps = 4;
+  int num_ctas = 1;
+  // CTAs per cluster in x, y, z: (num_ctas, 1, 1) from Triton 3.6 on; 3.5's
+  // metadata spells it out as cluster_dims.
+  unsigned cluster[3] = {1, 1, 1};
+  unsigned shared = 0;  // dynamic shared memory bytes
+  uint64_t global_scratch_size = 0, global_scratch_align = 1;
+  uint64_t profile_scratch_size = 0, profile_scratch_align = 1;
+  bool cooperative = false;  // launch_cooperative_grid
+  bool pdl = false;          // launch_pdl (programmatic dependent launch)
+  int arch = 0;              // compute capability the cubin was built for, e.g. 90
+};
+
+struct KernelImage {
+  std::string cubin;
+  LaunchMeta meta;
+};
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  bool empty() const { return x == 0 || y == 0 || z == 0; }
+};
+
+// Checks a kernel's needs against a device's limits; empty string if it fits,
+// otherwise the reason (used to skip tuning candidates and to refuse launches).
+std::string check_fits(const LaunchMeta& meta, const DeviceInfo& dev);
+
+class Kernel {
+ public:
+  explicit Kernel(std::shared_ptr<const KernelImage> image);
+  ~Kernel();
+  Kernel(const Kernel&) = delete;
+  Kernel& operator=(const Kernel&) = delete;
+
+  const LaunchMeta& meta() const { return image_->meta; }
+  const KernelImage& image() const { return *image_; }
+
+  // The function in `ctx`, loading the module there on first use.
+  cu::CUfunction function(cu::CUcontext ctx);
+
+  // Launches on `stream` in the current context. `params` holds the kernel's
+  // runtime arguments (n of them); the two hidden scratch pointers Triton
+  // appends are added here. A grid with a zero dimension launches nothing.
+  void launch(cu::CUstream stream, Dim3 grid, void** params, size_t n);
+  void launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** params, size_t n);
+
+ private:
+  struct Loaded {
+    cu::CUcontext ctx;
+    cu::CUmodule module;
+    cu::CUfunction function;
+  };
+  cu::CUfunction load(cu::CUcontext ctx);
+
+  std::shared_ptr<const KernelImage> image_;
+  static constexpr size_t kMaxContexts = 16;
+  std::array<Loaded, kMaxContexts> loaded_{};
+  std::atomic<size_t> n_loaded_{0};
+  std::mutex load_mu_;
+};
+
+// Process-wide counters (for tests and users: "no trial launch happened").
+struct Counters {
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> module_loads{0};
+  std::atomic<uint64_t> bench_launches{0};
+  std::atomic<uint64_t> resolves{0};
+};
+Counters& counters();
+
+}  // namespace lt

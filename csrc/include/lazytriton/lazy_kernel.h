@@ -1,0 +1,79 @@
+// A kernel whose binary is chosen on first call: calls are keyed by their
+// specialization (alignment, ==1 and divisibility of arguments, autotune key
+// values); a key seen for the first time is resolved once by a callback (which
+// compiles and tunes), and every later call with that key launches directly.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lazytriton/kernel.h"
+
+namespace lt {
+
+using CallKey = std::vector<uint64_t>;
+
+// What a resolved key launches.
+struct Entry {
+  std::shared_ptr<Kernel> kernel;
+  // Bit i set: call argument i is a runtime kernel parameter (not folded into
+  // the binary as a constexpr, e.g. an int specialized to 1).
+  std::vector<bool> is_param;
+  // Grid for callers that fix it at resolution time (C++ embedders, JAX).
+  Dim3 grid;
+  // Opaque data owned by the layer that resolved the entry (e.g. the Python
+  // config meta-parameters a grid callable needs).
+  std::shared_ptr<void> user;
+};
+
+class LazyKernel {
+ public:
+  // Called without any lazytriton lock held; returns the entry for `key`.
+  // `call_ctx` is whatever the caller passed to resolve() (its arguments).
+  using Resolver = std::function<std::shared_ptr<const Entry>(const CallKey& key, void* call_ctx)>;
+
+  LazyKernel(std::string name, Resolver resolver);
+  ~LazyKernel();
+
+  const std::string& name() const { return name_; }
+
+  // Lock-free lookup for the launch hot path; nullptr if `key` is unresolved.
+  const Entry* find(const uint64_t* key, size_t n) const noexcept;
+
+  // Slow path: resolves `key` once. Concurrent callers with the same key wait
+  // for the first one and share its result (or its exception). The caller
+  // must not hold locks the resolver needs (for Python: release the GIL).
+  const Entry* resolve(const uint64_t* key, size_t n, void* call_ctx);
+
+  // Installs a known entry (e.g. loaded from the persistent cache).
+  const Entry* install(const CallKey& key, std::shared_ptr<const Entry> entry);
+
+  size_t size() const;
+  void clear();
+
+ private:
+  struct Table {
+    std::vector<std::pair<CallKey, std::shared_ptr<const Entry>>> rows;
+  };
+  struct InFlight {
+    bool done = false;
+    std::exception_ptr error;
+    const Entry* entry = nullptr;
+  };
+
+  std::string name_;
+  Resolver resolver_;
+  std::atomic<const Table*> table_;
+  std::vector<std::unique_ptr<const Table>> tables_;  // every published table, kept for lock-free readers
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<CallKey, std::shared_ptr<InFlight>> in_flight_;
+};
+
+}  // namespace lt

@@ -1,0 +1,67 @@
+// Autotuning on the caller's real buffers: event timing on the caller's
+// stream, and snapshots that make every trial start from the original data.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "lazytriton/driver.h"
+
+namespace lt {
+
+struct BenchOptions {
+  int warmup = 2;           // untimed launches first (module load, caches)
+  double target_ms = 25.0;  // timed budget per candidate; sets the repetitions
+  int min_reps = 5;
+  int max_reps = 100;
+  bool flush_l2 = false;  // overwrite the L2 cache before every timed launch
+};
+
+struct BenchResult {
+  float median_ms = 0, min_ms = 0;
+  int reps = 0;
+};
+
+// Times `launch` with CUDA events on `stream` (median of adaptive
+// repetitions). `prepare` is enqueued, untimed, before every launch.
+BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
+                  const std::function<void()>& prepare, const BenchOptions& opt);
+
+struct DeviceBuffer {
+  cu::CUdeviceptr ptr = 0;
+  size_t bytes = 0;  // 0: up to the end of the allocation containing ptr
+};
+
+// Bytes from `ptr` to the end of its allocation.
+size_t allocation_extent(cu::CUdeviceptr ptr);
+
+// A saved copy of buffers, kept on the device when memory allows, else in
+// pinned host memory. Saving and restoring are stream-ordered.
+class Snapshot {
+ public:
+  Snapshot(cu::CUstream stream, std::vector<DeviceBuffer> buffers);
+  ~Snapshot();
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+
+  void restore(cu::CUstream stream) const;
+  size_t device_bytes() const { return device_bytes_; }
+  size_t host_bytes() const { return host_bytes_; }
+
+ private:
+  void release();
+  struct Copy {
+    DeviceBuffer src;
+    cu::CUdeviceptr dev = 0;
+    void* host = nullptr;
+  };
+  cu::CUstream stream_;
+  std::vector<Copy> copies_;
+  size_t device_bytes_ = 0, host_bytes_ = 0;
+};
+
+void zero_buffer(cu::CUstream stream, DeviceBuffer buf);
+
+// Overwrites the current device's L2 cache (stream-ordered).
+void flush_l2(cu::CUstream stream);
+
+}  // namespace lt

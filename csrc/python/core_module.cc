@@ -1,0 +1,328 @@
+// lazytriton._core: the Python face of the C++ runtime. Python decides (what
+// to compile, which config wins); this module loads, launches and times.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "lazytriton/python_args.h"
+#include "lazytriton/runtime.h"
+
+namespace py = pybind11;
+using namespace lt;
+
+namespace {
+
+cu::CUstream as_stream(uint64_t s) { return reinterpret_cast<cu::CUstream>(s); }
+
+int dict_int(const py::dict& d, const char* k, int dflt) {
+  return d.contains(k) && !d[k].is_none() ? d[k].cast<int>() : dflt;
+}
+uint64_t dict_u64(const py::dict& d, const char* k, uint64_t dflt) {
+  return d.contains(k) && !d[k].is_none() ? d[k].cast<uint64_t>() : dflt;
+}
+
+// Triton launch metadata, read by field name so any 3.x layout works.
+LaunchMeta meta_from(const py::dict& d) {
+  LaunchMeta m;
+  m.name = d["name"].cast<std::string>();
+  m.num_warps = dict_int(d, "num_warps", 4);
+  m.num_ctas = dict_int(d, "num_ctas", 1);
+  m.shared = unsigned(dict_u64(d, "shared", 0));
+  m.global_scratch_size = dict_u64(d, "global_scratch_size", 0);
+  m.global_scratch_align = dict_u64(d, "global_scratch_align", 1);
+  m.profile_scratch_size = dict_u64(d, "profile_scratch_size", 0);
+  m.profile_scratch_align = dict_u64(d, "profile_scratch_align", 1);
+  m.cooperative = dict_int(d, "launch_cooperative_grid", 0) != 0;
+  m.pdl = dict_int(d, "launch_pdl", 0) != 0;
+  m.arch = dict_int(d, "arch", 0);
+  m.cluster[0] = unsigned(m.num_ctas);
+  if (d.contains("cluster_dims") && !d["cluster_dims"].is_none()) {
+    auto c = d["cluster_dims"].cast<std::vector<unsigned>>();
+    for (size_t i = 0; i < c.size() && i < 3; ++i) m.cluster[i] = std::max(1u, c[i]);
+  }
+  return m;
+}
+
+py::dict meta_to_dict(const LaunchMeta& m) {
+  py::dict d;
+  d["name"] = m.name;
+  d["num_warps"] = m.num_warps;
+  d["num_ctas"] = m.num_ctas;
+  d["shared"] = m.shared;
+  d["global_scratch_size"] = m.global_scratch_size;
+  d["profile_scratch_size"] = m.profile_scratch_size;
+  d["launch_cooperative_grid"] = m.cooperative;
+  d["launch_pdl"] = m.pdl;
+  d["arch"] = m.arch;
+  return d;
+}
+
+uint16_t to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+  int exp = int((x >> 23) & 0xff) - 127 + 15;
+  if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return uint16_t(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return uint16_t(sign);
+    mant |= 0x800000;
+    uint32_t shift = uint32_t(14 - exp);
+    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;
+    return uint16_t(sign | h);
+  }
+  uint32_t h = sign | (uint32_t(exp) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
+  return uint16_t(h);
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if (std::isnan(f)) return uint16_t((x >> 16) | 0x40);
+  x += 0x7fff + ((x >> 16) & 1);  // round to nearest even
+  return uint16_t(x >> 16);
+}
+
+// Runtime arguments packed into 8-byte slots, one per kernel parameter, in the
+// C types Triton's launcher uses for each signature type.
+struct ArgPack {
+  std::vector<uint64_t> slots;
+  std::vector<void*> ptrs;
+
+  ArgPack(const std::vector<std::string>& types, const py::sequence& values) {
+    if (types.size() != size_t(py::len(values)))
+      throw py::value_error("argument count does not match the signature");
+    slots.assign(types.size(), 0);
+    for (size_t i = 0; i < types.size(); ++i) pack(types[i], values[i], &slots[i]);
+    for (auto& s : slots) ptrs.push_back(&s);
+  }
+
+  static void pack(const std::string& t, py::handle v, uint64_t* slot) {
+    auto put = [&](auto x) { std::memcpy(slot, &x, sizeof(x)); };
+    if (t[0] == '*' || t == "u64") return put(v.cast<uint64_t>());
+    if (t == "i64") return put(v.cast<int64_t>());
+    if (t == "i32") return put(v.cast<int32_t>());
+    if (t == "u32") return put(v.cast<uint32_t>());
+    if (t == "i16") return put(v.cast<int16_t>());
+    if (t == "u16") return put(v.cast<uint16_t>());
+    if (t == "i8" || t == "i1") return put(v.cast<int8_t>());
+    if (t == "u8" || t == "u1") return put(uint8_t(v.cast<int>()));
+    if (t == "fp32") return put(v.cast<float>());
+    if (t == "fp64") return put(v.cast<double>());
+    if (t == "fp16") return put(to_fp16(v.cast<float>()));
+    if (t == "bf16") return put(to_bf16(v.cast<float>()));
+    throw py::type_error("unsupported kernel argument type " + t);
+  }
+};
+
+Dim3 dim3_from(const py::handle& g) {
+  Dim3 d;
+  if (!pyargs::read_grid(g.ptr(), &d)) throw py::error_already_set();
+  return d;
+}
+
+std::shared_ptr<void> hold(py::object obj) {
+  if (obj.is_none()) return nullptr;
+  return std::shared_ptr<void>(obj.release().ptr(), [](void* p) {
+    if (!Py_IsInitialized()) return;  // interpreter gone: nothing to release
+    py::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(p));
+  });
+}
+
+template <class F>
+auto without_gil(F&& f) {
+  py::gil_scoped_release nogil;
+  return f();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "lazytriton C++ runtime core";
+  py::register_exception<Error>(m, "RuntimeFailure", PyExc_RuntimeError);
+
+  m.def("driver_status", [] {
+    std::string why;
+    bool ok = driver_available(&why);
+    return py::make_tuple(ok, why);
+  });
+  m.def("device_count", &device_count);
+  m.def("current_device", [] { return context_device(current_context()); },
+        "Ordinal of the calling thread's current device (making device 0's primary context current if none is).");
+  m.def("device_info", [](int dev) {
+    const DeviceInfo& i = device_info(dev);
+    py::dict d;
+    d["ordinal"] = i.ordinal;
+    d["name"] = i.name;
+    d["capability"] = py::make_tuple(i.cc_major, i.cc_minor);
+    d["sm_count"] = i.sm_count;
+    d["max_threads_per_block"] = i.max_threads_per_block;
+    d["max_shared_optin"] = i.max_shared_optin;
+    d["l2_bytes"] = i.l2_bytes;
+    d["cooperative"] = i.cooperative;
+    d["cluster_launch"] = i.cluster_launch;
+    d["driver_version"] = i.driver_version;
+    return d;
+  });
+  m.def("synchronize", [](uint64_t stream) {
+    without_gil([&] { check(driver().cuStreamSynchronize(as_stream(stream)), "cuStreamSynchronize"); });
+  });
+  m.def("is_capturing", [](uint64_t stream) { return stream_is_capturing(as_stream(stream)); });
+  m.def("counters", [] {
+    Counters& c = counters();
+    py::dict d;
+    d["launches"] = c.launches.load();
+    d["module_loads"] = c.module_loads.load();
+    d["bench_launches"] = c.bench_launches.load();
+    d["resolves"] = c.resolves.load();
+    return d;
+  });
+  m.def("check_fits", [](const py::dict& meta, int dev) { return check_fits(meta_from(meta), device_info(dev)); },
+        "Empty string if a kernel with this metadata fits the device, else the reason.");
+
+  py::class_<Kernel, std::shared_ptr<Kernel>>(m, "Kernel")
+      .def(py::init([](py::bytes cubin, const py::dict& meta) {
+             auto img = std::make_shared<KernelImage>();
+             img->cubin = std::string(cubin);
+             img->meta = meta_from(meta);
+             return std::make_shared<Kernel>(std::move(img));
+           }),
+           py::arg("cubin"), py::arg("metadata"))
+      .def_property_readonly("name", [](const Kernel& k) { return k.meta().name; })
+      .def_property_readonly("metadata", [](const Kernel& k) { return meta_to_dict(k.meta()); })
+      .def("load", [](Kernel& k) { k.function(current_context()); }, "Load the module in the current context.")
+      .def("launch",
+           [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args) {
+             ArgPack pack(types, args);
+             Dim3 g = dim3_from(grid);
+             k.launch(as_stream(stream), g, pack.ptrs.data(), pack.ptrs.size());
+           },
+           py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"));
+
+  py::class_<Entry, std::shared_ptr<Entry>>(m, "Entry")
+      .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid) {
+             auto e = std::make_shared<Entry>();
+             e->kernel = std::move(k);
+             e->is_param = std::move(is_param);
+             if (!grid.is_none()) e->grid = dim3_from(grid);
+             e->user = hold(std::move(meta));
+             return e;
+           }),
+           py::arg("kernel"), py::arg("is_param"), py::arg("meta") = py::none(), py::arg("grid") = py::none())
+      .def_property_readonly("kernel", [](const Entry& e) { return e.kernel; })
+      .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; });
+
+  py::class_<LazyKernel, std::shared_ptr<LazyKernel>>(m, "LazyKernel")
+      .def(py::init([](std::string name, py::function resolver) {
+             auto fn = std::shared_ptr<py::function>(new py::function(std::move(resolver)), [](py::function* f) {
+               if (!Py_IsInitialized()) return;
+               py::gil_scoped_acquire gil;
+               delete f;
+             });
+             return std::make_shared<LazyKernel>(std::move(name), [fn](const CallKey& key, void* ctx) {
+               py::gil_scoped_acquire gil;
+               py::object r = (*fn)(py::tuple(py::cast(key)), py::reinterpret_borrow<py::object>(static_cast<PyObject*>(ctx)));
+               return std::shared_ptr<const Entry>(r.cast<std::shared_ptr<Entry>>());
+             });
+           }),
+           py::arg("name"), py::arg("resolver"))
+      .def_property_readonly("name", &LazyKernel::name)
+      .def_property_readonly("handle", [](LazyKernel& k) { return reinterpret_cast<uintptr_t>(&k); },
+                             "Address of the C++ object, for generated stubs (valid while this object lives).")
+      .def("resolve",
+           [](LazyKernel& k, std::vector<uint64_t> key, py::object ctx) {
+             // Without the GIL: another thread may be resolving this key in
+             // Python, and this one must wait for it, not block it.
+             without_gil([&] { return k.resolve(key.data(), key.size(), ctx.ptr()); });
+           },
+           py::arg("key"), py::arg("ctx"))
+      .def("install",
+           [](LazyKernel& k, std::vector<uint64_t> key, std::shared_ptr<Entry> e) { k.install(key, std::move(e)); })
+      .def("find", [](LazyKernel& k, std::vector<uint64_t> key) { return k.find(key.data(), key.size()) != nullptr; })
+      .def("__len__", &LazyKernel::size)
+      .def("clear", &LazyKernel::clear);
+
+  py::class_<Snapshot>(m, "Snapshot")
+      .def(py::init([](uint64_t stream, const std::vector<std::pair<uint64_t, size_t>>& bufs) {
+             std::vector<DeviceBuffer> b;
+             for (auto& [p, n] : bufs) b.push_back({p, n});
+             return std::make_unique<Snapshot>(as_stream(stream), std::move(b));
+           }),
+           py::arg("stream"), py::arg("buffers"))
+      .def("restore", [](const Snapshot& s, uint64_t stream) { s.restore(as_stream(stream)); })
+      .def_property_readonly("device_bytes", &Snapshot::device_bytes)
+      .def_property_readonly("host_bytes", &Snapshot::host_bytes);
+
+  // The floor the benchmarks compare against: plain cuLaunchKernel from a C++
+  // loop (no Python, no lazytriton bookkeeping). Returns seconds for n launches.
+  m.def("raw_launch_loop", [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types,
+                              py::sequence args, int n) {
+    ArgPack pack(types, args);
+    pack.slots.push_back(0);  // the two hidden scratch pointers
+    pack.slots.push_back(0);
+    std::vector<void*> ptrs;
+    for (auto& s : pack.slots) ptrs.push_back(&s);
+    Dim3 g = dim3_from(grid);
+    const LaunchMeta& m = k.meta();
+    cu::CUfunction fn = k.function(current_context());
+    const Driver& d = driver();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i)
+      check(d.cuLaunchKernel(fn, g.x, g.y, g.z, 32 * m.num_warps, 1, 1, m.shared, as_stream(stream), ptrs.data(), nullptr),
+            "cuLaunchKernel");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  // Same loop through lazytriton's own C++ launch path (Kernel::launch).
+  m.def("core_launch_loop", [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types,
+                               py::sequence args, int n) {
+    ArgPack pack(types, args);
+    Dim3 g = dim3_from(grid);
+    cu::CUcontext ctx = current_context();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) k.launch(ctx, as_stream(stream), g, pack.ptrs.data(), pack.ptrs.size());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+
+  m.def("zero", [](uint64_t stream, uint64_t ptr, size_t nbytes) { zero_buffer(as_stream(stream), {ptr, nbytes}); });
+  m.def("allocation_extent", [](uint64_t ptr) { return allocation_extent(ptr); });
+  m.def("flush_l2", [](uint64_t stream) { flush_l2(as_stream(stream)); });
+
+  m.def(
+      "bench",
+      [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args,
+         const Snapshot* snapshot, const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
+        ArgPack pack(types, args);
+        Dim3 g = dim3_from(grid);
+        BenchOptions o;
+        o.warmup = dict_int(opt, "warmup", o.warmup);
+        o.min_reps = dict_int(opt, "min_reps", o.min_reps);
+        o.max_reps = dict_int(opt, "max_reps", o.max_reps);
+        if (opt.contains("target_ms")) o.target_ms = opt["target_ms"].cast<double>();
+        if (opt.contains("flush_l2")) o.flush_l2 = opt["flush_l2"].cast<bool>();
+        cu::CUstream s = as_stream(stream);
+        cu::CUcontext ctx = current_context();
+        BenchResult r = without_gil([&] {
+          return lt::bench(
+              s, [&] { k.launch(ctx, s, g, pack.ptrs.data(), pack.ptrs.size()); },
+              [&] {
+                if (snapshot) snapshot->restore(s);
+                for (auto& [p, n] : zero) zero_buffer(s, {p, n});
+              },
+              o);
+        });
+        py::dict d;
+        d["median_ms"] = r.median_ms;
+        d["min_ms"] = r.min_ms;
+        d["reps"] = r.reps;
+        return d;
+      },
+      py::arg("kernel"), py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"),
+      py::arg("snapshot"), py::arg("zero"), py::arg("options"));
+}

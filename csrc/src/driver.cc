@@ -1,0 +1,190 @@
+#include "lazytriton/driver.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace lt {
+namespace {
+
+// Entry points are requested with the ABI of this CUDA version, so the
+// signatures in driver_fns.inc stay valid on newer drivers.
+constexpr int kRequestedAbi = 12000;
+
+struct LoadState {
+  Driver drv;
+  std::string error;  // non-empty if loading failed
+};
+
+using GetProcV2 = cu::CUresult (*)(const char*, void**, int, unsigned long long, int*);
+using GetProcV1 = cu::CUresult (*)(const char*, void**, int, unsigned long long);
+
+std::string load_into(Driver& d) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* e = dlerror();
+    return std::string("no CUDA driver: libcuda.so.1 could not be loaded (") +
+           (e ? e : "unknown reason") + "); launching Triton kernels needs an NVIDIA GPU and driver";
+  }
+  auto v2 = reinterpret_cast<GetProcV2>(dlsym(lib, "cuGetProcAddress_v2"));
+  auto v1 = reinterpret_cast<GetProcV1>(dlsym(lib, "cuGetProcAddress"));
+  if (!v2 && !v1) return "the CUDA driver is too old (no cuGetProcAddress); lazytriton needs a CUDA 12+ driver";
+  auto resolve = [&](const char* name, void** slot) -> bool {
+    cu::CUresult r = v2 ? v2(name, slot, kRequestedAbi, 0, nullptr) : v1(name, slot, kRequestedAbi, 0);
+    return r == cu::CUDA_SUCCESS && *slot != nullptr;
+  };
+#define LT_DRIVER_FN(name, ...)                                                          \
+  if (!resolve(#name, reinterpret_cast<void**>(&d.name)))                                \
+    return std::string("the CUDA driver lacks ") + #name + " (a CUDA 12+ driver is needed)";
+#include "lazytriton/driver_fns.inc"
+#undef LT_DRIVER_FN
+  cu::CUresult r = d.cuInit(0);
+  if (r != cu::CUDA_SUCCESS) {
+    const char* name = nullptr;
+    d.cuGetErrorName(r, &name);
+    return std::string("no usable CUDA device: cuInit failed with ") + (name ? name : "an unknown error");
+  }
+  d.cuDriverGetVersion(&d.version);
+  return "";
+}
+
+const LoadState& state() {
+  static LoadState* s = [] {
+    auto* st = new LoadState();  // never freed: launches may run during exit
+    st->error = load_into(st->drv);
+    return st;
+  }();
+  return *s;
+}
+
+}  // namespace
+
+CudaError::CudaError(cu::CUresult code, const std::string& what)
+    : Error(what + " failed: " + error_name(code)), code_(code) {}
+
+void check(cu::CUresult code, const std::string& what) {
+  if (code != cu::CUDA_SUCCESS) throw CudaError(code, what);
+}
+
+const Driver& driver() {
+  const LoadState& s = state();
+  if (!s.error.empty()) throw Error("lazytriton: " + s.error);
+  return s.drv;
+}
+
+bool driver_available(std::string* why) {
+  const LoadState& s = state();
+  if (why) *why = s.error;
+  if (!s.error.empty()) return false;
+  int n = 0;
+  if (s.drv.cuDeviceGetCount(&n) != cu::CUDA_SUCCESS || n == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
+  return true;
+}
+
+std::string error_name(cu::CUresult code) {
+  const LoadState& s = state();
+  const char* name = nullptr;
+  if (s.error.empty() && s.drv.cuGetErrorName(code, &name) == cu::CUDA_SUCCESS && name)
+    return name;
+  return "CUDA error " + std::to_string(code);
+}
+
+cu::CUcontext primary_context(int device) {
+  static std::mutex mu;
+  static std::map<int, cu::CUcontext> ctxs;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = ctxs.find(device);
+  if (it != ctxs.end()) return it->second;
+  const Driver& d = driver();
+  cu::CUdevice dev;
+  check(d.cuDeviceGet(&dev, device), "cuDeviceGet(" + std::to_string(device) + ")");
+  cu::CUcontext ctx;
+  check(d.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  ctxs[device] = ctx;
+  return ctx;
+}
+
+cu::CUcontext current_context() {
+  const Driver& d = driver();
+  cu::CUcontext ctx = nullptr;
+  check(d.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (ctx) return ctx;
+  const char* env = std::getenv("LAZYTRITON_DEVICE");
+  ctx = primary_context(env ? std::atoi(env) : 0);
+  check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  return ctx;
+}
+
+int context_device(cu::CUcontext ctx) {
+  ContextGuard guard(ctx);
+  cu::CUdevice dev;
+  check(driver().cuCtxGetDevice(&dev), "cuCtxGetDevice");
+  return dev;
+}
+
+ContextGuard::ContextGuard(cu::CUcontext ctx) {
+  const Driver& d = driver();
+  check(d.cuCtxGetCurrent(&prev_), "cuCtxGetCurrent");
+  if (prev_ != ctx) {
+    check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    switched_ = true;
+  }
+}
+
+ContextGuard::~ContextGuard() {
+  if (switched_) driver().cuCtxSetCurrent(prev_);
+}
+
+int device_count() {
+  int n = 0;
+  check(driver().cuDeviceGetCount(&n), "cuDeviceGetCount");
+  return n;
+}
+
+const DeviceInfo& device_info(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<DeviceInfo>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[device];
+  if (slot) return *slot;
+  const Driver& d = driver();
+  cu::CUdevice dev;
+  check(d.cuDeviceGet(&dev, device), "cuDeviceGet(" + std::to_string(device) + ")");
+  auto info = std::make_unique<DeviceInfo>();
+  info->ordinal = device;
+  char name[256] = {0};
+  check(d.cuDeviceGetName(name, sizeof(name) - 1, dev), "cuDeviceGetName");
+  info->name = name;
+  auto attr = [&](int a) {
+    int v = 0;
+    check(d.cuDeviceGetAttribute(&v, a, dev), "cuDeviceGetAttribute");
+    return v;
+  };
+  info->cc_major = attr(cu::COMPUTE_CAPABILITY_MAJOR);
+  info->cc_minor = attr(cu::COMPUTE_CAPABILITY_MINOR);
+  info->sm_count = attr(cu::MULTIPROCESSOR_COUNT);
+  info->max_threads_per_block = attr(cu::MAX_THREADS_PER_BLOCK);
+  info->max_shared_optin = attr(cu::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  info->max_shared_per_sm = attr(cu::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+  info->l2_bytes = attr(cu::L2_CACHE_SIZE);
+  info->cooperative = attr(cu::COOPERATIVE_LAUNCH) != 0;
+  info->cluster_launch = attr(cu::CLUSTER_LAUNCH) != 0;
+  info->driver_version = d.version;
+  slot = std::move(info);
+  return *slot;
+}
+
+bool stream_is_capturing(cu::CUstream stream) {
+  int status = cu::CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  return status != cu::CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+}  // namespace lt

@@ -1,0 +1,161 @@
+#include "lazytriton/tuning.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "lazytriton/kernel.h"
+
+namespace lt {
+namespace {
+
+// Leave this much device memory free when deciding where snapshots live.
+constexpr size_t kDeviceHeadroom = size_t(256) << 20;
+
+class Events {
+ public:
+  explicit Events(size_t n) : ev_(n, nullptr) {
+    for (auto& e : ev_) check(driver().cuEventCreate(&e, cu::CU_EVENT_DEFAULT), "cuEventCreate");
+  }
+  ~Events() {
+    for (auto e : ev_)
+      if (e) driver().cuEventDestroy(e);
+  }
+  cu::CUevent operator[](size_t i) const { return ev_[i]; }
+
+ private:
+  std::vector<cu::CUevent> ev_;
+};
+
+float elapsed(cu::CUevent a, cu::CUevent b) {
+  float ms = 0;
+  check(driver().cuEventElapsedTime(&ms, a, b), "cuEventElapsedTime");
+  return ms;
+}
+
+std::vector<float> timed_runs(cu::CUstream stream, int reps, const std::function<void()>& launch,
+                              const std::function<void()>& prepare) {
+  Events ev(2 * size_t(reps));
+  const Driver& d = driver();
+  for (int i = 0; i < reps; ++i) {
+    prepare();
+    check(d.cuEventRecord(ev[2 * i], stream), "cuEventRecord");
+    launch();
+    check(d.cuEventRecord(ev[2 * i + 1], stream), "cuEventRecord");
+    counters().bench_launches++;
+  }
+  check(d.cuEventSynchronize(ev[2 * size_t(reps) - 1]), "tuning: cuEventSynchronize");
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) ms[i] = elapsed(ev[2 * i], ev[2 * i + 1]);
+  return ms;
+}
+
+}  // namespace
+
+BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
+                  const std::function<void()>& prepare, const BenchOptions& opt) {
+  auto full_prepare = [&] {
+    prepare();
+    if (opt.flush_l2) flush_l2(stream);
+  };
+  for (int i = 0; i < opt.warmup; ++i) {
+    full_prepare();
+    launch();
+    counters().bench_launches++;
+  }
+  // One timed launch estimates the cost; the budget then sets the repetitions.
+  float est = std::max(timed_runs(stream, 1, launch, full_prepare)[0], 1e-4f);
+  int reps = int(std::clamp(opt.target_ms / est, double(opt.min_reps), double(opt.max_reps)));
+  std::vector<float> ms = timed_runs(stream, reps, launch, full_prepare);
+  std::sort(ms.begin(), ms.end());
+  BenchResult r;
+  r.reps = reps;
+  r.min_ms = ms.front();
+  r.median_ms = reps % 2 ? ms[reps / 2] : 0.5f * (ms[reps / 2 - 1] + ms[reps / 2]);
+  return r;
+}
+
+size_t allocation_extent(cu::CUdeviceptr ptr) {
+  cu::CUdeviceptr base = 0;
+  size_t size = 0;
+  check(driver().cuMemGetAddressRange(&base, &size, ptr), "cuMemGetAddressRange (is this a device pointer?)");
+  return size_t(base + size - ptr);
+}
+
+Snapshot::Snapshot(cu::CUstream stream, std::vector<DeviceBuffer> buffers) : stream_(stream) {
+  const Driver& d = driver();
+  size_t total = 0;
+  for (auto& b : buffers) {
+    if (b.bytes == 0) b.bytes = allocation_extent(b.ptr);
+    total += b.bytes;
+  }
+  size_t free_b = 0, total_b = 0;
+  check(d.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+  bool on_device = free_b > total + kDeviceHeadroom;
+  try {
+    for (const auto& b : buffers) {
+      Copy c{b};
+      if (on_device && d.cuMemAlloc(&c.dev, b.bytes) == cu::CUDA_SUCCESS) {
+        check(d.cuMemcpyDtoDAsync(c.dev, b.ptr, b.bytes, stream), "snapshot cuMemcpyDtoDAsync");
+        device_bytes_ += b.bytes;
+      } else {
+        c.dev = 0;
+        check(d.cuMemAllocHost(&c.host, b.bytes), "snapshot cuMemAllocHost");
+        check(d.cuMemcpyDtoHAsync(c.host, b.ptr, b.bytes, stream), "snapshot cuMemcpyDtoHAsync");
+        host_bytes_ += b.bytes;
+      }
+      copies_.push_back(c);
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Snapshot::~Snapshot() { release(); }
+
+void Snapshot::release() {
+  const Driver& d = driver();
+  // Restores may still be queued: the copies must outlive them.
+  d.cuStreamSynchronize(stream_);
+  for (auto& c : copies_) {
+    if (c.dev) d.cuMemFree(c.dev);
+    if (c.host) d.cuMemFreeHost(c.host);
+  }
+  copies_.clear();
+}
+
+void Snapshot::restore(cu::CUstream stream) const {
+  const Driver& d = driver();
+  for (const auto& c : copies_) {
+    if (c.dev)
+      check(d.cuMemcpyDtoDAsync(c.src.ptr, c.dev, c.src.bytes, stream), "restore cuMemcpyDtoDAsync");
+    else
+      check(d.cuMemcpyHtoDAsync(c.src.ptr, c.host, c.src.bytes, stream), "restore cuMemcpyHtoDAsync");
+  }
+}
+
+void zero_buffer(cu::CUstream stream, DeviceBuffer buf) {
+  if (buf.bytes == 0) buf.bytes = allocation_extent(buf.ptr);
+  check(driver().cuMemsetD8Async(buf.ptr, 0, buf.bytes, stream), "cuMemsetD8Async");
+}
+
+void flush_l2(cu::CUstream stream) {
+  static std::mutex mu;
+  static std::map<cu::CUcontext, std::pair<cu::CUdeviceptr, size_t>> buffers;
+  cu::CUcontext ctx = current_context();
+  std::pair<cu::CUdeviceptr, size_t> buf;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = buffers[ctx];
+    if (!slot.first) {
+      size_t bytes = std::max<size_t>(2 * size_t(device_info(context_device(ctx)).l2_bytes), 64u << 20);
+      check(driver().cuMemAlloc(&slot.first, bytes), "L2 flush cuMemAlloc");
+      slot.second = bytes;
+    }
+    buf = slot;
+  }
+  check(driver().cuMemsetD32Async(buf.first, 0xdeadbeef, buf.second / 4, stream), "L2 flush cuMemsetD32Async");
+}
+
+}  // namespace lt

@@ -1,0 +1,34 @@
+"""lazytriton: lazy, first-call autotuning runtime for Triton kernels.
+
+    import lazytriton
+    add = lazytriton.kernel(add_kernel)       # nothing compiles here
+    add[grid](x, y, out, n)                   # first call: compile + tune on x, y, out
+    add[grid](x, y, out, n)                   # later calls: C++ stub -> cuLaunchKernelEx
+"""
+from __future__ import annotations
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("lazytriton")
+except Exception:  # running from a source tree
+    __version__ = "0+unknown"
+
+try:
+    from . import _core
+except ImportError as exc:  # pragma: no cover - only from an unbuilt source tree
+    raise ImportError("lazytriton's C++ core is not built; install the package with `pip install .`") from exc
+
+from .runtime import LazyKernel, kernel, stats, stream_handle  # noqa: E402
+from .tuner import TuneOptions  # noqa: E402
+
+RuntimeFailure = _core.RuntimeFailure
+
+
+def gpu_available() -> tuple[bool, str]:
+    """(True, "") if a CUDA driver and device are usable, else (False, reason)."""
+    return _core.driver_status()
+
+
+__all__ = ["LazyKernel", "kernel", "stats", "stream_handle", "TuneOptions", "RuntimeFailure", "gpu_available",
+           "__version__"]

@@ -1,0 +1,143 @@
+"""Reading device arrays from Python objects: pointer, Triton dtype, size.
+
+The C++ stubs ask this module once per Python type (how to read its pointer)
+and once per dtype object (its Triton dtype id); everything after that happens
+in C++ by identity checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Triton element types, by id. The ids are baked into generated stubs, so only
+# append to this list.
+DTYPES = (
+    "u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
+    "fp16", "bf16", "fp32", "fp64",
+    "fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16",
+)
+DTYPE_IDS = {name: i for i, name in enumerate(DTYPES)}
+
+# Names frameworks print for dtypes (numpy/cupy/jax/ml_dtypes/torch), to Triton's.
+_ALIASES = {
+    "bool": "u1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+    "float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32",
+    "float64": "fp64", "double": "fp64",
+    "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "float8_e4m3fnuz": "fp8e4b8",
+    "float8_e5m2fnuz": "fp8e5b16", "float8_e4m3b11fnuz": "fp8e4b15",
+}
+
+# __cuda_array_interface__ typestr (without byte order) to Triton dtype.
+_TYPESTR = {
+    "b1": "u1", "i1": "i8", "i2": "i16", "i4": "i32", "i8": "i64",
+    "u1": "u8", "u2": "u16", "u4": "u32", "u8": "u64",
+    "f2": "fp16", "f4": "fp32", "f8": "fp64",
+}
+
+NOT_ARRAY, DATA_PTR_METHOD, DATA_DOT_PTR, CUDA_ARRAY_INTERFACE, DLPACK = range(5)
+
+
+def triton_dtype(dtype: Any) -> str | None:
+    """Triton's name for a framework dtype object (or string), or None."""
+    name = getattr(dtype, "name", None) if not isinstance(dtype, str) else dtype
+    if not isinstance(name, str):
+        name = str(dtype)
+    name = name.removeprefix("torch.").removeprefix("dtype(").strip("')\"")
+    if name in DTYPE_IDS:
+        return name
+    return _ALIASES.get(name)
+
+
+def dtype_id(dtype: Any) -> int:
+    """Called by the C++ stubs once per dtype object."""
+    name = triton_dtype(dtype)
+    return DTYPE_IDS[name] if name is not None else -1
+
+
+def pointer_strategy(obj: Any) -> int:
+    """How the C++ stubs read the device pointer of objects of this type."""
+    if isinstance(obj, (int, float, bool, str, type(None))):
+        return NOT_ARRAY
+    if callable(getattr(obj, "data_ptr", None)):
+        return DATA_PTR_METHOD
+    data = getattr(obj, "data", None)
+    if isinstance(getattr(data, "ptr", None), int) and hasattr(obj, "__cuda_array_interface__"):
+        return DATA_DOT_PTR  # CuPy: reads two attributes instead of building a dict
+    if hasattr(obj, "__cuda_array_interface__"):
+        return CUDA_ARRAY_INTERFACE
+    if hasattr(obj, "__dlpack__"):
+        return DLPACK
+    return NOT_ARRAY
+
+
+def is_array(obj: Any) -> bool:
+    return pointer_strategy(obj) != NOT_ARRAY
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    ptr: int
+    dtype: str  # Triton dtype name
+    nbytes: int | None  # None when the object does not tell
+
+
+def array_info(obj: Any, what: str = "argument") -> ArrayInfo:
+    """Pointer, Triton dtype and size of a device array; TypeError naming `what` otherwise."""
+    strategy = pointer_strategy(obj)
+    if strategy == NOT_ARRAY:
+        raise TypeError(f"{what}: expected a device array (an object with __cuda_array_interface__, "
+                        f"__dlpack__ or data_ptr()), got {type(obj).__name__}")
+    cai = getattr(obj, "__cuda_array_interface__", None) if strategy in (DATA_DOT_PTR, CUDA_ARRAY_INTERFACE) else None
+    if strategy == DATA_PTR_METHOD:
+        ptr = int(obj.data_ptr())
+    elif strategy == DATA_DOT_PTR:
+        ptr = int(obj.data.ptr)
+    elif strategy == CUDA_ARRAY_INTERFACE:
+        ptr = int(cai["data"][0])
+    else:
+        ptr = _dlpack_pointer(obj)
+    dtype = triton_dtype(obj.dtype) if hasattr(obj, "dtype") else None
+    if dtype is None and cai is not None:
+        dtype = _TYPESTR.get(cai["typestr"][1:])
+    if dtype is None:
+        raise TypeError(f"{what}: unsupported dtype {getattr(obj, 'dtype', '?')!r} for a Triton kernel")
+    return ArrayInfo(ptr, dtype, _nbytes(obj))
+
+
+def _nbytes(obj: Any) -> int | None:
+    n = getattr(obj, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    numel, elsize = getattr(obj, "numel", None), getattr(obj, "element_size", None)
+    if callable(numel) and callable(elsize):  # torch-like
+        return int(numel()) * int(elsize())
+    return None
+
+
+def _dlpack_pointer(obj: Any) -> int:
+    import ctypes
+
+    capsule = obj.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    addr = get(capsule, b"dltensor")
+    data = ctypes.c_void_p.from_address(addr).value or 0
+    # DLTensor: data(8) device(8) ndim(4) dtype(4) shape(8) strides(8) byte_offset(8)
+    offset = ctypes.c_uint64.from_address(addr + 40).value
+    return data + offset
+
+
+class PointerArg:
+    """What Triton's specializer sees for one of our arrays: data_ptr() and dtype."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype: str):
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def __repr__(self) -> str:
+        return f"PointerArg(0x{self.ptr:x}, {self.dtype})"

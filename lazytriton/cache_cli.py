@@ -1,0 +1,178 @@
+"""`lazytriton cache ...` subcommands: list, show, clear, export, import."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from typing import Any, Optional
+
+from .cache import Cache
+
+
+def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `cache` command group to an argparse subparsers object."""
+    cache_p = subparsers.add_parser("cache", help="inspect and manage the lazytriton cache")
+    cache_p.add_argument("--cache-dir", default=None,
+                         help="cache root (default: $LAZYTRITON_CACHE_DIR or ~/.cache/lazytriton)")
+    cache_p.set_defaults(func=lambda args: _usage(cache_p))
+    sub = cache_p.add_subparsers(dest="cache_command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list cached binaries and tuning records")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="show one entry by key (a unique prefix is enough)")
+    p.add_argument("key")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("clear", help="remove entries (all, or those of one kernel)")
+    p.add_argument("--kernel", default=None, help="only entries of this kernel name")
+    p.set_defaults(func=cmd_clear)
+
+    p = sub.add_parser("export", help="write all valid entries to a bundle file (.tar.gz)")
+    p.add_argument("file")
+    p.add_argument("--kernel", default=None, help="only entries of this kernel name")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="verify and install a bundle written by `cache export`")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_import)
+    return cache_p
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _open_cache(args: argparse.Namespace) -> Cache:
+    # The CLI always looks at the disk, even if LAZYTRITON_CACHE=0 is set for
+    # the programs being run.
+    return Cache(getattr(args, "cache_dir", None), disk=True)
+
+
+def _fmt_size(size: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _fmt_time(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _fmt_config(config: Optional[dict]) -> str:
+    if not config:
+        return ""
+    return ", ".join(f"{k}={v}" for k, v in config.items())
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    cache = _open_cache(args)
+    entries = cache.entries()
+    if args.json:
+        print(json.dumps([e.to_dict() for e in entries], indent=2))
+        return 0
+    print(f"cache: {cache.dir}")
+    if not entries:
+        print("(empty)")
+        return 0
+    rows = [[e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), _fmt_time(e.mtime), e.device_name or "",
+             _fmt_config(e.winner_config)] for e in entries]
+    print(_table(rows, ["KIND", "KEY", "KERNEL", "SIZE", "MODIFIED", "DEVICE", "WINNER"]))
+    total = sum(e.size for e in entries)
+    print(f"{len(entries)} entries, {_fmt_size(total)}")
+    return 0
+
+
+def _print_record(rec: dict) -> None:
+    for field in ("kernel_name", "device_name", "compute_capability", "driver_version", "triton_version",
+                  "lazytriton_version", "created", "tune_key_values", "winner", "winner_index"):
+        print(f"{field:20} {rec.get(field)}")
+    rows = []
+    for i, cand in enumerate(rec.get("candidates") or []):
+        time_ms = cand.get("time_ms")
+        rows.append(["*" if i == rec.get("winner_index") else "", str(i), _fmt_config(cand.get("config")),
+                     f"{time_ms:.4f}" if isinstance(time_ms, (int, float)) else "-",
+                     (cand.get("compile_key") or "")[:16], str(cand.get("error") or "")])
+    if rows:
+        print()
+        print(_table(rows, ["", "#", "CONFIG", "TIME_MS", "BINARY", "ERROR"]))
+    if rec.get("extra"):
+        print(f"\nextra: {json.dumps(rec['extra'], sort_keys=True)}")
+
+
+def _print_binary(binary: dict) -> None:
+    print(f"{'name':20} {binary['name']}")
+    print(f"{'cubin':20} {binary['cubin_size']} bytes, sha256 {binary['cubin_sha256']}")
+    print(f"{'asm':20} {', '.join(binary['asm_names'])}")
+    for name, value in sorted(binary["metadata"].items()):
+        print(f"  {name:18} {json.dumps(value)}")
+    if binary.get("ttir"):
+        print(f"\nttir ({binary['ttir'].count(chr(10)) + 1} lines; use --json for the text)")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        entry = _open_cache(args).show(args.key)
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(entry, indent=2))
+        return 0
+    print(f"{'kind':20} {entry['kind']}")
+    print(f"{'key':20} {entry['key']}")
+    print(f"{'path':20} {entry.get('path') or '(memory)'}")
+    if not entry.get("valid"):
+        print(f"INVALID: {entry.get('error')}")
+        return 1
+    if "record" in entry:
+        _print_record(entry["record"])
+    else:
+        _print_binary(entry["binary"])
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    removed = _open_cache(args).clear(args.kernel)
+    what = f" of kernel {args.kernel}" if args.kernel else ""
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'}{what}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    try:
+        count = _open_cache(args).export(args.file, kernel=args.kernel)
+    except OSError as exc:
+        print(f"error: cannot write {args.file}: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported {count} entr{'y' if count == 1 else 'ies'} to {args.file}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    cache = _open_cache(args)
+    try:
+        count = cache.import_(args.file)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    where = cache.dir if cache.on_disk else "memory (cache directory not writable)"
+    print(f"imported {count} entr{'y' if count == 1 else 'ies'} into {where}")
+    return 0 if cache.on_disk else 1

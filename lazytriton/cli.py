@@ -1,0 +1,112 @@
+"""The `lazytriton` command (also `python -m lazytriton`)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from . import paths
+
+
+def _demo(args) -> int:
+    """Run an autotuned matmul lazily; without a GPU, compile its candidates for a default target."""
+    import lazytriton
+    from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    ok, why = lazytriton.gpu_available()
+    if not ok:
+        return _demo_without_gpu(why, demo_matmul, DEMO_CONFIGS)
+    import cupy as cp
+    import numpy as np
+    import triton
+
+    M = N = K = args.size
+    rng = np.random.default_rng(0)
+    a = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+    b = cp.asarray(rng.standard_normal((K, N)).astype(np.float16))
+    c = cp.empty((M, N), cp.float16)
+    k = lazytriton.kernel(demo_matmul)
+    grid = lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))  # noqa: E731
+    t0 = time.perf_counter()
+    k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
+    cp.cuda.runtime.deviceSynchronize()
+    first = time.perf_counter() - t0
+    ref = a.astype(cp.float32) @ b.astype(cp.float32)
+    err = float(cp.linalg.norm(c.astype(cp.float32) - ref) / cp.linalg.norm(ref))
+    ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
+    ev0.record()
+    for _ in range(20):
+        k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
+    ev1.record()
+    ev1.synchronize()
+    ms = cp.cuda.get_elapsed_time(ev0, ev1) / 20
+    dev = lazytriton._core.device_info(lazytriton._core.current_device())
+    rec = k.records[-1] if k.records else None
+    print(f"\nGPU: {dev['name']} (sm_{dev['capability'][0]}{dev['capability'][1]})")
+    print(f"matmul {M}x{N}x{K} fp16: first call (compile/tune or cache) {first:.2f} s; "
+          f"relative error {err:.1e}")
+    if rec:
+        for i, cand in enumerate(rec.candidates):
+            t = f"{cand['time_ms']:.4f} ms" if cand["time_ms"] else (cand["error"] or "not timed")
+            print(f"  config {i} {cand['config']}: {t}{'   <- winner' if i == rec.winner_index else ''}")
+    print(f"steady state: {ms * 1e3:.1f} us per call, {2 * M * N * K / ms / 1e9:.1f} TFLOP/s")
+    print(f"stats: {lazytriton.stats()}")
+    return 0 if err < 1e-2 else 1
+
+
+def _demo_without_gpu(why: str, kernel, configs) -> int:
+    from lazytriton.arrays import PointerArg
+    from lazytriton.compiler import Binder, Candidate, compile_all, default_target
+    from lazytriton.spec import describe
+
+    target = default_target()
+    print(f"No GPU found ({why}).\nCompiling the demo's {len(configs)} matmul candidates to cubin for "
+          f"sm_{target.arch} instead (no launch):")
+    spec = describe(kernel)
+    binder = Binder(spec, target)
+    M = N = K = 2048
+    ptr = PointerArg(1 << 20, "fp16")
+    args = (ptr, ptr, ptr, M, N, K, K, 1, N, 1, N, 1)
+    cands = [Candidate(i, c, binder.bind(args, c.all_kwargs())) for i, c in enumerate(configs)]
+    t0 = time.perf_counter()
+    compile_all(spec, target, cands)
+    print(f"compiled in {time.perf_counter() - t0:.1f} s:")
+    for c in cands:
+        if c.binary:
+            md = c.binary.metadata
+            print(f"  config {c.index} {c.config}: cubin {len(c.binary.cubin)} B, shared {md.get('shared')} B, "
+                  f"num_warps {md.get('num_warps')}")
+        else:
+            print(f"  config {c.index} {c.config}: failed: {c.error}")
+    print("On a GPU machine this demo tunes these on real inputs and launches the winner.")
+    return 0 if any(c.binary for c in cands) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lazytriton", description=__doc__)
+    parser.add_argument("--cmake-dir", action="store_true", help="print the directory of lazytritonConfig.cmake")
+    parser.add_argument("--include-dir", action="store_true", help="print the C++ include directory")
+    sub = parser.add_subparsers(dest="command")
+    demo = sub.add_parser("demo", help="run an autotuned kernel lazily and show what was tuned")
+    demo.add_argument("--size", type=int, default=2048)
+    demo.set_defaults(func=_demo)
+    from .cache_cli import add_cache_commands
+
+    add_cache_commands(sub)
+    args = parser.parse_args(argv)
+    if args.cmake_dir:
+        print(paths.cmake_dir())
+        return 0
+    if args.include_dir:
+        print(paths.include_dir())
+        return 0
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

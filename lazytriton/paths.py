@@ -1,0 +1,30 @@
+"""Where lazytriton's installed pieces and its cache live."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def include_dir() -> Path:
+    """The C++ headers (lazytriton/*.h), for stubs and embedders."""
+    return _PKG / "include"
+
+
+def runtime_library() -> Path:
+    """The shared C++ runtime library the stubs, the FFI handler and embedders link."""
+    return _PKG / "lib" / "liblazytriton.so"
+
+
+def cmake_dir() -> Path:
+    """Directory holding lazytritonConfig.cmake (for find_package)."""
+    return _PKG / "lib" / "cmake" / "lazytriton"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("LAZYTRITON_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lazytriton"

@@ -1,0 +1,435 @@
+"""The lazy kernel: `lazytriton.kernel(fn)[grid](*args)`.
+
+Nothing is compiled when the object is made. The first call with a new
+argument shape builds (or loads) a C++ stub for that shape; the first call with
+a new specialization resolves it once (persistent cache, else compile the
+candidates and tune them on these very arguments); every later call goes
+through the stub straight to cuLaunchKernelEx.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Any
+
+from . import _core, keys, stubgen
+from .arrays import DTYPE_IDS, PointerArg, array_info, is_array
+from .cache import Cache, TuningRecord, settings
+from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, device_target
+from .spec import KernelSpec, describe
+from .stubgen import Shape, Slot
+from .tuner import TuneOptions, tune
+
+log = logging.getLogger("lazytriton")
+
+OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override")
+HEURISTICS_ARG = "__heuristics__"
+
+_default_cache: Cache | None = None
+_stats = {"compiles": 0, "tunes": 0, "record_hits": 0, "resolves": 0}
+
+
+def default_cache() -> Cache:
+    global _default_cache
+    if _default_cache is None:
+        _default_cache = Cache()
+    return _default_cache
+
+
+def stats() -> dict:
+    """Counters of this process: Python-side work and the C++ launch counters."""
+    return {**_stats, **_core.counters()}
+
+
+def stream_handle(stream: Any) -> int:
+    """An int CUstream from None (CuPy's current stream if CuPy is in use), an int,
+    or a stream object (CuPy .ptr, PyTorch .cuda_stream)."""
+    if stream is None:
+        cupy = sys.modules.get("cupy")
+        return cupy.cuda.get_current_stream().ptr if cupy is not None else 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("ptr", "cuda_stream", "handle"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value
+    raise TypeError(f"stream must be an int CUstream or a stream object, got {type(stream).__name__}")
+
+
+class _Recorder(dict):
+    """Records which arguments a heuristic reads."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.read: set[str] = set()
+
+    def __getitem__(self, k):
+        self.read.add(k)
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        self.read.add(k)
+        return super().get(k, default)
+
+
+class _Launch:
+    __slots__ = ("kernel", "grid")
+
+    def __init__(self, kernel: "LazyKernel", grid: Any):
+        self.kernel, self.grid = kernel, grid
+
+    def __call__(self, *args, stream=None, **kwargs):
+        return self.kernel.run(*args, grid=self.grid, stream=stream, **kwargs)
+
+
+class LazyKernel:
+    """A Triton kernel (jit, autotune or heuristics) launched through lazytriton."""
+
+    def __init__(self, kernel: Any, *, cache: Cache | None = None, tune_options: TuneOptions | None = None):
+        self.spec: KernelSpec = describe(kernel)
+        self.name = self.spec.name
+        self._cache = cache
+        self._tune_options = tune_options or TuneOptions()
+        supplied = {k for c in self.spec.configs for k in c.kwargs} | self.spec.heuristic_names()
+        self._supplied = supplied
+        self._call_params = [p for p in self.spec.params if p.name not in supplied]
+        self._n_call = len(self._call_params)
+        self._core = _core.LazyKernel(self.name, self._resolve)
+        self._handle = self._core.handle
+        self._stubs: list = []
+        self._shapes: dict[str, Any] = {}
+        self._heuristic_reads: set[str] | None = None  # None: heuristics run in Python per call
+        self._python_heuristics = False
+        self._needs_probe = bool(self.spec.heuristics)
+        self._interned: dict = {}
+        self._binders: dict = {}
+        self._kernels: dict[str, Any] = {}  # compile key -> loaded _core.Kernel
+        self._lock = threading.Lock()
+        self.records: list[TuningRecord] = []  # tuning outcomes of this process
+
+    def __repr__(self) -> str:
+        return f"lazytriton.LazyKernel({self.name})"
+
+    def __getitem__(self, grid: Any) -> _Launch:
+        return _Launch(self, grid)
+
+    @property
+    def cache(self) -> Cache:
+        return self._cache or default_cache()
+
+    # -- the call path -------------------------------------------------------------
+
+    def run(self, *args, grid: Any, stream: Any = None, **kwargs) -> None:
+        if self._needs_probe:
+            self._record_heuristic_reads(self._bind(args, dict(kwargs))[:self._n_call])
+        if kwargs or len(args) != self._n_call or self._python_heuristics:
+            args = self._bind(args, kwargs)
+        s = stream if type(stream) is int else stream_handle(stream)
+        for launch in self._stubs:
+            r = launch(self._handle, grid, s, args)
+            if r is True:
+                return
+            if r is not None:
+                return self._resolve_then_launch(launch, r, grid, s, args)
+        launch = self._stub_for(args)
+        r = launch(self._handle, grid, s, args)
+        if r is not True and r is not None:
+            self._resolve_then_launch(launch, r, grid, s, args)
+        elif r is None:
+            raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
+
+    def _resolve_then_launch(self, launch, key, grid, stream, args) -> None:
+        self._core.resolve(list(key), (args, stream, grid))
+        if launch(self._handle, grid, stream, args) is not True:
+            raise RuntimeError(f"kernel {self.name}: internal error: resolved key did not launch")
+
+    def _bind(self, args: tuple, kwargs: dict) -> tuple:
+        """Full positional call tuple: call parameters, then option kwargs and
+        Python-evaluated heuristics as trailing pseudo-arguments."""
+        if len(args) > self._n_call:
+            raise TypeError(f"kernel {self.name}: takes {self._n_call} arguments "
+                            f"({', '.join(p.name for p in self._call_params)}), got {len(args)}")
+        values = list(args)
+        for p in self._call_params[len(args):]:
+            if p.name in kwargs:
+                values.append(kwargs.pop(p.name))
+            elif p.default is not _EMPTY:
+                values.append(p.default)
+            else:
+                raise TypeError(f"kernel {self.name}: missing argument {p.name!r}")
+        for k in kwargs:
+            if k in self._supplied:
+                raise TypeError(f"kernel {self.name}: {k!r} is chosen by its autotune configs or heuristics; "
+                                "do not pass it")
+            if k not in OPTION_NAMES:
+                raise TypeError(f"kernel {self.name}: unexpected keyword argument {k!r}")
+            if self.spec.autotuned:
+                raise TypeError(f"kernel {self.name}: {k}= is set by the autotune configs")
+        extra = ()
+        if kwargs:  # compile options: one interned token, so the stub keys it by identity
+            opts = tuple(sorted(kwargs.items()))
+            extra += (self._interned.setdefault(("options", opts), opts),)
+        if self._python_heuristics:
+            extra += (self._heuristics_token(values),)
+        return tuple(values) + extra
+
+    def split_extras(self, args: tuple) -> tuple[dict, Any]:
+        """(compile options, heuristics token) from the trailing pseudo-arguments."""
+        extras = list(args[self._n_call:])
+        token = extras.pop() if self._python_heuristics and extras else None
+        options = dict(extras[0]) if extras else {}
+        return options, token
+
+    # -- stubs -----------------------------------------------------------------------
+
+    def _stub_for(self, args: tuple):
+        shape = self._shape(args)
+        with self._lock:
+            module = stubgen.load_stub(shape)
+            self._shapes[module.launch] = shape
+            if module.launch not in self._stubs:
+                self._stubs.insert(0, module.launch)
+        return module.launch
+
+    def _record_heuristic_reads(self, args: tuple) -> None:
+        self._needs_probe = False
+        named = dict(zip((p.name for p in self._call_params), args))
+        read: set[str] = set()
+        try:
+            for layer in self.spec.heuristics:
+                cfg_kwargs = self.spec.configs[0].all_kwargs() if (layer.inside_autotune and self.spec.configs) else {}
+                for fn in layer.values.values():
+                    rec = _Recorder({**named, **cfg_kwargs})
+                    fn(rec)
+                    read |= rec.read & named.keys()
+        except Exception:
+            read = {n for n in named if is_array(named[n])}
+        if any(is_array(named[n]) for n in read):
+            log.debug("kernel %s: heuristics read arrays (%s): evaluated in Python on every call", self.name, read)
+            self._python_heuristics = True
+        else:
+            self._heuristic_reads = read
+
+    def _heuristics_token(self, values: list) -> Any:
+        named = dict(zip((p.name for p in self._call_params), values))
+        out = []
+        for cfg in self.spec.configs or [None]:
+            out.append(tuple(sorted(self._meta_kwargs(cfg, named, {}).items(), key=lambda kv: kv[0])))
+        token = tuple(out)
+        return self._interned.setdefault(repr(token), token)
+
+    def _shape(self, args: tuple) -> Shape:
+        keyed = set(self.spec.tune_keys) | (self._heuristic_reads or set())
+        names, slots = [], []
+        for p, v in zip(self._call_params, args):
+            names.append(p.name)
+            slots.append(self._slot(p, v, p.name in keyed))
+        for name in self._extra_arg_names(args):
+            names.append(name)
+            slots.append(Slot("constexpr"))
+        return Shape(tuple(names), tuple(slots))
+
+    def _extra_arg_names(self, args: tuple) -> list[str]:
+        n = len(args) - self._n_call
+        if n <= 0:
+            return []
+        return [f"__extra{i}__" for i in range(n)]  # never read by name
+
+    def _slot(self, p, v: Any, in_key: bool) -> Slot:
+        ann = p.annotation.removeprefix("tl.")
+        if p.is_constexpr or v is None:
+            return Slot("constexpr")
+        if isinstance(v, bool):
+            return Slot("bool", in_key=in_key)
+        if isinstance(v, int):
+            spec = not p.do_not_specialize
+            if ann in stubgen.CTYPES and ann != "u1":
+                return Slot("int", int_type=ann, annotated=True, specialize=spec, in_key=in_key)
+            if -2**31 <= v < 2**31:
+                t = "i32"
+            elif -2**63 <= v < 2**63:
+                t = "i64"
+            elif 0 <= v < 2**64:
+                t = "u64"
+            else:
+                raise ValueError(f"kernel {self.name}, argument {p.name}: integer {v} does not fit 64 bits")
+            return Slot("int", int_type=t, specialize=spec, in_key=in_key)
+        if isinstance(v, float):
+            return Slot("float", in_key=in_key)
+        if is_array(v):
+            info = array_info(v, f"kernel {self.name}, argument {p.name}")
+            spec = not (p.do_not_specialize or p.do_not_specialize_on_alignment)
+            return Slot("ptr", dtype=DTYPE_IDS[info.dtype], specialize=spec)
+        raise TypeError(f"kernel {self.name}, argument {p.name}: unsupported argument type {type(v).__name__} "
+                        "(expected a device array, int, float, bool or None)")
+
+    # -- resolution (first call of a specialization) ------------------------------------
+
+    def _meta_kwargs(self, cfg, named: dict, options: dict) -> dict:
+        """Options, heuristic values and config meta-parameters for one config,
+        in Triton's order (heuristics outside autotune do not see the config)."""
+        kw = dict(options)
+        for layer in self.spec.heuristics:
+            if not layer.inside_autotune:
+                for k, fn in layer.values.items():
+                    kw[k] = fn({**named, **kw})
+        if cfg is not None:
+            kw.update(cfg.all_kwargs())
+        for layer in self.spec.heuristics:
+            if layer.inside_autotune:
+                for k, fn in layer.values.items():
+                    kw[k] = fn({**named, **kw})
+        return kw
+
+    def _binder(self, target) -> Binder:
+        b = self._binders.get(target.arch)
+        if b is None:
+            b = self._binders[target.arch] = Binder(self.spec, target)
+        return b
+
+    def _resolve(self, key: tuple, ctx: tuple):
+        args, stream, grid = ctx
+        _stats["resolves"] += 1
+        try:
+            return Resolution(self, key, args, stream, grid).run()
+        except AllCandidatesFailed:
+            raise
+        except Exception as exc:
+            if not str(exc).startswith(f"kernel {self.name}"):
+                raise type(exc)(f"kernel {self.name}: {exc}") from exc if _plain_exc(exc) else exc
+            raise
+
+
+def _plain_exc(exc: Exception) -> bool:
+    try:
+        type(exc)("x")
+        return True
+    except Exception:
+        return False
+
+
+_EMPTY = __import__("inspect").Parameter.empty
+
+
+class Resolution:
+    """Resolving one call key: cached winner, else compile + tune on these args."""
+
+    def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any):
+        self.k, self.key, self.stream, self.grid = k, key, stream, grid
+        self.spec = k.spec
+        self.values = args[:k._n_call]
+        self.extras = args[k._n_call:]
+        self.names = [p.name for p in k._call_params]
+        self.named = dict(zip(self.names, self.values))
+        self.arrays = {}
+        bind_values = []
+        for name, v in zip(self.names, self.values):
+            if is_array(v):
+                info = array_info(v, f"kernel {k.name}, argument {name}")
+                self.arrays[name] = (info.ptr, info.nbytes or 0)
+                bind_values.append(PointerArg(info.ptr, info.dtype))
+            else:
+                bind_values.append(v)
+        self.bind_values = tuple(bind_values)
+        self.options, _ = k.split_extras(args)
+
+    def run(self):
+        k = self.k
+        self.device = _core.current_device()
+        dev = _core.device_info(self.device)
+        self.dev = dev
+        self.target = device_target(dev["capability"])
+        binder = k._binder(self.target)
+        configs = self.spec.configs or [None]
+        cands = []
+        for i, cfg in enumerate(configs):
+            meta = k._meta_kwargs(cfg, self.named, self.options)
+            c = Candidate(i, cfg, binder.bind(self.bind_values, meta))
+            c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES}
+            cands.append(c)
+        c0 = cands[0].bound
+        tkey = keys.tuning_key(self.spec.fn, c0.signature, c0.constexprs, c0.attrs, self.spec.configs,
+                               self.options, self.target, dev["name"], tuple(self.key))
+        cache, st = k.cache, settings()
+        with cache.lock(tkey):
+            winner = None if st.retune else self._from_record(cache, cache.load_record(tkey), cands)
+            if winner is None:
+                winner = self._tune(cache, tkey, cands, st.tuning)
+        return self._entry(winner)
+
+    def _ckey(self, c: Candidate) -> str:
+        b = c.bound
+        # extern_libs holds absolute install paths: leaving them out lets a bundle
+        # move between machines (the Triton version in the key pins libdevice).
+        opts = {kk: vv for kk, vv in b.options.__dict__.items() if kk != "extern_libs"}
+        return keys.compile_key(self.spec.fn, b.signature, b.constexprs, b.attrs, opts, self.target)
+
+    def _from_record(self, cache: Cache, rec: TuningRecord | None, cands: list[Candidate]):
+        if rec is None or not (0 <= rec.winner_index < len(cands)):
+            return None
+        binary = cache.load_binary(rec.winner)
+        if binary is None:
+            return None
+        c = cands[rec.winner_index]
+        c.binary = binary
+        _stats["record_hits"] += 1
+        log.info("kernel %s: using the tuned winner %s from the cache (no compile, no tuning)", self.k.name, c.label)
+        self.k.records.append(rec)
+        return c
+
+    def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool) -> Candidate:
+        k = self.k
+        pruned = cands
+        if self.spec.autotuned and len(cands) > 1:
+            kept = self.spec.prune([c.config for c in cands], self.named, {})
+            pruned = [c for c in cands if any(c.config is kc for kc in kept)]
+            if len(pruned) < len(cands):
+                log.info("kernel %s: pruned to %d of %d configs", k.name, len(pruned), len(cands))
+        if not tuning:
+            pruned = pruned[:1]
+        ckeys = {id(c): self._ckey(c) for c in pruned}
+
+        def store(c, binary):
+            _stats["compiles"] += 1
+            cache.store_binary(ckeys[id(c)], binary)
+
+        compile_all(self.spec, self.target, pruned, load=lambda c: cache.load_binary(ckeys[id(c)]), store=store)
+        if all(c.binary is None for c in pruned):
+            raise AllCandidatesFailed(k.name, pruned)
+        _stats["tunes"] += int(len(pruned) > 1)
+        winner = tune(k.name, pruned, self.names, self.values, self.arrays, self._grid_of, self.stream,
+                      self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options)
+        rec = TuningRecord(
+            kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
+            candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},
+                         "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
+                         "time_ms": c.extra.get("time_ms"), "error": c.error} for c in cands],
+            device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
+            driver_version=self.dev["driver_version"], tune_key_values=list(self.key))
+        cache.store_record(tkey, rec)
+        k.records.append(rec)
+        return winner
+
+    def _grid_of(self, c: Candidate):
+        if callable(self.grid):
+            return self.grid({**self.named, **c.extra["meta"]})
+        return self.grid
+
+    def _entry(self, c: Candidate):
+        ck = self._ckey(c)
+        kern = self.k._kernels.get(ck)
+        if kern is None:
+            kern = self.k._kernels[ck] = _core.Kernel(c.binary.cubin, c.binary.metadata)
+        kern.load()
+        is_param = [c.bound.signature.get(n, "constexpr") != "constexpr" for n in self.names]
+        is_param += [False] * len(self.extras)
+        return _core.Entry(kern, is_param, dict(c.extra["meta"]))
+
+
+def kernel(fn: Any = None, **kw) -> LazyKernel:
+    """Wrap a Triton kernel (jit / autotune / heuristics) for lazy, tuned launches.
+    Usable as `lazytriton.kernel(fn)` or as a decorator above @triton.autotune."""
+    if fn is None:
+        return lambda f: LazyKernel(f, **kw)
+    return LazyKernel(fn, **kw)

@@ -1,0 +1,154 @@
+"""What a kernel is: the @triton.jit function under any autotune/heuristics
+wrappers, its parameters, candidate configs and tuning rules."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import triton
+from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.runtime.jit import JITFunction
+
+
+class KernelSpecError(ValueError):
+    """A kernel description lazytriton cannot run; the message names the kernel."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    index: int
+    is_constexpr: bool
+    do_not_specialize: bool
+    do_not_specialize_on_alignment: bool
+    annotation: str  # Triton's normalised annotation ("" if none)
+    default: Any = inspect.Parameter.empty
+
+
+@dataclass
+class HeuristicsLayer:
+    values: dict[str, Callable[[dict], Any]]
+    inside_autotune: bool  # sees the config's meta-parameters
+
+
+@dataclass
+class KernelSpec:
+    fn: JITFunction
+    params: list[Param]
+    configs: list[triton.Config] = field(default_factory=list)  # empty: not autotuned
+    tune_keys: list[str] = field(default_factory=list)
+    heuristics: list[HeuristicsLayer] = field(default_factory=list)
+    reset_to_zero: list[str] = field(default_factory=list)
+    restore_value: list[str] = field(default_factory=list)
+    early_config_prune: Callable | None = None
+    perf_model: Callable | None = None
+    top_k: float | int = 1.0
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    @property
+    def arg_names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    @property
+    def autotuned(self) -> bool:
+        return bool(self.configs)
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KernelSpecError(f"kernel {self.name}: no parameter named {name!r}")
+
+    def heuristic_names(self) -> set[str]:
+        return {k for layer in self.heuristics for k in layer.values}
+
+    def prune(self, configs: list[triton.Config], named_args: dict, kwargs: dict) -> list[triton.Config]:
+        """Triton's prune_configs_by semantics: early_config_prune, then perf_model/top_k."""
+        pruned = configs
+        if self.early_config_prune:
+            pruned = list(self.early_config_prune(configs, named_args, **kwargs))
+            if not pruned:
+                raise KernelSpecError(f"kernel {self.name}: early_config_prune returned no configs")
+        if self.perf_model:
+            top_k = self.top_k
+            if isinstance(top_k, float) and top_k <= 1.0:
+                top_k = max(1, int(len(configs) * top_k))
+            elif not isinstance(top_k, int):
+                raise KernelSpecError(f"kernel {self.name}: top_k must be an int or a float <= 1.0")
+            if len(pruned) > top_k:
+                est = [self.perf_model(**named_args, **kwargs, **c.all_kwargs()) for c in pruned]
+                order = sorted(range(len(pruned)), key=lambda i: est[i])
+                pruned = [pruned[i] for i in order[:top_k]]
+        return pruned
+
+
+def _params_of(fn: JITFunction) -> list[Param]:
+    out = []
+    for i, kp in enumerate(fn.params):
+        out.append(Param(
+            name=kp.name, index=i, is_constexpr=kp.is_constexpr,
+            do_not_specialize=kp.do_not_specialize,
+            do_not_specialize_on_alignment=getattr(kp, "do_not_specialize_on_alignment", False),
+            annotation=kp.annotation or "", default=kp.default))
+    return out
+
+
+def describe(kernel: Any) -> KernelSpec:
+    """Unwraps triton.autotune / triton.heuristics (either order) down to the jit function."""
+    layers = []
+    obj = kernel
+    while not isinstance(obj, JITFunction):
+        if isinstance(obj, (Autotuner, Heuristics)):
+            layers.append(obj)
+            obj = obj.fn
+        else:
+            raise KernelSpecError(f"{kernel!r} is not a @triton.jit function (or an autotune/heuristics wrapper of one)")
+    fn = obj
+    spec = KernelSpec(fn=fn, params=_params_of(fn))
+    seen_autotune = False
+    for layer in layers:  # outermost first
+        if isinstance(layer, Autotuner):
+            if seen_autotune:
+                raise KernelSpecError(f"kernel {fn.__name__}: nested triton.autotune wrappers are not supported")
+            seen_autotune = True
+            _read_autotuner(spec, layer)
+        else:
+            spec.heuristics.append(HeuristicsLayer(dict(layer.values), inside_autotune=seen_autotune))
+    _validate(spec)
+    return spec
+
+
+def _read_autotuner(spec: KernelSpec, at: Autotuner) -> None:
+    if getattr(at, "user_defined_pre_hook", False) or getattr(at, "user_defined_post_hook", False):
+        raise KernelSpecError(
+            f"kernel {spec.name}: triton.autotune(pre_hook=/post_hook=) runs arbitrary Python around every launch, "
+            "which lazytriton's C++ launch path cannot do; use reset_to_zero=/restore_value= instead")
+    spec.configs = list(at.configs)
+    spec.tune_keys = list(at.keys or [])
+    spec.reset_to_zero = list(at.reset_to_zero or [])
+    spec.restore_value = list(at.restore_value or [])
+    spec.early_config_prune = at.early_config_prune
+    spec.perf_model = at.perf_model
+    spec.top_k = at.configs_top_k
+
+
+def _validate(spec: KernelSpec) -> None:
+    names = set(spec.arg_names)
+    for what, lst in (("key", spec.tune_keys), ("reset_to_zero", spec.reset_to_zero),
+                      ("restore_value", spec.restore_value)):
+        for n in lst:
+            if n not in names:
+                raise KernelSpecError(f"kernel {spec.name}: {what} names {n!r}, which is not a parameter "
+                                      f"(parameters: {', '.join(spec.arg_names)})")
+    for i, cfg in enumerate(spec.configs):
+        if getattr(cfg, "pre_hook", None) is not None:
+            raise KernelSpecError(
+                f"kernel {spec.name}: config {i} ({cfg}) has a pre_hook; lazytriton launches from C++ without "
+                "Python and cannot run it. Use reset_to_zero=/restore_value= on triton.autotune instead")
+        for k in cfg.kwargs:
+            if k not in names:
+                raise KernelSpecError(f"kernel {spec.name}: config {i} sets {k!r}, which is not a parameter")

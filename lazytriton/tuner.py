@@ -1,0 +1,125 @@
+"""Autotuning on the caller's real buffers. Every trial starts from the
+original data: buffers the kernel may write are snapshotted once and restored
+before each trial, reset_to_zero buffers are zeroed; after tuning the buffers
+are restored (and zeroed) once more, so the caller's result is exactly one
+launch of the winner on the original data."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import _core
+from .compiler import AllCandidatesFailed, Candidate
+from .ir_analysis import written_pointer_args
+
+log = logging.getLogger("lazytriton.tuner")
+
+
+@dataclass
+class TuneOptions:
+    warmup: int = 2
+    target_ms: float = 25.0
+    min_reps: int = 5
+    max_reps: int = 100
+    flush_l2: bool = bool(int(os.environ.get("LAZYTRITON_FLUSH_L2", "0")))
+
+    def as_dict(self) -> dict:
+        return dict(warmup=self.warmup, target_ms=self.target_ms, min_reps=self.min_reps,
+                    max_reps=self.max_reps, flush_l2=self.flush_l2)
+
+
+@dataclass
+class CallBuffers:
+    """The device buffers of one call, by parameter name: (pointer, bytes or 0)."""
+    arrays: dict[str, tuple[int, int]]
+    stream: int
+
+
+def runtime_args(c: Candidate, names: list[str], values: tuple, arrays: dict) -> tuple[list[str], list]:
+    """Kernel parameter types and values for one candidate (constexprs dropped)."""
+    types, vals = [], []
+    for name, value in zip(names, values):
+        t = c.bound.signature.get(name, "constexpr")
+        if t == "constexpr":
+            continue
+        types.append(t)
+        vals.append(arrays[name][0] if name in arrays else value)
+    return types, vals
+
+
+def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict, restore_value: list[str]) -> list[str]:
+    """Pointer arguments any candidate may write (from its TTIR), plus restore_value."""
+    out = set(restore_value)
+    for c in candidates:
+        runtime = [n for n in names if c.bound.signature.get(n, "constexpr") != "constexpr"]
+        written = written_pointer_args(c.binary.ttir, runtime) if c.binary.ttir else None
+        out |= set(written) if written is not None else {n for n in runtime if n in arrays}
+    return sorted(n for n in out if n in arrays)
+
+
+def tune(kernel_name: str, candidates: list[Candidate], names: list[str], values: tuple, arrays: dict,
+         grid_of: Callable[[Candidate], Any], stream: int, device: int, reset_to_zero: list[str],
+         restore_value: list[str], options: TuneOptions) -> Candidate:
+    """Times every compiled candidate on the real arguments; returns the fastest."""
+    ok = [c for c in candidates if c.binary is not None]
+    for c in ok:
+        why = _core.check_fits(c.binary.metadata, device)
+        if why:
+            c.error = f"does not fit the device: {why}"
+            log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
+    ok = [c for c in ok if c.error is None]
+    if not ok:
+        raise AllCandidatesFailed(kernel_name, candidates)
+    zero = [arrays[n] for n in reset_to_zero if n in arrays]
+    if len(ok) == 1:
+        _finish(None, zero, stream)
+        return ok[0]
+    saved = written_buffers(ok, names, arrays, restore_value)
+    log.info("kernel %s: tuning %d configs on the call's buffers (saving %s)", kernel_name, len(ok),
+             ", ".join(saved) or "nothing")
+    snapshot = _core.Snapshot(stream, [arrays[n] for n in saved]) if saved else None
+    try:
+        for c in ok:
+            _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, snapshot, zero, options)
+    finally:
+        _finish(snapshot, zero, stream)
+        del snapshot  # frees the copies after the queued restore has run
+    timed = [c for c in ok if c.error is None]
+    if not timed:
+        raise AllCandidatesFailed(kernel_name, candidates)
+    best = min(timed, key=lambda c: c.extra["time_ms"])
+    log.info("kernel %s: winner %s at %.4f ms (%s)", kernel_name, best.label, best.extra["time_ms"],
+             ", ".join(f"{c.index}: {c.extra['time_ms']:.4f}" for c in timed))
+    return best
+
+
+def _time_one(kernel_name, c, names, values, arrays, grid, stream, snapshot, zero, options) -> None:
+    types, vals = runtime_args(c, names, values, arrays)
+    try:
+        k = _core.Kernel(c.binary.cubin, c.binary.metadata)
+        k.load()
+        r = _core.bench(k, grid, stream, types, vals, snapshot, zero, options.as_dict())
+    except _core.RuntimeFailure as exc:
+        # Load-time refusals (resources) are per-candidate; a failed launch
+        # (e.g. an illegal address) poisons the context and must surface.
+        if "cuLaunchKernelEx" in str(exc) or "cuEventSynchronize" in str(exc):
+            raise
+        c.error = str(exc)
+        log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
+        return
+    c.extra.update(time_ms=r["median_ms"], min_ms=r["min_ms"], reps=r["reps"])
+    log.info("kernel %s: %s: %.4f ms (median of %d)", kernel_name, c.label, r["median_ms"], r["reps"])
+
+
+def _finish(snapshot, zero, stream: int) -> None:
+    if snapshot is not None:
+        snapshot.restore(stream)
+    for ptr, nbytes in zero:
+        _core.zero(stream, ptr, nbytes)
+
+
+def score(c: Candidate) -> float:
+    return c.extra.get("time_ms", math.inf)

@@ -1,0 +1,38 @@
+import os
+
+import pytest
+
+import lazytriton
+
+
+def _have_gpu() -> bool:
+    ok, _ = lazytriton.gpu_available()
+    if not ok:
+        return False
+    try:
+        import cupy  # noqa: F401  (GPU tests use CuPy arrays)
+    except ImportError:
+        return False
+    return True
+
+
+HAVE_GPU = _have_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_GPU:
+        return
+    reason = "needs an NVIDIA GPU, its driver and CuPy: " + (lazytriton.gpu_available()[1] or "CuPy missing")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private lazytriton cache for one test."""
+    d = tmp_path / "ltcache"
+    monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(d))
+    import lazytriton.runtime as rt
+    monkeypatch.setattr(rt, "_default_cache", None)
+    return d
