@@ -1,8 +1,15 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
-import lazytriton
+# Test the installed package, not the source tree (which has no built _core):
+# `python -m pytest` puts the current directory first on sys.path.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+
+import lazytriton  # noqa: E402
 
 
 def _have_gpu() -> bool:

@@ -37,7 +37,11 @@ LaunchMeta meta_from(const py::dict& d) {
   m.profile_scratch_align = dict_u64(d, "profile_scratch_align", 1);
   m.cooperative = dict_int(d, "launch_cooperative_grid", 0) != 0;
   m.pdl = dict_int(d, "launch_pdl", 0) != 0;
-  m.arch = dict_int(d, "arch", 0);
+  // Triton's "arch" is a string ("sm90"); the target's arch is the number.
+  if (d.contains("target") && py::isinstance<py::dict>(d["target"]) && d["target"].cast<py::dict>().contains("arch"))
+    m.arch = py::int_(d["target"].cast<py::dict>()["arch"]);
+  else if (d.contains("arch") && py::isinstance<py::int_>(d["arch"]))
+    m.arch = d["arch"].cast<int>();
   m.cluster[0] = unsigned(m.num_ctas);
   if (d.contains("cluster_dims") && !d["cluster_dims"].is_none()) {
     auto c = d["cluster_dims"].cast<std::vector<unsigned>>();
