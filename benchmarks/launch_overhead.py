@@ -47,7 +47,7 @@ def main() -> None:
     import torch
     import triton
 
-    from kernels.basic import add_kernel
+    from kernels.basic import add_kernel, add_tuned_kernel
 
     ok, why = lazytriton.gpu_available()
     if not ok:
@@ -67,6 +67,14 @@ def main() -> None:
     add_kernel[grid](x, y, out, n, BLOCK=block)  # Triton's own compile
     sync()
 
+    kt = lazytriton.kernel(add_tuned_kernel)  # BLOCK from its (single) config: a positional call
+    kt[grid](x, y, out, n, stream=stream)
+    sync()
+
+    def stub_positional(b):
+        for _ in range(b):
+            kt[grid](x, y, out, n, stream=stream)
+
     def stub(b):
         for _ in range(b):
             k[grid](x, y, out, n, BLOCK=block, stream=stream)
@@ -85,8 +93,9 @@ def main() -> None:
             lambda b: _core.raw_launch_loop(kern, grid, stream, types, vals, b), sync),
         "lazytriton core (C++ loop)": per_launch_us_timed(
             lambda b: _core.core_launch_loop(kern, grid, stream, types, vals, b), sync),
-        "lazytriton stub: k[grid](...)": per_launch_us(stub, sync),
-        "lazytriton stub: k.run(...)": per_launch_us(stub_run, sync),
+        "lazytriton stub: k[grid](x, y, out, n)": per_launch_us(stub_positional, sync),
+        "lazytriton stub: k[grid](..., BLOCK=)": per_launch_us(stub, sync),
+        "lazytriton stub: k.run(..., BLOCK=)": per_launch_us(stub_run, sync),
         "triton launcher: kernel[grid](...)": per_launch_us(trit, sync),
     }
     # Correctness of the timed path, after all that.

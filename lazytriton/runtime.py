@@ -80,7 +80,7 @@ class _Launch:
         self.kernel, self.grid = kernel, grid
 
     def __call__(self, *args, stream=None, **kwargs):
-        return self.kernel.run(*args, grid=self.grid, stream=stream, **kwargs)
+        return self.kernel._run(self.grid, stream, args, kwargs)
 
 
 class LazyKernel:
@@ -102,6 +102,7 @@ class LazyKernel:
         self._heuristic_reads: set[str] | None = None  # None: heuristics run in Python per call
         self._python_heuristics = False
         self._needs_probe = bool(self.spec.heuristics)
+        self._plans: dict[tuple, Any] = {}  # (n positional, kwarg names...) -> fast binder
         self._interned: dict = {}
         self._binders: dict = {}
         self._kernels: dict[str, Any] = {}  # compile key -> loaded _core.Kernel
@@ -121,10 +122,13 @@ class LazyKernel:
     # -- the call path -------------------------------------------------------------
 
     def run(self, *args, grid: Any, stream: Any = None, **kwargs) -> None:
-        if self._needs_probe:
-            self._record_heuristic_reads(self._bind(args, dict(kwargs))[:self._n_call])
-        if kwargs or len(args) != self._n_call or self._python_heuristics:
-            args = self._bind(args, kwargs)
+        """Launch with `grid` (tuple, int or callable of the meta dict) on `stream`."""
+        return self._run(grid, stream, args, kwargs)
+
+    def _run(self, grid: Any, stream: Any, args: tuple, kwargs: dict) -> None:
+        if kwargs or len(args) != self._n_call or self._python_heuristics or self._needs_probe:
+            plan = self._plans.get((len(args), *kwargs))
+            args = plan(args, kwargs) if plan is not None else self._bind_slow(args, kwargs)
         s = stream if type(stream) is int else stream_handle(stream)
         for launch in self._stubs:
             r = launch(self._handle, grid, s, args)
@@ -143,6 +147,24 @@ class LazyKernel:
         self._core.resolve(list(key), (args, stream, grid))
         if launch(self._handle, grid, stream, args) is not True:
             raise RuntimeError(f"kernel {self.name}: internal error: resolved key did not launch")
+
+    def _bind_slow(self, args: tuple, kwargs: dict) -> tuple:
+        """Binds by name; remembers a fast plan when the call names only parameters."""
+        if self._needs_probe:
+            self._record_heuristic_reads(self._bind(args, dict(kwargs))[:self._n_call])
+        names = tuple(kwargs)
+        out = self._bind(args, dict(kwargs))
+        tail = [p.name for p in self._call_params[len(args):]]
+        if not self._python_heuristics and set(names) <= set(tail):
+            # Parameters after the positional ones: from kwargs, else their defaults.
+            picks = tuple((n, n in kwargs, self.spec.param(n).default) for n in tail)
+            if len(picks) == 1 and picks[0][1]:
+                name = picks[0][0]
+                plan = lambda a, kw: (*a, kw[name])  # noqa: E731  (the common BLOCK=... call)
+            else:
+                plan = lambda a, kw: (*a, *[kw[n] if given else d for n, given, d in picks])  # noqa: E731
+            self._plans[(len(args), *names)] = plan
+        return out
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
         """Full positional call tuple: call parameters, then option kwargs and

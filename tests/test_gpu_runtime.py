@@ -74,7 +74,7 @@ def test_atomic_add_reset_to_zero(cache_dir):
 
 def test_shared_memory_above_48k(cache_dir):
     k = lazytriton.kernel(basic.big_shared_kernel)
-    B, n = 128, 512
+    B, n = 64, 512
     x = rand(n * n).reshape(n, n)
     out = cp.full((B, B), cp.nan, cp.float32)
     k[(1,)](x, out, n, BLOCK=B, num_stages=3)

@@ -77,3 +77,11 @@ def scale_kernel(x, out, alpha, n, BLOCK: tl.constexpr, EVEN: tl.constexpr = Fal
     else:
         m = offs < n
         tl.store(out + offs, tl.load(x + offs, mask=m) * alpha, mask=m)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 1024})], key=[])
+@triton.jit
+def add_tuned_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
