@@ -39,7 +39,8 @@ print(json.dumps({"imports_s": t_ready - t_start, "first_call_s": t_first - t_re
 
 def run(env) -> dict:
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True,
+                         cwd=tempfile.gettempdir())  # import the installed package, not the checkout
     r = json.loads(out.stdout.strip().splitlines()[-1])
     r["process_s"] = time.perf_counter() - t0
     return r

@@ -25,22 +25,19 @@ from lazytriton import _core  # noqa: E402
 BATCH, ROUNDS = 200, 60
 
 
-def per_launch_us(fn, sync) -> float:
-    samples = []
+def measure(paths: dict, sync) -> dict:
+    """Median us/launch of each path, rounds interleaved so that drift in clocks
+    or load hits every path alike. A path is fn(batch) -> seconds or None
+    (None: timed here with the host clock)."""
+    samples = {name: [] for name in paths}
     for _ in range(ROUNDS):
-        sync()
-        t0 = time.perf_counter()
-        fn(BATCH)
-        samples.append((time.perf_counter() - t0) / BATCH * 1e6)
-    return statistics.median(samples)
-
-
-def per_launch_us_timed(loop, sync) -> float:
-    samples = []
-    for _ in range(ROUNDS):
-        sync()
-        samples.append(loop(BATCH) / BATCH * 1e6)
-    return statistics.median(samples)
+        for name, fn in paths.items():
+            sync()
+            t0 = time.perf_counter()
+            inner = fn(BATCH)
+            dt = inner if inner is not None else time.perf_counter() - t0
+            samples[name].append(dt / BATCH * 1e6)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def main() -> None:
@@ -88,16 +85,14 @@ def main() -> None:
         for _ in range(b):
             add_kernel[grid](x, y, out, n, BLOCK=block)
 
-    rows = {
-        "raw cuLaunchKernel (C++ loop)": per_launch_us_timed(
-            lambda b: _core.raw_launch_loop(kern, grid, stream, types, vals, b), sync),
-        "lazytriton core (C++ loop)": per_launch_us_timed(
-            lambda b: _core.core_launch_loop(kern, grid, stream, types, vals, b), sync),
-        "lazytriton stub: k[grid](x, y, out, n)": per_launch_us(stub_positional, sync),
-        "lazytriton stub: k[grid](..., BLOCK=)": per_launch_us(stub, sync),
-        "lazytriton stub: k.run(..., BLOCK=)": per_launch_us(stub_run, sync),
-        "triton launcher: kernel[grid](...)": per_launch_us(trit, sync),
-    }
+    rows = measure({
+        "raw cuLaunchKernel (C++ loop)": lambda b: _core.raw_launch_loop(kern, grid, stream, types, vals, b),
+        "lazytriton core (C++ loop)": lambda b: _core.core_launch_loop(kern, grid, stream, types, vals, b),
+        "lazytriton stub: k[grid](x, y, out, n)": stub_positional,
+        "lazytriton stub: k[grid](..., BLOCK=)": stub,
+        "lazytriton stub: k.run(..., BLOCK=)": stub_run,
+        "triton launcher: kernel[grid](...)": trit,
+    }, sync)
     # Correctness of the timed path, after all that.
     sync()
     assert torch.equal(out, x + y)

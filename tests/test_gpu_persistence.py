@@ -29,8 +29,9 @@ SCRIPT = textwrap.dedent("""
 
 
 def run_process(tests_dir, env):
+    # cwd outside the checkout: the child must import the installed package.
     out = subprocess.run([sys.executable, "-c", SCRIPT, tests_dir], env=env, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, cwd=env["LAZYTRITON_CACHE_DIR"] + "/..")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
