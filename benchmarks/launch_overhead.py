@@ -97,6 +97,8 @@ def main() -> None:
     sync()
     assert torch.equal(out, x + y)
     raw = rows["raw cuLaunchKernel (C++ loop)"]
+    st = lazytriton.stats()
+    print(f"resolves {st['resolves']}, compiles {st['compiles']} (both kernels resolved once each)")
     print(f"device: {torch.cuda.get_device_name()}  triton {triton.__version__}  lazytriton {lazytriton.__version__}")
     print(f"{'path':40s} {'us/launch':>10s} {'vs raw':>8s}")
     for name, us in rows.items():
