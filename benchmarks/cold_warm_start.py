@@ -26,8 +26,14 @@ cp.cuda.runtime.deviceSynchronize()
 t_ready = time.perf_counter()
 k = lazytriton.kernel(demo_matmul)
 grid = lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))
+import cProfile, io, os, pstats
+prof = cProfile.Profile() if os.environ.get("LT_PROFILE") else None
+prof and prof.enable()
 k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
 cp.cuda.runtime.deviceSynchronize()
+if prof:
+    prof.disable(); s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
+    print(s.getvalue()[-6000:], file=sys.stderr)
 t_first = time.perf_counter()
 k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
 cp.cuda.runtime.deviceSynchronize()
@@ -51,6 +57,10 @@ def main() -> None:
         env = dict(os.environ, LAZYTRITON_CACHE_DIR=os.path.join(d, "lt"), TRITON_CACHE_DIR=os.path.join(d, "tr"))
         cold = run(env)
         warm = run(env)
+        if os.environ.get("LT_PROFILE"):
+            p = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                               cwd=tempfile.gettempdir())
+            print(p.stderr[-6000:])
     print(f"{'':8s} {'process':>9s} {'imports':>9s} {'1st call':>10s} {'steady':>9s} {'compiles':>9s} {'trials':>7s}")
     for name, r in (("cold", cold), ("warm", warm)):
         print(f"{name:8s} {r['process_s']:8.2f}s {r['imports_s']:8.2f}s {r['first_call_s'] * 1e3:8.1f}ms "

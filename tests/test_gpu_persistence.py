@@ -28,10 +28,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_process(tests_dir, env):
+def run_process(tests_dir, env, cwd):
     # cwd outside the checkout: the child must import the installed package.
     out = subprocess.run([sys.executable, "-c", SCRIPT, tests_dir], env=env, capture_output=True, text=True,
-                         timeout=300, cwd=env["LAZYTRITON_CACHE_DIR"] + "/..")
+                         timeout=300, cwd=cwd)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -39,9 +39,9 @@ def run_process(tests_dir, env):
 def test_second_process_compiles_and_tunes_nothing(tmp_path):
     env = dict(os.environ, LAZYTRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_CACHE_DIR=str(tmp_path / "tcache"))
     tests_dir = os.path.dirname(__file__)
-    a = run_process(tests_dir, env)
+    a = run_process(tests_dir, env, tmp_path)
     assert a["stats"]["compiles"] == 8 and a["stats"]["bench_launches"] > 0
-    b = run_process(tests_dir, env)
+    b = run_process(tests_dir, env, tmp_path)
     assert b["stats"]["compiles"] == 0, b
     assert b["stats"]["bench_launches"] == 0, b
     assert b["stats"]["record_hits"] == 1

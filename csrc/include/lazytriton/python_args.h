@@ -17,6 +17,22 @@ namespace lt::pyargs {
 // Python type by lazytriton.arrays.pointer_strategy.
 enum Strategy : int { kNotArray = 0, kDataPtrMethod = 1, kDataDotPtr = 2, kCudaArrayInterface = 3, kDLPack = 4 };
 
+// Attribute names, interned once: PyObject_GetAttrString would build a new
+// string object on every launch.
+inline PyObject* name(const char* s) { return PyUnicode_InternFromString(s); }
+struct Names {
+  PyObject* dtype = name("dtype");
+  PyObject* data_ptr = name("data_ptr");
+  PyObject* data = name("data");
+  PyObject* ptr = name("ptr");
+  PyObject* cai = name("__cuda_array_interface__");
+  PyObject* dlpack = name("__dlpack__");
+};
+inline const Names& names() {
+  static Names n;
+  return n;
+}
+
 inline PyObject* arrays_module() {
   static PyObject* mod = PyImport_ImportModule("lazytriton.arrays");
   return mod;
@@ -102,25 +118,25 @@ inline bool pointer_of(PyObject* obj, int strategy, uint64_t* ptr) {
   bool ok = false;
   switch (strategy) {
     case kDataPtrMethod:
-      v = PyObject_CallMethod(obj, "data_ptr", nullptr);
+      v = PyObject_CallMethodNoArgs(obj, names().data_ptr);
       ok = read_u64(v, ptr);
       break;
     case kDataDotPtr: {
-      PyObject* mem = PyObject_GetAttrString(obj, "data");
-      if (mem) v = PyObject_GetAttrString(mem, "ptr");
+      PyObject* mem = PyObject_GetAttr(obj, names().data);
+      if (mem) v = PyObject_GetAttr(mem, names().ptr);
       Py_XDECREF(mem);
       ok = read_u64(v, ptr);
       break;
     }
     case kCudaArrayInterface: {
-      PyObject* cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
+      PyObject* cai = PyObject_GetAttr(obj, names().cai);
       PyObject* data = cai && PyDict_Check(cai) ? PyDict_GetItemString(cai, "data") : nullptr;
       ok = data && PyTuple_Check(data) && PyTuple_GET_SIZE(data) > 0 && read_u64(PyTuple_GET_ITEM(data, 0), ptr);
       Py_XDECREF(cai);
       break;
     }
     case kDLPack: {
-      v = PyObject_CallMethod(obj, "__dlpack__", nullptr);
+      v = PyObject_CallMethodNoArgs(obj, names().dlpack);
       auto* t = v && PyCapsule_IsValid(v, "dltensor")
                     ? static_cast<DLTensor_*>(PyCapsule_GetPointer(v, "dltensor"))
                     : nullptr;
@@ -141,7 +157,7 @@ inline bool pointer_of(PyObject* obj, int strategy, uint64_t* ptr) {
 inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
   int s = strategy_of(obj);
   if (s == kNotArray) return false;
-  PyObject* dt = PyObject_GetAttrString(obj, "dtype");
+  PyObject* dt = PyObject_GetAttr(obj, names().dtype);
   if (!dt) return PyErr_Clear(), false;
   int id = dtype_id(dt);
   Py_DECREF(dt);
