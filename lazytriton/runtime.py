@@ -144,7 +144,7 @@ class LazyKernel:
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
 
     def _resolve_then_launch(self, launch, key, grid, stream, args) -> None:
-        self._core.resolve(list(key), (args, stream, grid))
+        self._core.resolve(list(key), (args, stream, grid, self._shapes[launch]))
         if launch(self._handle, grid, stream, args) is not True:
             raise RuntimeError(f"kernel {self.name}: internal error: resolved key did not launch")
 
@@ -311,10 +311,10 @@ class LazyKernel:
         return b
 
     def _resolve(self, key: tuple, ctx: tuple):
-        args, stream, grid = ctx
+        args, stream, grid, shape = ctx
         _stats["resolves"] += 1
         try:
-            return Resolution(self, key, args, stream, grid).run()
+            return Resolution(self, key, args, stream, grid, shape).run()
         except AllCandidatesFailed:
             raise
         except Exception as exc:
@@ -337,8 +337,8 @@ _EMPTY = __import__("inspect").Parameter.empty
 class Resolution:
     """Resolving one call key: cached winner, else compile + tune on these args."""
 
-    def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any):
-        self.k, self.key, self.stream, self.grid = k, key, stream, grid
+    def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape):
+        self.k, self.key, self.stream, self.grid, self.shape = k, key, stream, grid, shape
         self.spec = k.spec
         self.values = args[:k._n_call]
         self.extras = args[k._n_call:]
@@ -362,23 +362,28 @@ class Resolution:
         dev = _core.device_info(self.device)
         self.dev = dev
         self.target = device_target(dev["capability"])
-        binder = k._binder(self.target)
-        configs = self.spec.configs or [None]
+        # The stub's shape and call key pin the specialization exactly (dtypes,
+        # alignment, ==1, %16, key values), so a cached winner is found without
+        # running Triton's binder (whose first use can import torch: seconds).
+        shape_sig = {n: sl.code() for n, sl in zip(self.shape.names, self.shape.slots)}
+        tkey = keys.tuning_key(self.spec.fn, shape_sig, {}, {}, self.spec.configs, self.options, self.target,
+                               dev["name"], tuple(self.key))
+        cache, st = k.cache, settings()
+        with cache.lock(tkey):
+            hit = None if st.retune else self._from_record(cache, cache.load_record(tkey))
+            if hit is not None:
+                return hit
+            return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
+
+    def _candidates(self) -> list[Candidate]:
+        binder = self.k._binder(self.target)
         cands = []
-        for i, cfg in enumerate(configs):
-            meta = k._meta_kwargs(cfg, self.named, self.options)
+        for i, cfg in enumerate(self.spec.configs or [None]):
+            meta = self.k._meta_kwargs(cfg, self.named, self.options)
             c = Candidate(i, cfg, binder.bind(self.bind_values, meta))
             c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES}
             cands.append(c)
-        c0 = cands[0].bound
-        tkey = keys.tuning_key(self.spec.fn, c0.signature, c0.constexprs, c0.attrs, self.spec.configs,
-                               self.options, self.target, dev["name"], tuple(self.key))
-        cache, st = k.cache, settings()
-        with cache.lock(tkey):
-            winner = None if st.retune else self._from_record(cache, cache.load_record(tkey), cands)
-            if winner is None:
-                winner = self._tune(cache, tkey, cands, st.tuning)
-        return self._entry(winner)
+        return cands
 
     def _ckey(self, c: Candidate) -> str:
         b = c.bound
@@ -387,18 +392,18 @@ class Resolution:
         opts = {kk: vv for kk, vv in b.options.__dict__.items() if kk != "extern_libs"}
         return keys.compile_key(self.spec.fn, b.signature, b.constexprs, b.attrs, opts, self.target)
 
-    def _from_record(self, cache: Cache, rec: TuningRecord | None, cands: list[Candidate]):
-        if rec is None or not (0 <= rec.winner_index < len(cands)):
+    def _from_record(self, cache: Cache, rec: TuningRecord | None):
+        launch = rec.extra.get("launch") if rec is not None else None
+        if not launch:
             return None
         binary = cache.load_binary(rec.winner)
         if binary is None:
             return None
-        c = cands[rec.winner_index]
-        c.binary = binary
         _stats["record_hits"] += 1
-        log.info("kernel %s: using the tuned winner %s from the cache (no compile, no tuning)", self.k.name, c.label)
+        log.info("kernel %s: using the tuned winner (config %d) from the cache: no compile, no tuning",
+                 self.k.name, rec.winner_index)
         self.k.records.append(rec)
-        return c
+        return self._make_entry(rec.winner, binary, launch["is_param"], launch["meta"])
 
     def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool) -> Candidate:
         k = self.k
@@ -428,7 +433,8 @@ class Resolution:
                          "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
                          "time_ms": c.extra.get("time_ms"), "error": c.error} for c in cands],
             device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
-            driver_version=self.dev["driver_version"], tune_key_values=list(self.key))
+            driver_version=self.dev["driver_version"], tune_key_values=list(self.key),
+            extra={"launch": self._launch_info(winner)} if _jsonable_meta(winner.extra["meta"]) else {})
         cache.store_record(tkey, rec)
         k.records.append(rec)
         return winner
@@ -438,15 +444,26 @@ class Resolution:
             return self.grid({**self.named, **c.extra["meta"]})
         return self.grid
 
-    def _entry(self, c: Candidate):
-        ck = self._ckey(c)
-        kern = self.k._kernels.get(ck)
-        if kern is None:
-            kern = self.k._kernels[ck] = _core.Kernel(c.binary.cubin, c.binary.metadata)
-        kern.load()
+    def _launch_info(self, c: Candidate) -> dict:
+        """What a later process needs to launch the winner: which call arguments
+        are kernel parameters, and the meta-parameters a grid callable sees."""
         is_param = [c.bound.signature.get(n, "constexpr") != "constexpr" for n in self.names]
-        is_param += [False] * len(self.extras)
-        return _core.Entry(kern, is_param, dict(c.extra["meta"]))
+        return {"is_param": is_param + [False] * len(self.extras), "meta": dict(c.extra["meta"])}
+
+    def _entry(self, c: Candidate):
+        info = self._launch_info(c)
+        return self._make_entry(self._ckey(c), c.binary, info["is_param"], info["meta"])
+
+    def _make_entry(self, ckey: str, binary, is_param: list, meta: dict):
+        kern = self.k._kernels.get(ckey)
+        if kern is None:
+            kern = self.k._kernels[ckey] = _core.Kernel(binary.cubin, binary.metadata)
+        kern.load()
+        return _core.Entry(kern, list(is_param), dict(meta))
+
+
+def _jsonable_meta(meta: dict) -> bool:
+    return all(isinstance(v, (int, float, bool, str, type(None))) for v in meta.values())
 
 
 def kernel(fn: Any = None, **kw) -> LazyKernel:
