@@ -8,6 +8,7 @@ through the stub straight to cuLaunchKernelEx.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import threading
@@ -315,23 +316,17 @@ class LazyKernel:
         _stats["resolves"] += 1
         try:
             return Resolution(self, key, args, stream, grid, shape).run()
-        except AllCandidatesFailed:
-            raise
         except Exception as exc:
-            if not str(exc).startswith(f"kernel {self.name}"):
-                raise type(exc)(f"kernel {self.name}: {exc}") from exc if _plain_exc(exc) else exc
-            raise
+            if str(exc).startswith(f"kernel {self.name}"):
+                raise
+            try:  # same exception type, message naming the kernel
+                wrapped = type(exc)(f"kernel {self.name}: {exc}")
+            except Exception:
+                raise exc from None
+            raise wrapped from exc
 
 
-def _plain_exc(exc: Exception) -> bool:
-    try:
-        type(exc)("x")
-        return True
-    except Exception:
-        return False
-
-
-_EMPTY = __import__("inspect").Parameter.empty
+_EMPTY = inspect.Parameter.empty
 
 
 class Resolution:

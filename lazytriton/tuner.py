@@ -6,7 +6,6 @@ launch of the winner on the original data."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -120,6 +119,3 @@ def _finish(snapshot, zero, stream: int) -> None:
     for ptr, nbytes in zero:
         _core.zero(stream, ptr, nbytes)
 
-
-def score(c: Candidate) -> float:
-    return c.extra.get("time_ms", math.inf)
