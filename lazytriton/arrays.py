@@ -141,3 +141,34 @@ class PointerArg:
 
     def __repr__(self) -> str:
         return f"PointerArg(0x{self.ptr:x}, {self.dtype})"
+
+
+class DeviceArray:
+    """A device buffer known only by address, Triton dtype and size: what the
+    JAX handler and C++ embedders hand to the Python resolver. Readable by the
+    stubs (data_ptr) and by any consumer of __cuda_array_interface__."""
+
+    __slots__ = ("ptr", "dtype", "nbytes", "shape")
+
+    def __init__(self, ptr: int, dtype: str, nbytes: int, shape: tuple[int, ...] | None = None):
+        if dtype not in DTYPE_IDS:
+            raise TypeError(f"unknown Triton dtype {dtype!r}")
+        self.ptr, self.dtype, self.nbytes = int(ptr), dtype, int(nbytes)
+        self.shape = tuple(shape) if shape is not None else (self.nbytes // max(1, _itemsize(dtype)),)
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        typestr = {v: k for k, v in _TYPESTR.items()}.get(self.dtype, f"V{_itemsize(self.dtype)}")
+        return {"shape": self.shape, "typestr": "<" + typestr, "data": (self.ptr, False), "version": 3}
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(0x{self.ptr:x}, {self.dtype}, {self.nbytes} bytes)"
+
+
+def _itemsize(dtype: str) -> int:
+    if dtype == "u1" or dtype.startswith("fp8"):
+        return 1
+    return int(dtype.lstrip("uifbp")) // 8
