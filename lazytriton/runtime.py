@@ -12,6 +12,7 @@ import inspect
 import logging
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from . import _core, keys, stubgen
@@ -126,10 +127,35 @@ class LazyKernel:
         """Launch with `grid` (tuple, int or callable of the meta dict) on `stream`."""
         return self._run(grid, stream, args, kwargs)
 
-    def _run(self, grid: Any, stream: Any, args: tuple, kwargs: dict) -> None:
+    def resolve(self, *args, grid: Any = None, stream: Any = None, **kwargs) -> "Resolved":
+        """The winner for these arguments (persistent cache, else compile and tune
+        on them: then `grid` is needed), without launching it. For callers that
+        launch from C++ themselves: the JAX handler, C++ embedders."""
+        args = self._bind_call(args, kwargs)
+        s = stream if type(stream) is int else stream_handle(stream)
+        launch = self._stub_for(args)
+        shape = self._shapes[launch]
+        key = stubgen.load_stub(shape).key(args)
+        entry = self._core.resolve(list(key), (args, s, grid, shape))
+        names = list(shape.names[:self._n_call])
+        types = [sl.param_type() if p else "constexpr" for sl, p in zip(shape.slots, entry.is_param)]
+        meta = dict(entry.meta or {})
+        dims = None
+        if grid is not None:
+            g = grid({**dict(zip(names, args)), **meta}) if callable(grid) else grid
+            g = (g,) if isinstance(g, int) else tuple(g)
+            dims = (*g, 1, 1, 1)[:3]
+        return Resolved(entry, names, tuple(args[:self._n_call]), types[:self._n_call], meta, dims, tuple(key))
+
+    def _bind_call(self, args: tuple, kwargs: dict) -> tuple:
+        """The positional call tuple the stubs read."""
         if kwargs or len(args) != self._n_call or self._python_heuristics or self._needs_probe:
             plan = self._plans.get((len(args), *kwargs))
-            args = plan(args, kwargs) if plan is not None else self._bind_slow(args, kwargs)
+            return plan(args, kwargs) if plan is not None else self._bind_slow(args, kwargs)
+        return args
+
+    def _run(self, grid: Any, stream: Any, args: tuple, kwargs: dict) -> None:
+        args = self._bind_call(args, kwargs)
         s = stream if type(stream) is int else stream_handle(stream)
         for launch in self._stubs:
             r = launch(self._handle, grid, s, args)
@@ -329,6 +355,22 @@ class LazyKernel:
 _EMPTY = inspect.Parameter.empty
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """A call's winner, resolved but not launched."""
+    entry: Any  # _core.Entry: .kernel (cubin, metadata), .is_param, .meta
+    names: list  # the kernel's call arguments, in order
+    args: tuple  # their values in this call
+    types: list  # each argument's kernel parameter type ("*fp16", "i32", "fp32", "u1") or "constexpr"
+    meta: dict  # the winner's meta-parameters (what a grid callable sees besides the arguments)
+    grid: tuple | None  # (x, y, z) when a grid was given
+    key: tuple  # the call key: the specialization this winner serves
+
+    @property
+    def kernel(self):
+        return self.entry.kernel
+
+
 class Resolution:
     """Resolving one call key: cached winner, else compile + tune on these args."""
 
@@ -435,6 +477,8 @@ class Resolution:
         return winner
 
     def _grid_of(self, c: Candidate):
+        if self.grid is None:
+            raise ValueError(f"kernel {self.k.name}: a grid is needed to tune it on this call")
         if callable(self.grid):
             return self.grid({**self.named, **c.extra["meta"]})
         return self.grid

@@ -57,7 +57,10 @@ py::dict meta_to_dict(const LaunchMeta& m) {
   d["num_ctas"] = m.num_ctas;
   d["shared"] = m.shared;
   d["global_scratch_size"] = m.global_scratch_size;
+  d["global_scratch_align"] = m.global_scratch_align;
   d["profile_scratch_size"] = m.profile_scratch_size;
+  d["profile_scratch_align"] = m.profile_scratch_align;
+  d["cluster_dims"] = py::make_tuple(m.cluster[0], m.cluster[1], m.cluster[2]);
   d["launch_cooperative_grid"] = m.cooperative;
   d["launch_pdl"] = m.pdl;
   d["arch"] = m.arch;
@@ -201,6 +204,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("cubin"), py::arg("metadata"))
       .def_property_readonly("name", [](const Kernel& k) { return k.meta().name; })
       .def_property_readonly("metadata", [](const Kernel& k) { return meta_to_dict(k.meta()); })
+      .def_property_readonly("cubin", [](const Kernel& k) { return py::bytes(k.image().cubin); })
       .def("load", [](Kernel& k) { k.function(current_context()); }, "Load the module in the current context.")
       .def("launch",
            [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args) {
@@ -221,6 +225,11 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("kernel"), py::arg("is_param"), py::arg("meta") = py::none(), py::arg("grid") = py::none())
       .def_property_readonly("kernel", [](const Entry& e) { return e.kernel; })
+      .def_property_readonly("meta",
+                             [](const Entry& e) -> py::object {
+                               if (!e.user) return py::none();
+                               return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(e.user.get()));
+                             })
       .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; });
 
   py::class_<LazyKernel, std::shared_ptr<LazyKernel>>(m, "LazyKernel")
@@ -245,8 +254,9 @@ PYBIND11_MODULE(_core, m) {
              // Without the GIL: another thread may be resolving this key in
              // Python, and this one must wait for it, not block it.
              without_gil([&] { return k.resolve(key.data(), key.size(), ctx.ptr()); });
+             return std::const_pointer_cast<Entry>(k.entry(key.data(), key.size()));
            },
-           py::arg("key"), py::arg("ctx"))
+           py::arg("key"), py::arg("ctx"), "Resolve `key` once (see LazyKernel::resolve); returns its Entry.")
       .def("install",
            [](LazyKernel& k, std::vector<uint64_t> key, std::shared_ptr<Entry> e) { k.install(key, std::move(e)); })
       .def("find", [](LazyKernel& k, std::vector<uint64_t> key) { return k.find(key.data(), key.size()) != nullptr; })

@@ -24,6 +24,13 @@ const Entry* LazyKernel::find(const uint64_t* key, size_t n) const noexcept {
   return nullptr;
 }
 
+std::shared_ptr<const Entry> LazyKernel::entry(const uint64_t* key, size_t n) const {
+  const Table* t = table_.load(std::memory_order_acquire);
+  for (const auto& row : t->rows)
+    if (same(row.first, key, n)) return row.second;
+  return nullptr;
+}
+
 const Entry* LazyKernel::install(const CallKey& key, std::shared_ptr<const Entry> entry) {
   std::lock_guard<std::mutex> lock(mu_);
   // Copy-on-write: readers keep using the old table, which stays alive.

@@ -51,6 +51,9 @@ class LazyKernel {
   // must not hold locks the resolver needs (for Python: release the GIL).
   const Entry* resolve(const uint64_t* key, size_t n, void* call_ctx);
 
+  // The entry for `key` as an owning pointer (nullptr if unresolved).
+  std::shared_ptr<const Entry> entry(const uint64_t* key, size_t n) const;
+
   // Installs a known entry (e.g. loaded from the persistent cache).
   const Entry* install(const CallKey& key, std::shared_ptr<const Entry> entry);
 
