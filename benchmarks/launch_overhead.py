@@ -2,7 +2,11 @@
 
   raw       plain cuLaunchKernel in a C++ loop on the same cubin (the floor)
   core      lazytriton's C++ launch path (cuLaunchKernelEx) in a C++ loop
-  stub      lazytriton from Python: k[grid](x, y, out, n) through the generated stub
+  stub      lazytriton from Python: k[grid](x, y, out, n) (k[grid] and its call are C:
+            csrc/python/launcher.cc) through the generated stub; with BLOCK= as a keyword
+            (a cached binding plan), without stream= (the default stream, 0 unless CuPy
+            is imported), and through k.run (Python); "python path" replays in Python
+            what k[grid](..., BLOCK=) did before launcher.cc (__getitem__, _Launch, _run)
   triton    Triton's own launcher: add_kernel[grid](x, y, out, n, BLOCK=...)
 
 Each figure is the median over batches of the host time of BATCH launches
@@ -72,9 +76,29 @@ def main() -> None:
         for _ in range(b):
             kt[grid](x, y, out, n, stream=stream)
 
+    def stub_default_stream(b):
+        for _ in range(b):
+            kt[grid](x, y, out, n)
+
     def stub(b):
         for _ in range(b):
             k[grid](x, y, out, n, BLOCK=block, stream=stream)
+
+    class PyLaunch:  # the Python call path k[grid](...) took before csrc/python/launcher.cc
+        __slots__ = ("kernel", "grid")
+
+        def __init__(self, kernel, grid):
+            self.kernel, self.grid = kernel, grid
+
+        def __call__(self, *args, stream=None, **kwargs):
+            return self.kernel._run(self.grid, stream, args, kwargs)
+
+    def getitem(kernel, grid):  # was LazyKernel.__getitem__
+        return PyLaunch(kernel, grid)
+
+    def stub_python(b):
+        for _ in range(b):
+            getitem(k, grid)(x, y, out, n, BLOCK=block, stream=stream)
 
     def stub_run(b):
         run = k.run
@@ -89,7 +113,9 @@ def main() -> None:
         "raw cuLaunchKernel (C++ loop)": lambda b: _core.raw_launch_loop(kern, grid, stream, types, vals, b),
         "lazytriton core (C++ loop)": lambda b: _core.core_launch_loop(kern, grid, stream, types, vals, b),
         "lazytriton stub: k[grid](x, y, out, n)": stub_positional,
+        "lazytriton stub: ... without stream=": stub_default_stream,
         "lazytriton stub: k[grid](..., BLOCK=)": stub,
+        "python path (before launcher.cc), BLOCK=": stub_python,
         "lazytriton stub: k.run(..., BLOCK=)": stub_run,
         "triton launcher: kernel[grid](...)": trit,
     }, sync)
@@ -103,6 +129,8 @@ def main() -> None:
     print(f"{'path':40s} {'us/launch':>10s} {'vs raw':>8s}")
     for name, us in rows.items():
         print(f"{name:40s} {us:10.2f} {us / raw:7.2f}x")
+    worst = max(rows["lazytriton stub: k[grid](x, y, out, n)"], rows["lazytriton stub: k[grid](..., BLOCK=)"]) / raw
+    print(f"k[grid](...) paths: at most {worst:.2f}x raw (goal 1.30x): {'met' if worst <= 1.3 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ def runtime_library() -> Path:
     return _PKG / "lib" / "liblazytriton.so"
 
 
+def jax_handler_source() -> Path:
+    """Source of the XLA FFI handler, built on first use against the jaxlib in use."""
+    return _PKG / "src" / "ffi_handler.cc"
+
+
 def cmake_dir() -> Path:
     """Directory holding lazytritonConfig.cmake (for find_package)."""
     return _PKG / "lib" / "cmake" / "lazytriton"

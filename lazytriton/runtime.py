@@ -25,7 +25,8 @@ from .tuner import TuneOptions, tune
 
 log = logging.getLogger("lazytriton")
 
-OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override")
+OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
+                "enable_fp_fusion")
 HEURISTICS_ARG = "__heuristics__"
 
 _default_cache: Cache | None = None
@@ -75,18 +76,17 @@ class _Recorder(dict):
         return super().get(k, default)
 
 
-class _Launch:
-    __slots__ = ("kernel", "grid")
-
-    def __init__(self, kernel: "LazyKernel", grid: Any):
-        self.kernel, self.grid = kernel, grid
-
-    def __call__(self, *args, stream=None, **kwargs):
-        return self.kernel._run(self.grid, stream, args, kwargs)
+# `k[grid]` is _core.LaunchBase's subscript (csrc/python/launcher.cc): a _core.Launch,
+# whose call `(*args, stream=None, **kwargs)` binds the arguments, converts the stream and
+# calls the stubs in C, and hands anything else to LazyKernel._run, the one slow path.
+_Launch = _core.Launch
+_core._register_stream_handle(stream_handle)
 
 
-class LazyKernel:
-    """A Triton kernel (jit, autotune or heuristics) launched through lazytriton."""
+class LazyKernel(_core.LaunchBase):
+    """A Triton kernel (jit, autotune or heuristics) launched through lazytriton.
+    _stubs, _handle, _n_call, _python_heuristics and _needs_probe are slots of
+    _core.LaunchBase, read by the C launcher."""
 
     def __init__(self, kernel: Any, *, cache: Cache | None = None, tune_options: TuneOptions | None = None):
         self.spec: KernelSpec = describe(kernel)
@@ -110,12 +110,27 @@ class LazyKernel:
         self._kernels: dict[str, Any] = {}  # compile key -> loaded _core.Kernel
         self._lock = threading.Lock()
         self.records: list[TuningRecord] = []  # tuning outcomes of this process
+        # Arguments whose contents before the call do not matter (a JAX call's
+        # fresh outputs): never saved and restored around tuning trials.
+        self.scratch_args: frozenset = frozenset()
 
     def __repr__(self) -> str:
         return f"lazytriton.LazyKernel({self.name})"
 
-    def __getitem__(self, grid: Any) -> _Launch:
-        return _Launch(self, grid)
+    # k[grid]: _core.LaunchBase.__getitem__.
+
+    def _fast_plan(self, nargs: int, names: tuple):
+        """For the C launcher: how a call with `nargs` positional arguments and the
+        keyword arguments `names` (stream= aside) makes its call tuple, once
+        _bind_slow has bound such a call and kept a plan for it. Per parameter after
+        the positional ones: the index of its value in `names`, or a 1-tuple holding
+        its default. None: not yet (the call goes to _run); False: never."""
+        tail = self._call_params[nargs:]
+        if nargs > self._n_call or not set(names) <= {p.name for p in tail}:
+            return False
+        if self._python_heuristics or self._needs_probe or (nargs, *names) not in self._plans:
+            return None
+        return tuple(names.index(p.name) if p.name in names else (p.default,) for p in tail)
 
     @property
     def cache(self) -> Cache:
@@ -127,16 +142,18 @@ class LazyKernel:
         """Launch with `grid` (tuple, int or callable of the meta dict) on `stream`."""
         return self._run(grid, stream, args, kwargs)
 
-    def resolve(self, *args, grid: Any = None, stream: Any = None, **kwargs) -> "Resolved":
+    def resolve(self, *args, grid: Any = None, stream: Any = None, mode: str = "tune", **kwargs) -> "Resolved":
         """The winner for these arguments (persistent cache, else compile and tune
         on them: then `grid` is needed), without launching it. For callers that
-        launch from C++ themselves: the JAX handler, C++ embedders."""
+        launch from C++ themselves: the JAX handler, C++ embedders.
+        mode: "tune"; "record" (a cached winner or CaptureError: nothing may
+        run on the stream); "first" (no tuning: the first config, not persisted)."""
         args = self._bind_call(args, kwargs)
         s = stream if type(stream) is int else stream_handle(stream)
         launch = self._stub_for(args)
         shape = self._shapes[launch]
         key = stubgen.load_stub(shape).key(args)
-        entry = self._core.resolve(list(key), (args, s, grid, shape))
+        entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
         names = list(shape.names[:self._n_call])
         types = [sl.param_type() if p else "constexpr" for sl, p in zip(shape.slots, entry.is_param)]
         meta = dict(entry.meta or {})
@@ -171,7 +188,7 @@ class LazyKernel:
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
 
     def _resolve_then_launch(self, launch, key, grid, stream, args) -> None:
-        self._core.resolve(list(key), (args, stream, grid, self._shapes[launch]))
+        self._core.resolve(list(key), (args, stream, grid, self._shapes[launch], "tune"))
         if launch(self._handle, grid, stream, args) is not True:
             raise RuntimeError(f"kernel {self.name}: internal error: resolved key did not launch")
 
@@ -338,10 +355,10 @@ class LazyKernel:
         return b
 
     def _resolve(self, key: tuple, ctx: tuple):
-        args, stream, grid, shape = ctx
+        args, stream, grid, shape, mode = ctx
         _stats["resolves"] += 1
         try:
-            return Resolution(self, key, args, stream, grid, shape).run()
+            return Resolution(self, key, args, stream, grid, shape, mode).run()
         except Exception as exc:
             if str(exc).startswith(f"kernel {self.name}"):
                 raise
@@ -353,6 +370,11 @@ class LazyKernel:
 
 
 _EMPTY = inspect.Parameter.empty
+
+
+class CaptureError(RuntimeError):
+    """A kernel with no tuned winner was first called while its stream was
+    being captured into a CUDA graph."""
 
 
 @dataclass(frozen=True)
@@ -374,8 +396,9 @@ class Resolved:
 class Resolution:
     """Resolving one call key: cached winner, else compile + tune on these args."""
 
-    def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape):
-        self.k, self.key, self.stream, self.grid, self.shape = k, key, stream, grid, shape
+    def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
+                 mode: str = "tune"):
+        self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
         self.spec = k.spec
         self.values = args[:k._n_call]
         self.extras = args[k._n_call:]
@@ -410,6 +433,15 @@ class Resolution:
             hit = None if st.retune else self._from_record(cache, cache.load_record(tkey))
             if hit is not None:
                 return hit
+            if self.mode == "record":
+                raise CaptureError(
+                    f"kernel {k.name}: its first execution is being captured into a CUDA graph (an XLA command "
+                    "buffer), and lazytriton never compiles or tunes under capture. Run the function once with "
+                    "command buffers off (XLA_FLAGS=--xla_gpu_enable_command_buffer=) or with jax >= 0.10.2, which "
+                    "executes once before capturing; or set LAZYTRITON_CAPTURE_FALLBACK=first_config to launch "
+                    "the first config untuned")
+            if self.mode == "first":
+                return self._entry(self._first(self._candidates()))
             return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
 
     def _candidates(self) -> list[Candidate]:
@@ -428,6 +460,14 @@ class Resolution:
         # move between machines (the Triton version in the key pins libdevice).
         opts = {kk: vv for kk, vv in b.options.__dict__.items() if kk != "extern_libs"}
         return keys.compile_key(self.spec.fn, b.signature, b.constexprs, b.attrs, opts, self.target)
+
+    def _first(self, cands: list[Candidate]) -> Candidate:
+        """The first config that compiles, untuned and not persisted."""
+        compile_all(self.spec, self.target, cands[:1])
+        if cands[0].binary is None:
+            raise AllCandidatesFailed(self.k.name, cands[:1])
+        log.warning("kernel %s: launching config 0 untuned (LAZYTRITON_CAPTURE_FALLBACK)", self.k.name)
+        return cands[0]
 
     def _from_record(self, cache: Cache, rec: TuningRecord | None):
         launch = rec.extra.get("launch") if rec is not None else None
@@ -463,7 +503,8 @@ class Resolution:
             raise AllCandidatesFailed(k.name, pruned)
         _stats["tunes"] += int(len(pruned) > 1)
         winner = tune(k.name, pruned, self.names, self.values, self.arrays, self._grid_of, self.stream,
-                      self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options)
+                      self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options,
+                      scratch=k.scratch_args)
         rec = TuningRecord(
             kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
             candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},

@@ -99,6 +99,8 @@ def _params_of(fn: JITFunction) -> list[Param]:
 
 def describe(kernel: Any) -> KernelSpec:
     """Unwraps triton.autotune / triton.heuristics (either order) down to the jit function."""
+    if isinstance(kernel, KernelSpec):
+        return kernel
     layers = []
     obj = kernel
     while not isinstance(obj, JITFunction):

@@ -17,6 +17,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import paths
 from .arrays import DTYPES
@@ -222,47 +223,54 @@ _loaded: dict[str, object] = {}
 _lock = threading.Lock()
 
 
-def compile_command(source: Path, output: Path) -> list[str]:
+def compile_command(source: Path, output: Path, extra_flags: tuple[str, ...] = ()) -> list[str]:
     import pybind11
 
     cxx = os.environ.get("CXX", "c++")
     libdir = paths.runtime_library().parent
     return [*shlex.split(cxx), "-O2", "-shared", "-fPIC", "-std=c++17", "-fvisibility=hidden",
             f"-I{paths.include_dir()}", f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
-            str(source), "-o", str(output), f"-L{libdir}", "-llazytriton", f"-Wl,-rpath,{libdir}"]
+            *extra_flags, str(source), "-o", str(output), f"-L{libdir}", "-llazytriton", f"-Wl,-rpath,{libdir}"]
 
 
 def load_stub(shape: Shape):
     """The built stub module for `shape`, building it on first use."""
     name = f"lt_stub_{shape.digest()}"
+    return load_module(name, lambda: generate(shape, name), f"launch stub {name} for ({', '.join(shape.names)})")
+
+
+def load_module(name: str, source: Callable[[], str], what: str, extra_flags: tuple[str, ...] = (),
+                tag: str = ""):
+    """A Python extension module built from `source()` against lazytriton's
+    headers and library, cached on disk per toolchain (and `tag`)."""
     with _lock:
         if name in _loaded:
             return _loaded[name]
-        directory = paths.cache_root() / "stubs" / _toolchain_tag()
+        directory = paths.cache_root() / "stubs" / (_toolchain_tag() + tag)
         directory.mkdir(parents=True, exist_ok=True)
         so = directory / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
         if not so.exists():
-            _build(shape, name, so)
+            _build(name, source, so, what, extra_flags)
         module = _import(name, so)
         _loaded[name] = module
         return module
 
 
-def _build(shape: Shape, name: str, so: Path) -> None:
+def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flags: tuple[str, ...]) -> None:
     with open(so.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others reuse
         if so.exists():
             return
         src = so.parent / f"{name}.cc"
-        src.write_text(generate(shape, name))
+        src.write_text(source())
         fd, tmp = tempfile.mkstemp(dir=so.parent, suffix=".so.tmp")
         os.close(fd)
-        cmd = compile_command(src, Path(tmp))
-        log.info("building launch stub %s for (%s)", name, ", ".join(shape.names))
+        cmd = compile_command(src, Path(tmp), extra_flags)
+        log.info("building %s", what)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             os.unlink(tmp)
-            raise RuntimeError(f"building launch stub {name} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"building {what} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
         os.replace(tmp, so)
 
 

@@ -61,7 +61,7 @@ def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict,
 
 def tune(kernel_name: str, candidates: list[Candidate], names: list[str], values: tuple, arrays: dict,
          grid_of: Callable[[Candidate], Any], stream: int, device: int, reset_to_zero: list[str],
-         restore_value: list[str], options: TuneOptions) -> Candidate:
+         restore_value: list[str], options: TuneOptions, scratch: frozenset = frozenset()) -> Candidate:
     """Times every compiled candidate on the real arguments; returns the fastest."""
     ok = [c for c in candidates if c.binary is not None]
     for c in ok:
@@ -76,7 +76,7 @@ def tune(kernel_name: str, candidates: list[Candidate], names: list[str], values
     if len(ok) == 1:
         _finish(None, zero, stream)
         return ok[0]
-    saved = written_buffers(ok, names, arrays, restore_value)
+    saved = [n for n in written_buffers(ok, names, arrays, restore_value) if n not in scratch]
     log.info("kernel %s: tuning %d configs on the call's buffers (saving %s)", kernel_name, len(ok),
              ", ".join(saved) or "nothing")
     snapshot = _core.Snapshot(stream, [arrays[n] for n in saved]) if saved else None

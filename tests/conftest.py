@@ -9,6 +9,12 @@ import pytest
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
+# JAX GPU tests run with every FFI call captured into command buffers (CUDA
+# graphs), as the JAX issue asks; JAX must not take the memory CuPy tests use.
+os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
+                                   "--xla_gpu_graph_min_graph_size=1")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import lazytriton  # noqa: E402
 
 

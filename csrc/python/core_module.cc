@@ -12,6 +12,7 @@
 
 namespace py = pybind11;
 using namespace lt;
+void bind_launcher(py::module_& m);  // launcher.cc: _core.LaunchBase, _core.Launch (the k[grid](...) hot path)
 
 namespace {
 
@@ -154,6 +155,7 @@ auto without_gil(F&& f) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "lazytriton C++ runtime core";
   py::register_exception<Error>(m, "RuntimeFailure", PyExc_RuntimeError);
+  bind_launcher(m);
 
   m.def("driver_status", [] {
     std::string why;
@@ -215,15 +217,36 @@ PYBIND11_MODULE(_core, m) {
            py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"));
 
   py::class_<Entry, std::shared_ptr<Entry>>(m, "Entry")
-      .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid) {
+      .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid,
+                       const std::vector<std::pair<int32_t, uint64_t>>& sources,
+                       const std::vector<std::pair<int32_t, uint64_t>>& zero) {
              auto e = std::make_shared<Entry>();
              e->kernel = std::move(k);
              e->is_param = std::move(is_param);
              if (!grid.is_none()) e->grid = dim3_from(grid);
              e->user = hold(std::move(meta));
+             for (auto& [buffer, bits] : sources) e->sources.push_back({buffer, bits});
+             for (auto& [buffer, bytes] : zero) e->zero.push_back({buffer, bytes});
              return e;
            }),
-           py::arg("kernel"), py::arg("is_param"), py::arg("meta") = py::none(), py::arg("grid") = py::none())
+           py::arg("kernel"), py::arg("is_param"), py::arg("meta") = py::none(), py::arg("grid") = py::none(),
+           py::arg("sources") = std::vector<std::pair<int32_t, uint64_t>>{},
+           py::arg("zero") = std::vector<std::pair<int32_t, uint64_t>>{},
+           "sources/zero: for fixed-layout callers, (buffer index or -1, scalar bits) per kernel parameter "
+           "and (buffer index, bytes) to zero before every launch.")
+      .def("share",
+           [](std::shared_ptr<Entry> e) {
+             return reinterpret_cast<uintptr_t>(new std::shared_ptr<const Entry>(std::move(e)));
+           },
+           "A new owning reference as the address of a heap std::shared_ptr<const lt::Entry>, for C++ code "
+           "in another module (the JAX handler), which takes ownership.")
+      .def_property_readonly("grid", [](const Entry& e) { return py::make_tuple(e.grid.x, e.grid.y, e.grid.z); })
+      .def_property_readonly("sources",
+                             [](const Entry& e) {
+                               std::vector<std::pair<int32_t, uint64_t>> out;
+                               for (auto& s : e.sources) out.emplace_back(s.buffer, s.bits);
+                               return out;
+                             })
       .def_property_readonly("kernel", [](const Entry& e) { return e.kernel; })
       .def_property_readonly("meta",
                              [](const Entry& e) -> py::object {

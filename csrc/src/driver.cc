@@ -1,5 +1,7 @@
 #include "lazytriton/driver.h"
 
+#include <atomic>
+
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -97,6 +99,11 @@ std::string error_name(cu::CUresult code) {
 }
 
 cu::CUcontext primary_context(int device) {
+  // Lock-free after the first call per device: the JAX handler asks on every launch.
+  constexpr int kCached = 64;
+  static std::atomic<cu::CUcontext> cached[kCached];
+  if (device >= 0 && device < kCached)
+    if (cu::CUcontext c = cached[device].load(std::memory_order_acquire)) return c;
   static std::mutex mu;
   static std::map<int, cu::CUcontext> ctxs;
   std::lock_guard<std::mutex> lock(mu);
@@ -108,6 +115,7 @@ cu::CUcontext primary_context(int device) {
   cu::CUcontext ctx;
   check(d.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
   ctxs[device] = ctx;
+  if (device >= 0 && device < kCached) cached[device].store(ctx, std::memory_order_release);
   return ctx;
 }
 

@@ -19,6 +19,19 @@ namespace lt {
 
 using CallKey = std::vector<uint64_t>;
 
+// For callers with a fixed argument layout (the JAX handler, C++ embedders):
+// where one kernel parameter comes from.
+struct ParamSource {
+  int32_t buffer = -1;  // >= 0: the address of that call buffer
+  uint64_t bits = 0;    // else this scalar, in the parameter's C type (low bytes)
+};
+
+// A call buffer zeroed before every launch (jax-triton's zeroed_outputs).
+struct ZeroSpec {
+  int32_t buffer;
+  uint64_t bytes;
+};
+
 // What a resolved key launches.
 struct Entry {
   std::shared_ptr<Kernel> kernel;
@@ -27,6 +40,10 @@ struct Entry {
   std::vector<bool> is_param;
   // Grid for callers that fix it at resolution time (C++ embedders, JAX).
   Dim3 grid;
+  // Fixed-layout callers: every kernel parameter's source, and the buffers
+  // to zero before each launch.
+  std::vector<ParamSource> sources;
+  std::vector<ZeroSpec> zero;
   // Opaque data owned by the layer that resolved the entry (e.g. the Python
   // config meta-parameters a grid callable needs).
   std::shared_ptr<void> user;

@@ -1,6 +1,7 @@
 // lazytriton's C++ runtime: one core shared by the generated Python stubs, the
 // XLA FFI handler and C++ programs that embed it.
 #pragma once
+#include "lazytriton/call_site.h"
 #include "lazytriton/driver.h"
 #include "lazytriton/kernel.h"
 #include "lazytriton/lazy_kernel.h"

@@ -1,0 +1,188 @@
+"""Per-kernel time of a jitted chain of 32 tiny Triton kernels, side by side:
+
+  lazytriton, command buffers on    every custom call captured into a CUDA graph
+  lazytriton, command buffers off   the handler launches from C++ on every call
+  jax-triton, command buffers on    (when jax_triton imports; its calls are never captured)
+  floor: CUDA graph replay          32 captured launches of the same cubin, replayed
+  floor: raw cuLaunchKernel loop    host cost per launch from C++ on the same cubin
+
+and the time of jit(...).lower() for an 8-config autotuned matmul. XLA_FLAGS
+is read once per process, so each configuration runs in its own process.
+    python benchmarks/jax_chain.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+N, CHAIN, ITERS, ROUNDS = 1024, 32, 200, 15
+CB_ON = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+CB_OFF = "--xla_gpu_enable_command_buffer="
+
+
+def chain_fn(call, kernel):
+    import triton
+
+    def chain(x):
+        for _ in range(CHAIN):
+            x = call(x, N, kernel=kernel, out_shape=x, grid=lambda m: (triton.cdiv(N, m["BLOCK"]),), BLOCK=1024)
+        return x
+    return chain
+
+
+def time_chain(which: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(TESTS))
+    from kernels import jaxk
+
+    if which == "jax-triton":
+        import jax_triton
+
+        call = jax_triton.triton_call
+    else:
+        from lazytriton.jax import triton_call as call
+    f = jax.jit(chain_fn(call, jaxk.add_one_kernel))
+    x = jnp.zeros(N, jnp.float32)
+    for _ in range(5):
+        x = f(x)
+    x.block_until_ready()
+    per = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(ITERS):
+            x = f(x)
+        x.block_until_ready()
+        per.append((time.perf_counter() - t0) / (ITERS * CHAIN) * 1e6)
+    expect = CHAIN * (5 + ROUNDS * ITERS)
+    assert float(x[0]) == expect, (float(x[0]), expect)
+    out = {"us_per_kernel": statistics.median(per)}
+    if which == "lazytriton":  # how often XLA ran the handler (capture or launch) per kernel call
+        from lazytriton.jax import handler_stats
+
+        e0 = handler_stats()["executes"]
+        for _ in range(ITERS):
+            x = f(x)
+        x.block_until_ready()
+        out["handler_runs_per_kernel"] = (handler_stats()["executes"] - e0) / (ITERS * CHAIN)
+    return out
+
+
+def time_lowering(which: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import triton
+
+    sys.path.insert(0, str(TESTS))
+    from kernels import jaxk
+
+    m = n = k = 2048
+    if which == "jax-triton":
+        import jax_triton
+
+        call, kernel = jax_triton.triton_call, jaxk.matmul_kernel
+    else:
+        from lazytriton.jax import triton_call as call
+
+        kernel = jaxk.matmul_kernel
+    a = jax.ShapeDtypeStruct((m, k), jnp.float16)
+    times = []
+    for _ in range(1 if which == "jax-triton" else 7):
+        def mm(x, y):  # a new function each time: nothing cached by jit
+            return call(x, y, m, n, k, k, 1, n, 1, n, 1, kernel=kernel,
+                        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                        grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])))
+        t0 = time.perf_counter()
+        jax.jit(mm).lower(a, a)
+        times.append(time.perf_counter() - t0)
+    return {"lower_ms": statistics.median(times[1:] or times) * 1e3}
+
+
+def floors() -> dict:
+    import cupy
+    import lazytriton
+    from lazytriton import _core
+
+    sys.path.insert(0, str(TESTS))
+    from kernels import jaxk
+
+    x = cupy.zeros(N, cupy.float32)
+    k = lazytriton.kernel(jaxk.add_one_kernel)
+    s = cupy.cuda.Stream(non_blocking=True)
+    k[(1,)](x, N, x, BLOCK=1024, stream=s.ptr)
+    s.synchronize()
+    kern = next(iter(k._kernels.values()))
+    types, vals = ["*fp32", "i32", "*fp32"], [x.data.ptr, N, x.data.ptr]
+    raw = []
+    for _ in range(30):
+        s.synchronize()
+        raw.append(_core.raw_launch_loop(kern, (1,), s.ptr, types, vals, 200) / 200 * 1e6)
+    with s:
+        s.begin_capture()
+        for _ in range(CHAIN):
+            kern.launch((1,), s.ptr, types, vals)
+        graph = s.end_capture()
+    graph.launch(s)
+    s.synchronize()
+    per = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(ITERS):
+            graph.launch(s)
+        s.synchronize()
+        per.append((time.perf_counter() - t0) / (ITERS * CHAIN) * 1e6)
+    return {"raw_launch_us": statistics.median(raw), "graph_us_per_kernel": statistics.median(per)}
+
+
+def child(task: str, which: str) -> None:
+    out = {"chain": time_chain, "lower": time_lowering}.get(task, lambda w: floors())(which)
+    print("RESULT " + json.dumps(out))
+
+
+def run(task: str, which: str, flags: str) -> dict:
+    env = {**os.environ, "XLA_FLAGS": flags, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    p = subprocess.run([sys.executable, __file__, "--child", task, which], capture_output=True, text=True, env=env,
+                       cwd=os.path.expanduser("~"))
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
+
+
+def main() -> None:
+    rows = {
+        "lazytriton, command buffers on": run("chain", "lazytriton", CB_ON),
+        "lazytriton, command buffers off": run("chain", "lazytriton", CB_OFF),
+        "jax-triton, command buffers on": run("chain", "jax-triton", CB_ON),
+    }
+    fl = run("floors", "", CB_ON)
+    low = {w: run("lower", w, CB_ON) for w in ("lazytriton", "jax-triton")}
+    graph, raw = fl.get("graph_us_per_kernel"), fl.get("raw_launch_us")
+    print(f"chain of {CHAIN} tiny kernels ({N} floats each), per kernel, median of {ROUNDS} rounds x {ITERS} runs")
+    print(f"{'path':36s} {'us/kernel':>10s} {'vs graph':>9s} {'vs raw':>8s}")
+    for name, r in [*rows.items(), ("floor: CUDA graph replay", {"us_per_kernel": graph}),
+                    ("floor: raw cuLaunchKernel loop", {"us_per_kernel": raw})]:
+        us = r.get("us_per_kernel")
+        if us is None:
+            print(f"{name:36s} {'n/a':>10s}  {r.get('error', fl.get('error', ''))}")
+            continue
+        runs = r.get("handler_runs_per_kernel")
+        print(f"{name:36s} {us:10.2f} {us / graph if graph else float('nan'):8.2f}x "
+              f"{us / raw if raw else float('nan'):7.2f}x" + (f"   handler runs/kernel {runs:.3f}" if runs is not None else ""))
+    for w, r in low.items():
+        print(f"jit(...).lower() of an 8-config matmul, {w}: "
+              + (f"{r['lower_ms']:.1f} ms" if "lower_ms" in r else f"n/a ({r.get('error')})"))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
+    else:
+        main()

@@ -1,0 +1,42 @@
+// A call site whose argument layout is fixed when it is made: device buffers
+// change per call (a JAX custom call's operands and results, a C++ caller's
+// pointers), scalars and meta-parameters do not. Its entries are keyed by the
+// 16-byte alignment of the buffers (the only specialization left open), and
+// a resolved call launches with no Python, no allocation and no host sync, so
+// it can be captured into a CUDA graph.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "lazytriton/lazy_kernel.h"
+
+namespace lt {
+
+// The call key of a fixed-layout call: the buffer count, then bit i set when
+// buffer i is 16-byte aligned. Writes alignment_key_words(n) words to `key`.
+constexpr size_t alignment_key_words(size_t n) { return 1 + (n + 63) / 64; }
+void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key);
+
+// Zeroes e.zero's buffers, then launches e.kernel with parameters taken from
+// e.sources (buffer addresses from `buffers`, scalars from the entry).
+void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n);
+
+class CallSite {
+ public:
+  CallSite(std::string name, size_t n_buffers, LazyKernel::Resolver resolver)
+      : n_buffers_(n_buffers), table_(std::move(name), std::move(resolver)) {}
+
+  const std::string& name() const { return table_.name(); }
+  size_t n_buffers() const { return n_buffers_; }
+  LazyKernel& table() { return table_; }
+
+  // Launches on `stream` in `ctx`. An unresolved key is resolved first, once
+  // across threads, by the resolver (which gets `call_ctx`).
+  void launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx);
+
+ private:
+  size_t n_buffers_;
+  LazyKernel table_;
+};
+
+}  // namespace lt

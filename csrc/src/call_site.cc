@@ -1,0 +1,53 @@
+#include "lazytriton/call_site.h"
+
+#include <cstring>
+#include <vector>
+
+#include "lazytriton/tuning.h"
+
+namespace lt {
+
+void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key) {
+  std::memset(key, 0, alignment_key_words(n) * sizeof(uint64_t));
+  key[0] = n;  // sites with different buffer counts never share a key
+  for (size_t i = 0; i < n; ++i)
+    if (buffers[i] % 16 == 0) key[1 + i / 64] |= uint64_t(1) << (i % 64);
+}
+
+void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n) {
+  constexpr size_t kMax = 256;
+  const size_t np = e.sources.size();
+  if (np > kMax) throw Error("kernel " + e.kernel->meta().name + ": more than 256 parameters");
+  uint64_t slots[kMax];
+  void* params[kMax];
+  for (size_t i = 0; i < np; ++i) {
+    const ParamSource& s = e.sources[i];
+    if (s.buffer >= 0 && size_t(s.buffer) >= n)
+      throw Error("kernel " + e.kernel->meta().name + ": parameter " + std::to_string(i) + " reads buffer " +
+                  std::to_string(s.buffer) + " of " + std::to_string(n));
+    slots[i] = s.buffer >= 0 ? buffers[s.buffer] : s.bits;
+    params[i] = &slots[i];
+  }
+  for (const ZeroSpec& z : e.zero)
+    if (z.bytes && size_t(z.buffer) < n) zero_buffer(stream, {buffers[z.buffer], z.bytes});
+  e.kernel->launch(ctx, stream, e.grid, params, np);
+}
+
+void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx) {
+  // On the stack: this runs on every launch of a JAX custom call.
+  constexpr size_t kInline = alignment_key_words(1024);
+  uint64_t inline_key[kInline];
+  std::vector<uint64_t> heap_key;
+  const size_t words = alignment_key_words(n_buffers_);
+  uint64_t* key = inline_key;
+  if (words > kInline) {
+    heap_key.resize(words);
+    key = heap_key.data();
+  }
+  alignment_key(buffers, n_buffers_, key);
+  const Entry* e = table_.find(key, words);
+  if (!e) e = table_.resolve(key, words, call_ctx);
+  launch_fixed(*e, ctx, stream, buffers, n_buffers_);
+}
+
+}  // namespace lt

@@ -1,0 +1,209 @@
+"""The XLA FFI handler: built on first use against the installed jaxlib's FFI
+headers, registered with JAX for CUDA, and the Python side of its slow path
+(resolving a call site on its first execution)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+from typing import Any
+
+from . import _core, keys, paths, stubgen
+from .arrays import DeviceArray
+
+log = logging.getLogger("lazytriton.jax")
+
+TARGET = "lazytriton_triton_call"
+STATE_TYPE = "lazytriton_site"
+
+_lock = threading.Lock()
+_module = None
+_registered = False
+
+
+def handler_module():
+    """The built handler module (compiling it the first time on this toolchain)."""
+    global _module
+    if _module is None:
+        import jax
+        import jaxlib
+
+        src = paths.jax_handler_source().read_text()
+        tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
+        name = "lt_jax_ffi"
+        _module = stubgen.load_module(name, lambda: src, "the XLA FFI handler",
+                                      extra_flags=(f"-I{jax.ffi.include_dir()}", f"-DLT_MODULE_NAME={name}"), tag=tag)
+    return _module
+
+
+_cuda = None
+
+
+def cuda_present() -> bool:
+    """Whether JAX has a CUDA backend in this process."""
+    global _cuda
+    if not _cuda:
+        import jax
+
+        try:
+            _cuda = bool(jax.devices("cuda"))
+        except RuntimeError:
+            _cuda = False
+    return _cuda
+
+
+def ensure_registered() -> None:
+    """Registers the handler for CUDA once per process (a no-op without a CUDA backend)."""
+    global _registered
+    if _registered:
+        return
+    import jax
+
+    with _lock:
+        if _registered:
+            return
+        mod = handler_module()
+        mod.set_resolver(_resolve)
+        jax.ffi.register_ffi_type(STATE_TYPE, mod.state_type(), platform="CUDA")
+        jax.ffi.register_ffi_target(TARGET, mod.handlers(), platform="CUDA", api_version=1)
+        _registered = True
+
+
+# -- the slow path: called from C++ (GIL taken there) on a site's first execution ----
+
+_sites: dict[str, "Site"] = {}
+_kernels: dict[str, Any] = {}  # kernel identity -> the Triton kernel object (filled at trace time)
+
+
+def register_kernel(identity: str, kernel: Any) -> None:
+    _kernels[identity] = kernel
+
+
+def _resolve(descriptor: str, buffers: tuple, stream: int, device: int, capturing: bool) -> int:
+    site = _sites.get(descriptor)
+    if site is None:
+        site = _sites[descriptor] = Site(json.loads(descriptor))
+    return site.resolve(buffers, stream, device, capturing).share()
+
+
+class Site:
+    """One triton_call site, rebuilt from its descriptor (so a process that
+    loaded the executable from JAX's persistent cache can resolve it too)."""
+
+    def __init__(self, d: dict):
+        from .runtime import LazyKernel
+        from .spec import describe
+
+        self.d = d
+        self.name = d["name"]
+        kernel = _kernels.get(d["kernel"]["id"]) or _import_kernel(d["kernel"])
+        if keys.kernel_fingerprint(describe(kernel).fn) != d["kernel"]["fingerprint"]:
+            raise RuntimeError(f"{self.name}: kernel {d['kernel']['name']} changed since this executable "
+                               "was lowered; re-trace the function")
+        self.lazy = _site_kernel(kernel, d, LazyKernel)
+
+    def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
+        d = self.d
+        args = []
+        for a in d["args"]:
+            if "buffer" in a:
+                ptr, nbytes = buffers[a["buffer"]]
+                args.append(DeviceArray(ptr, a["dtype"], nbytes, tuple(a["shape"])))
+            else:
+                args.append(a["scalar"])
+        mode = "tune"
+        if capturing:
+            mode = "first" if os.environ.get("LAZYTRITON_CAPTURE_FALLBACK") == "first_config" else "record"
+        log.info("%s: resolving on its first execution (%s)", self.name,
+                 "stream capturing" if capturing else "tuning allowed")
+        res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **d["call_meta"])
+        cfg = self._config_of(res.meta)
+        sources = []
+        for i, (a, t) in enumerate(zip(d["args"], res.types)):
+            if t == "constexpr":
+                continue
+            sources.append((a["buffer"], 0) if "buffer" in a else (-1, scalar_bits(a["scalar"], t)))
+        n_in = d["n_inputs"]
+        zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
+        return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)
+
+    def _config_of(self, meta: dict) -> dict:
+        for cfg in self.d["configs"]:
+            if all(meta.get(k) == v for k, v in cfg["kwargs"].items()):
+                return cfg
+        raise RuntimeError(f"{self.name}: the winner's meta-parameters {meta} match no config of the call site")
+
+    def _grid(self, meta: dict):
+        return tuple(self._config_of(meta)["grid"])
+
+
+def _site_kernel(kernel: Any, d: dict, LazyKernel):
+    """A LazyKernel for this site: its configs as the call site pruned them,
+    zeroed outputs zeroed before every trial, fresh outputs never saved."""
+    import dataclasses
+
+    import triton
+
+    from .spec import describe
+
+    spec = describe(kernel)
+    if spec.configs:
+        configs = [triton.Config(c["kwargs"], **{k: c[k] for k in _CONFIG_FIELDS if c.get(k) is not None})
+                   for c in d["configs"]]
+        spec = dataclasses.replace(spec, configs=configs)
+    names = [p.name for p in spec.params]
+    n_in = d["n_inputs"]
+    out_names = {a["buffer"] - n_in: names[i] for i, a in enumerate(d["args"]) if a.get("buffer", -1) >= n_in}
+    zeroed = {out_names[o] for c in d["configs"] for o in c["zeroed"]}
+    spec = dataclasses.replace(spec, reset_to_zero=sorted(set(spec.reset_to_zero) | zeroed))
+    lk = LazyKernel(spec)
+    aliased = {o for _, o in d["aliases"]}
+    lk.scratch_args = frozenset(n for o, n in out_names.items() if o not in aliased) - set(spec.restore_value)
+    return lk
+
+
+_CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def _import_kernel(ident: dict) -> Any:
+    import importlib
+
+    where = f"{ident['module']}.{ident['qualname']}"
+    if "<locals>" in ident["qualname"]:
+        raise RuntimeError(
+            f"kernel {ident['name']}: this executable was not traced in this process and the kernel ({where}) "
+            "is local to a function, so it cannot be imported; define it at module level or trace the function "
+            "once in this process")
+    try:
+        obj = importlib.import_module(ident["module"])
+        for part in ident["qualname"].split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(f"kernel {ident['name']}: cannot import {where} to resolve this executable ({exc})") from exc
+    return obj
+
+
+def scalar_bits(value: Any, t: str) -> int:
+    """A scalar argument as the kernel parameter's bytes (little-endian, in a u64)."""
+    if t in ("fp32", "fp16", "fp64", "bf16"):
+        if t == "bf16":
+            import ml_dtypes
+            import numpy as np
+
+            return int(np.array(value, dtype=ml_dtypes.bfloat16).view(np.uint16))
+        fmt = {"fp32": ("<f", "<I"), "fp16": ("<e", "<H"), "fp64": ("<d", "<Q")}[t]
+        return struct.unpack(fmt[1], struct.pack(fmt[0], value))[0]
+    bits = int(t.lstrip("iu")) if t != "u1" else 8
+    return int(value) & ((1 << bits) - 1)
+
+
+def handler_stats() -> dict:
+    """Call sites the handler has seen, launches resolved, and executions of
+    the handler (a command buffer replay executes no handler)."""
+    if _module is None:
+        return {"sites": 0, "resolved": 0, "executes": 0}
+    sites, resolved, executes = _module.site_count()
+    return {"sites": sites, "resolved": resolved, "executes": executes}

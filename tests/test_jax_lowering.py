@@ -1,0 +1,179 @@
+"""lazytriton.jax on a machine without a GPU: lowering for CUDA compiles
+nothing and describes the call site completely; errors name the kernel."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import triton  # noqa: E402
+
+import lazytriton  # noqa: E402
+from lazytriton import jax as ltj  # noqa: E402
+from lazytriton import jax_ffi  # noqa: E402
+from kernels import jaxk  # noqa: E402
+
+F32 = jax.ShapeDtypeStruct((1000,), jnp.float32)
+
+
+def lower(f, *avals) -> str:
+    return jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def descriptor(text: str) -> dict:
+    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+    assert m, text
+    # MLIR escapes bytes as \XX (hex).
+    return json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
+
+
+def mm(a, b):
+    m, k = a.shape
+    n = b.shape[1]
+    return ltj.triton_call(a, b, m, n, k, k, 1, n, 1, n, 1, kernel=jaxk.matmul_kernel,
+                           out_shape=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                           grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])))
+
+
+def test_lowering_an_8_config_matmul_compiles_nothing(cache_dir):
+    before = lazytriton.stats()
+    a = jax.ShapeDtypeStruct((512, 256), jnp.float16)
+    b = jax.ShapeDtypeStruct((256, 384), jnp.float16)
+    text = lower(mm, a, b)
+    assert "stablehlo.custom_call @lazytriton_triton_call" in text
+    assert "mhlo.backend_config = {" in text  # typed FFI attributes: custom call API version 4
+    d = descriptor(text)
+    assert len(d["configs"]) == 8
+    for c in d["configs"]:  # every config carries its own grid
+        assert c["grid"] == [triton.cdiv(512, c["kwargs"]["BM"]), triton.cdiv(384, c["kwargs"]["BN"]), 1]
+    assert [a.get("buffer") for a in d["args"]][:2] == [0, 1] and d["args"][-1]["buffer"] == 2
+    assert d["args"][2] == {"scalar": 512} and d["kernel"]["name"] == "matmul_kernel"
+    assert lazytriton.stats()["compiles"] == before["compiles"]
+    assert not list(Path(cache_dir).rglob("*.cubin*")) and not list(Path(cache_dir).glob("**/binaries/*"))
+
+
+def test_meta_parameters_prune_configs_as_jax_triton_does():
+    def f(x):
+        return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_shape=x,
+                               grid=lambda m: (triton.cdiv(1000, m["BLOCK"]),), BLOCK=512)
+
+    d = descriptor(lower(f, F32))
+    assert [c["kwargs"]["BLOCK"] for c in d["configs"]] == [512, 512]  # num_warps 2 and 4 remain
+    assert [c["grid"] for c in d["configs"]] == [[2, 1, 1]] * 2
+
+
+def test_aliases_zeroed_outputs_and_heuristics_are_described():
+    def f(x, y):
+        return ltj.triton_call(x, y, 1000, kernel=jaxk.sum_diff_kernel, out_shape=(x, x),
+                               grid=lambda m: (triton.cdiv(1000, m["BLOCK"]),),
+                               input_output_aliases={0: 0}, zeroed_outputs=lambda m: [1] if m["BLOCK"] > 500 else [])
+
+    text = lower(f, F32, F32)
+    d = descriptor(text)
+    assert d["aliases"] == [[0, 0]]
+    assert {c["kwargs"]["BLOCK"]: c["zeroed"] for c in d["configs"]} == {128: [], 1024: [1]}
+    assert "output_operand_aliases" in text
+
+    def g(x):
+        return ltj.triton_call(x, 2.0, 3, True, 1024, kernel=jaxk.axpb_kernel, out_shape=x,
+                               grid=lambda m: (1024 // m["BLOCK"],) if m["EVEN"] else (0,))
+
+    d = descriptor(lower(g, jax.ShapeDtypeStruct((1024,), jnp.float32)))
+    # The heuristic (EVEN) is evaluated at trace time for the grid: 1024 % BLOCK == 0.
+    assert [c["grid"][0] for c in d["configs"]] == [8, 1]
+    assert [a.get("scalar") for a in d["args"][1:5]] == [2.0, 3, True, 1024]
+
+
+def test_descriptor_is_deterministic_across_processes():
+    # JAX's persistent cache keys on the lowered module: it must not hold
+    # anything process-specific (addresses, ids).
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import jax, jax.numpy as jnp, triton\n"
+            "from lazytriton import jax as ltj\nfrom kernels import jaxk\n"
+            "f = lambda x: ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_shape=x, "
+            "grid=lambda m: (triton.cdiv(1000, m['BLOCK']),), input_output_aliases={0: 0})\n"
+            "print(jax.jit(f).trace(jax.ShapeDtypeStruct((1000,), jnp.float32))"
+            ".lower(lowering_platforms=('cuda',)).as_text())\n") % str(Path(__file__).parent)
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
+                           timeout=120) for _ in range(2)]
+    assert all(o.returncode == 0 for o in outs), outs[0].stderr[-2000:]
+    assert outs[0].stdout == outs[1].stdout
+
+
+def test_vmap_lowers_to_a_sequential_loop_and_grad_says_what_to_do():
+    def add(x, y):
+        return ltj.triton_call(x, y, 1000, kernel=jaxk.add_kernel, out_shape=x, grid=(4,), BLOCK=256)
+
+    text = lower(jax.vmap(add), jax.ShapeDtypeStruct((3, 1000), jnp.float32),
+                 jax.ShapeDtypeStruct((3, 1000), jnp.float32))
+    assert "stablehlo.while" in text and "@lazytriton_triton_call" in text
+    with pytest.raises(NotImplementedError, match=r"add_kernel cannot be differentiated.*custom_vjp"):
+        jax.jit(jax.grad(lambda x: add(x, x).sum())).trace(F32).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(grid=(1, 2, 3, 4)), "grid must be 1 to 3"),
+    (dict(grid=lambda m: (-1,)), "grid must be 1 to 3 non-negative"),
+    (dict(grid=(1,), input_output_aliases={3: 0}), "input_output_aliases"),
+    (dict(grid=(1,), zeroed_outputs=(2,)), "zeroed_outputs"),
+    (dict(grid=(1,), BLOCK=object()), "meta-parameters and scalars must be"),
+])
+def test_bad_calls_name_the_kernel(kwargs, match):
+    kw = dict(kernel=jaxk.add_kernel, out_shape=F32)
+    kw.setdefault("BLOCK", 256)
+    kw.update(kwargs)
+    with pytest.raises((ValueError, TypeError), match=match) as exc:
+        lower(lambda x: ltj.triton_call(x, x, 1000, **kw), F32)
+    assert "add_kernel" in str(exc.value)
+
+
+def test_unsupported_dtype_and_too_many_arguments():
+    c64 = jax.ShapeDtypeStruct((10,), jnp.complex64)
+    with pytest.raises(TypeError, match="add_kernel.*complex64"):
+        lower(lambda x: ltj.triton_call(x, x, 10, kernel=jaxk.add_kernel, out_shape=x, grid=(1,), BLOCK=16), c64)
+    with pytest.raises(TypeError, match="add_kernel: 5 arguments.*takes 4"):
+        lower(lambda x: ltj.triton_call(x, x, x, 10, kernel=jaxk.add_kernel, out_shape=x, grid=(1,), BLOCK=16),
+              F32)
+    with pytest.raises(TypeError, match="BLOCK is a tl.constexpr but receives an array"):
+        lower(lambda x: ltj.triton_call(x, x, 10, kernel=jaxk.add_kernel, out_shape=(x, x), grid=(1,)), F32)
+
+
+def test_handler_builds_and_registers_without_a_gpu(cache_dir):
+    jax_ffi.ensure_registered()
+    mod = jax_ffi.handler_module()
+    assert set(mod.handlers()) == {"instantiate", "execute"}
+    assert isinstance(ltj.handler_stats()["executes"], int)
+
+
+def test_site_rebuilt_from_descriptor_imports_module_level_kernels():
+    def f(x):
+        return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_shape=x, grid=(1,),
+                               input_output_aliases={0: 0})
+
+    d = descriptor(lower(f, F32))
+    jax_ffi._kernels.clear()  # as in a process that never traced it
+    site = jax_ffi.Site(d)
+    assert site.lazy.spec.fn is jaxk.inc_inplace_kernel.fn
+    assert len(site.lazy.spec.configs) == 6
+    assert site.lazy.scratch_args == frozenset()  # the only output is aliased: it must be saved
+    bad = json.loads(json.dumps(d))
+    bad["kernel"]["qualname"] = "test.<locals>.k"
+    bad["kernel"]["id"] = "nowhere"
+    with pytest.raises(RuntimeError, match="local to a function"):
+        jax_ffi.Site(bad)
+
+
+@pytest.mark.parametrize("value, t", [(3, "i32"), (-3, "i32"), (2**40, "i64"), (2**64 - 1, "u64"), (True, "u1"),
+                                      (1.5, "fp32"), (-2.25, "fp64"), (0.5, "fp16"), (3.0, "bf16")])
+def test_scalar_bits_are_the_parameter_bytes(value, t):
+    import ml_dtypes
+
+    np_type = {"i32": np.int32, "i64": np.int64, "u64": np.uint64, "u1": np.uint8, "fp32": np.float32,
+               "fp64": np.float64, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}[t]
+    raw = np.array(value, dtype=np_type).tobytes()
+    assert jax_ffi.scalar_bits(value, t) == int.from_bytes(raw, "little")

@@ -1,0 +1,365 @@
+"""The C launch path (`k[grid](...)`, csrc/python/launcher.cc) on the CPU.
+
+Fake stubs (Python functions put in `k._stubs`) stand in for the generated C++
+ones: they return True (launched), a key tuple (resolve) or None (not this
+shape), exactly as the stubs do. Arrays are DeviceArrays at fake addresses."""
+import gc
+import sys
+import threading
+import tracemalloc
+import types
+import weakref
+
+import pytest
+import triton
+import triton.language as tl
+
+import lazytriton
+from lazytriton import _core
+from lazytriton import runtime as rt
+from lazytriton.arrays import DeviceArray
+
+from kernels import basic
+
+
+@triton.jit
+def axpy_kernel(x, out, n, alpha=2.0, BLOCK: tl.constexpr = 128):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < n) * alpha, mask=offs < n)
+
+
+X = DeviceArray(0x7F0000000000, "fp32", 4096)
+Y = DeviceArray(0x7F0000010000, "fp32", 4096)
+OUT = DeviceArray(0x7F0000020000, "fp32", 4096)
+GRID = (4,)
+
+
+class Stub:
+    """A fake generated stub: launch(handle, grid, stream, args) -> `result`."""
+
+    def __init__(self, result=True):
+        self.result, self.calls = result, []
+
+    def __call__(self, handle, grid, stream, args):
+        self.calls.append((handle, grid, stream, args))
+        return self.result
+
+
+class Spy:
+    """Stands in for LazyKernel._run on one kernel (instance attributes win)."""
+
+    def __init__(self, k, forward=False):
+        self.calls, self.forward, self.orig = [], forward, k._run
+
+    def __call__(self, grid, stream, args, kwargs):
+        self.calls.append((grid, stream, args, dict(kwargs)))
+        return self.orig(grid, stream, args, kwargs) if self.forward else None
+
+
+def kernel_with(*stubs, fn=basic.add_kernel):
+    k = lazytriton.kernel(fn)
+    k._stubs.extend(stubs)
+    return k
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+
+
+def test_getitem_is_c_and_caches_int_grids():
+    k = lazytriton.kernel(basic.add_kernel)
+    assert isinstance(k, _core.LaunchBase) and "__getitem__" not in rt.LazyKernel.__dict__
+    launch = k[GRID]
+    assert type(launch) is _core.Launch is rt._Launch
+    assert launch.kernel is k and launch.grid is GRID
+    assert k[GRID] is launch  # same grid object: the same launch object
+    assert k[7] is k[7]
+    other = (4, 1)
+    assert k[other] is not launch and k[other].grid is other
+
+    def grid(meta):
+        return (1,)
+    assert k[grid] is not k[grid]  # a callable (maybe a closure over arrays) is not kept by the kernel
+    assert k[grid].grid is grid
+    assert repr(launch) == "<lazytriton launch lazytriton.LazyKernel(add_kernel)[(4,)]>"
+
+
+def test_positional_call_goes_from_c_to_the_stubs(no_cupy):
+    miss, hit = Stub(None), Stub(True)
+    k = kernel_with(miss, hit)
+    spy = k._run = Spy(k)
+    assert k[GRID](X, Y, OUT, 16, 1024, stream=5) is None
+    assert k[GRID](X, Y, OUT, 16, 1024) is None
+    assert spy.calls == []
+    assert len(miss.calls) == len(hit.calls) == 2
+    (h, g, s, a), (_, _, s2, _) = hit.calls
+    assert h == k._handle == k._core.handle and g is GRID and s == 5 and s2 == 0
+    assert a == (X, Y, OUT, 16, 1024) and type(a) is tuple
+    k._stubs = [hit]  # the C object reads whatever list Python holds
+    k[GRID](X, Y, OUT, 16, 1024)
+    assert len(hit.calls) == 3 and len(miss.calls) == 2
+
+
+def test_stream_argument(monkeypatch, no_cupy):
+    stub = Stub()
+    k = kernel_with(stub)
+    k._run = Spy(k)
+
+    def stream_of(**kw):
+        k[GRID](X, Y, OUT, 16, 1024, **kw)
+        return stub.calls[-1][2]
+
+    assert stream_of() == 0 and stream_of(stream=None) == 0
+    assert stream_of(stream=123) == 123
+    assert stream_of(stream=types.SimpleNamespace(cuda_stream=77)) == 77
+    assert stream_of(stream=types.SimpleNamespace(ptr=78)) == 78
+    assert stream_of(stream=True) is True  # not an exact int: stream_handle's answer, as before
+    with pytest.raises(TypeError, match="stream must be an int CUstream or a stream object, got str"):
+        k[GRID](X, Y, OUT, 16, 1024, stream="s")
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(ptr=4242)))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    assert stream_of() == 4242 and stream_of(stream=None) == 4242 and stream_of(stream=9) == 9
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert stream_of() == 0
+    monkeypatch.setattr(rt, "stream_handle", lambda s: 31)  # a replacement is called, as _run would
+    assert stream_of() == 31 and stream_of(stream=types.SimpleNamespace(ptr=1)) == 31 and stream_of(stream=2) == 2
+    assert k._run.calls == []
+
+
+def test_keyword_call_plans():
+    stub = Stub()
+    k = kernel_with(stub)
+    spy = k._run = Spy(k, forward=True)
+    k[GRID](X, Y, OUT, 16, BLOCK=32, stream=3)  # first: Python binds it and keeps a plan
+    assert len(spy.calls) == 1 and k._launch_plans == []
+    for block in (64, 128):
+        k[GRID](X, Y, OUT, 16, BLOCK=block, stream=3)
+    kw = {"BLOCK": 256, "stream": 4}
+    k[GRID](X, Y, OUT, 16, **kw)  # a new names tuple per call: found by contents
+    k[GRID](X, Y, OUT, n=16, BLOCK=512)
+    assert len(spy.calls) == 2  # only the first call of each keyword set went to Python
+    k[GRID](X, Y, OUT, n=16, BLOCK=1024)
+    assert len(spy.calls) == 2
+    assert [c[3] for c in stub.calls] == [(X, Y, OUT, 16, b) for b in (32, 64, 128, 256, 512, 1024)]
+    assert [c[2] for c in stub.calls][:4] == [3, 3, 3, 4]
+    assert [p[0] for p in k._launch_plans] == [4, 3]
+    assert all(p[2] == "fast" for p in k._launch_plans)
+    assert set(k._launch_plans[0][1]) == {"BLOCK", "stream"}
+
+
+def test_defaults_plan(no_cupy):
+    stub = Stub()
+    k = kernel_with(stub, fn=axpy_kernel)
+    spy = k._run = Spy(k, forward=True)
+    for _ in range(3):
+        k[GRID](X, OUT, 16)
+        k[GRID](X, OUT, 16, BLOCK=64, stream=2)
+        k[GRID](X, OUT, 16, stream=1)
+        k[GRID](X, OUT, 16, 3.0, 256)
+    assert len(spy.calls) == 2  # the first call with no keyword, and with BLOCK=; never with stream= alone
+    assert [c[3] for c in stub.calls[:4]] == [(X, OUT, 16, 2.0, 128), (X, OUT, 16, 2.0, 64), (X, OUT, 16, 2.0, 128),
+                                               (X, OUT, 16, 3.0, 256)]
+    assert [c[2] for c in stub.calls[:4]] == [0, 2, 1, 0]
+    assert stub.calls[4:8] == stub.calls[:4] and stub.calls[8:] == stub.calls[:4]
+
+
+def test_calls_python_binds_every_time_stay_in_python():
+    stub = Stub()
+    k = kernel_with(stub)
+    spy = k._run = Spy(k, forward=True)
+    for _ in range(3):
+        k[GRID](X, Y, OUT, 16, 32, num_warps=4)  # a compile option: bound by Python on every call
+    assert len(spy.calls) == 3 and k._launch_plans == [(5, ("num_warps",), "slow")]
+    opts = stub.calls[-1][3][5]
+    assert stub.calls[-1][3][:5] == (X, Y, OUT, 16, 32) and opts == (("num_warps", 4),)
+
+
+def test_fallbacks_to_python_run():
+    key = Stub((1, 2, 3))
+    k = kernel_with(key)
+    spy = k._run = Spy(k)
+    stream = types.SimpleNamespace(ptr=5)
+    assert k[GRID](X, Y, OUT, 16, 1024, stream=stream) is None
+    assert spy.calls == [(GRID, stream, (X, Y, OUT, 16, 1024), {})]  # the stream object, unconverted
+    assert len(key.calls) == 1 and key.calls[0][2] == 5
+    k._stubs[:] = [Stub(None), Stub(None)]
+    k[GRID](X, Y, OUT, n=16, BLOCK=8)
+    assert spy.calls[-1] == (GRID, None, (X, Y, OUT), {"n": 16, "BLOCK": 8})
+    k._stubs[:] = []
+    k[GRID](X, Y, OUT, 16, 1024)  # first call: no stubs yet
+    assert len(spy.calls) == 3
+    ok = Stub()
+    k._stubs[:] = [ok]
+    for flag in ("_python_heuristics", "_needs_probe"):
+        setattr(k, flag, True)
+        k[GRID](X, Y, OUT, 16, 1024)
+        setattr(k, flag, False)
+    assert len(spy.calls) == 5 and ok.calls == []
+    k[GRID](X, Y, OUT, 16, 1024)
+    assert len(spy.calls) == 5 and len(ok.calls) == 1
+    spy.orig = lambda *a: "from _run"
+    spy.forward = True
+    k._stubs[:] = []
+    assert k[GRID](X, Y, OUT, 16, 1024) == "from _run"
+
+
+def test_stub_errors_propagate():
+    def broken(handle, grid, stream, args):
+        raise ValueError("grid must be an int or a tuple of 1 to 3 non-negative ints")
+
+    k = kernel_with(broken)
+    spy = k._run = Spy(k)
+    with pytest.raises(ValueError, match="grid must be"):
+        k[GRID](X, Y, OUT, 16, 1024)
+    assert spy.calls == []
+
+
+def test_argument_errors_unchanged():
+    k = kernel_with(Stub())
+    with pytest.raises(TypeError, match=r"kernel add_kernel: takes 5 arguments \(x, y, out, n, BLOCK\), got 6"):
+        k[GRID](X, Y, OUT, 16, 1, 2)
+    with pytest.raises(TypeError, match="kernel add_kernel: unexpected keyword argument 'nope'"):
+        k[GRID](X, Y, OUT, 16, 1024, nope=1)
+    with pytest.raises(TypeError, match="kernel add_kernel: missing argument 'BLOCK'"):
+        k[GRID](X, Y, OUT, 16, stream=0)
+    with pytest.raises(TypeError, match="kernel add_kernel: unexpected keyword argument 'x'"):
+        k[GRID](X, Y, OUT, 16, 1024, x=X)
+    kt = lazytriton.kernel(basic.add_tuned_kernel)
+    with pytest.raises(TypeError, match="'BLOCK' is chosen by its autotune configs or heuristics"):
+        kt[GRID](X, Y, OUT, 16, BLOCK=64)
+    with pytest.raises(TypeError, match="BLOCK"):
+        kt[GRID](X, Y, OUT, 16, BLOCK=64)  # again: no plan was kept for it
+    assert kt._launch_plans == [(4, ("BLOCK",), "slow")]
+
+
+@pytest.mark.skipif(lazytriton.gpu_available()[0], reason="resolves on fake addresses: CPU only")
+def test_cpu_call_reaches_resolution(cache_dir):
+    k = lazytriton.kernel(basic.add_kernel)
+    for _ in range(2):  # the second call: the built stub's key, from C, then _run resolves
+        with pytest.raises(lazytriton.RuntimeFailure, match="kernel add_kernel: .*driver"):
+            k[GRID](X, Y, OUT, 16, BLOCK=1024, stream=0)
+    assert len(k._stubs) == 1
+    with pytest.raises(TypeError, match="kernel add_kernel, argument y: unsupported argument type str"):
+        k[GRID](X, "nope", OUT, 16, BLOCK=16)
+
+
+def _refcounts(objs):
+    return [sys.getrefcount(o) for o in objs]
+
+
+def test_reference_counts_exact():
+    k = lazytriton.kernel(axpy_kernel)
+    k._stubs.append(Stub())
+    k[GRID](X, OUT, 16, BLOCK=64, stream=2)  # Python binds these once and keeps their plans
+    k[GRID](X, OUT, 16)
+    alpha, block, stream = 2.5, 4096, 12345678901
+    launch = k[GRID]
+
+    def launched(handle, grid, stream, args):
+        return True
+
+    key = (1, 2)
+
+    def unresolved(handle, grid, stream, args):
+        return key
+
+    def not_mine(handle, grid, stream, args):
+        return None
+
+    def python_run(grid, stream, args, kwargs):
+        return None
+
+    k._stubs[:] = [not_mine, launched]
+    objs = [k, launch, GRID, X, OUT, alpha, block, stream, k._handle, key, launched, unresolved, not_mine]
+
+    def run(n, stream_object=False):
+        for _ in range(n):
+            launch(X, OUT, 16, alpha, block, stream=stream)  # positional
+            launch(X, OUT, 16, BLOCK=block, stream=stream)  # keyword plan
+            k[GRID](X, OUT, 16)  # defaults plan
+            launch(X, OUT, 16, BLOCK=block, stream=types.SimpleNamespace(ptr=3))
+
+    run(10)
+    before = _refcounts(objs)
+    run(1000)
+    assert _refcounts(objs) == before
+    k._stubs[:] = [not_mine, unresolved]  # the slow path, to _run (a no-op here)
+    k._run = python_run
+    run(10)
+    before = _refcounts(objs)
+    run(1000)
+    assert _refcounts(objs) == before
+    k._stubs[:] = []
+    run(10)
+    before = _refcounts(objs)
+    run(1000)
+    assert _refcounts(objs) == before
+
+
+def test_no_memory_growth():
+    k = lazytriton.kernel(axpy_kernel)
+    k._run = Spy(k, forward=True)
+    k._stubs.append(lambda handle, grid, stream, args: True)
+
+    def run(n):
+        for i in range(n):
+            k[GRID](X, OUT, 16, 2.0, 128, stream=i)
+            k[GRID](X, OUT, 16, BLOCK=64)
+            k[GRID](X, OUT, n=16, **{"BLOCK": 64})
+            k[(i % 3 + 1,)](X, OUT, 16)
+
+    run(100)
+    tracemalloc.start()
+    try:
+        run(100)
+        start = tracemalloc.get_traced_memory()[0]
+        run(5000)
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert grown < 4096, grown
+
+
+def test_kernel_and_cached_launch_are_collected():
+    class Kernel(_core.LaunchBase):
+        pass
+
+    k = Kernel()
+    k._stubs, k._handle = [Stub()], 0
+    launch = k[GRID]
+    assert k[GRID] is launch  # kernel -> launch -> kernel: a cycle for the collector
+    ref, lref = weakref.ref(k), weakref.ref(k._stubs[0])
+    del k, launch
+    gc.collect()
+    assert ref() is None and lref() is None
+
+
+def test_threads():
+    stub = Stub()
+    k = kernel_with(stub)
+    k._run = Spy(k, forward=True)
+    errors = []
+
+    def work(i):
+        try:
+            for j in range(500):
+                k[GRID](X, Y, OUT, 16, BLOCK=j, stream=i)
+                k[(i,)](X, Y, OUT, 16, j)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert len(stub.calls) == 8 * 1000
+    assert sorted(c[3][4] for c in stub.calls) == sorted(list(range(500)) * 16)

@@ -1,0 +1,283 @@
+"""lazytriton specializes calls itself and must agree exactly with Triton.
+
+The generated C++ stub computes a call key whose first words hold 2 bits per
+argument (ints: bit0 = value == 1, bit1 = value % 16 == 0; pointers: bit0 =
+address % 16 == 0), and LazyKernel._shape picks each argument's slot (its
+integer class, dtype, kind). Triton's own binder (lazytriton.compiler.Binder
+runs Triton's create_function_from_signature and _pack_args) decides what is
+compiled: an int == 1 becomes a constexpr, a divisible int or aligned pointer
+gets tt.divisibility 16. The stub's bits and lazytriton's slots must say the
+same thing for every value; otherwise a stub would launch a binary compiled for
+another specialization (wrong results) or resolve one binary many times.
+
+No GPU: the stub is built and called for real. Nothing is resolved, so it
+returns the key; pointers are made-up addresses that nothing dereferences.
+"""
+import math
+from dataclasses import dataclass
+
+import pytest
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+import lazytriton
+from lazytriton import _core, stubgen
+from lazytriton.arrays import DTYPE_IDS, DTYPES, DeviceArray, triton_dtype
+from lazytriton.compiler import Binder
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+@triton.jit(do_not_specialize=["nospec_i32", "nospec_i64", "nospec_u64", "nospec_p"],
+            do_not_specialize_on_alignment=["noalign_i32", "noalign_i64", "noalign_u64", "noalign_p"])
+def probe(n_i32, n_i64, n_u64,                       # plain ints, one per integer class
+          nospec_i32, nospec_i64, nospec_u64,        # do_not_specialize
+          noalign_i32, noalign_i64, noalign_u64,     # do_not_specialize_on_alignment
+          ann_i64: tl.int64, ann_u32: tl.uint32, ann_i8: tl.int8,  # type fixed by annotation
+          p, nospec_p, noalign_p, flag, x,
+          # one pointer per Triton dtype (lazytriton.arrays.DTYPES order)
+          p_u1, p_i8, p_i16, p_i32, p_i64, p_u8, p_u16, p_u32, p_u64,
+          p_fp16, p_bf16, p_fp32, p_fp64, p_fp8e4nv, p_fp8e5, p_fp8e4b15, p_fp8e4b8, p_fp8e5b16,
+          BLOCK: tl.constexpr):
+    pass
+
+
+# A value of each integer class that is neither 1 nor a multiple of 16: fills
+# the positions a test is not looking at without specializing them.
+FILL = {"i32": 3, "i64": 2**40 + 3, "u64": 2**63 + 3}
+INT_VALUES = [0, 1, 2, 8, 15, 16, 17, 24, 32, 48, -1, -8, -16, -17, 2**31 - 16, 2**31 - 1, -2**31, 2**31,
+              -2**31 - 1, 2**32, 2**32 + 1, 2**32 + 8, 2**63 - 1, -2**63, 2**63, 2**63 + 8, 2**63 + 16, 2**64 - 16,
+              2**64 - 1]
+# Aligned and unaligned addresses (never dereferenced).
+ADDRESSES = [0x7F0000000000, 0x7F0000000010, 0x7F0000000008, 0x7F0000000004, 0x7F0000000001, 0x10, 0x8,
+             2**64 - 16, 2**64 - 8]
+
+
+def int_class(v: int) -> str:
+    return "i32" if -2**31 <= v < 2**31 else "i64" if -2**63 <= v < 2**63 else "u64"
+
+
+def array(addr: int, dtype: str = "fp32") -> DeviceArray:
+    return DeviceArray(addr, dtype, 1024)
+
+
+def call(**values) -> tuple:
+    """Positional args for `probe`: fillers, overridden by name."""
+    args = {f"{flavor}_{c}": FILL[c] for flavor in ("n", "nospec", "noalign") for c in FILL}
+    args.update(ann_i64=3, ann_u32=3, ann_i8=3, p=array(0x1000), nospec_p=array(0x1000), noalign_p=array(0x1000),
+                flag=False, x=0.5, BLOCK=64)
+    args.update({f"p_{d}": array(0x2000 + 0x100 * i, d) for i, d in enumerate(DTYPES)})
+    args.update(values)
+    return tuple(args[name] for name in probe.arg_names)
+
+
+@dataclass
+class Probe:
+    kernel: lazytriton.LazyKernel
+    shape: stubgen.Shape
+    stub: object
+    handle: object  # keeps the C++ LazyKernel alive while its address is used
+    binder: Binder
+
+    def observe(self, args: tuple):
+        """(stub bits, Triton bits, Triton binding, lazytriton slots) for one call."""
+        shape = self.kernel._shape(args)
+        assert shape == self.shape, "the call must fit the prebuilt stub (same integer classes and dtypes)"
+        key = self.stub.launch(self.handle.handle, (1,), 0, args)
+        assert isinstance(key, tuple), f"stub rejected a call of its own shape: {key!r}"
+        bound = self.binder.bind(args, {})
+        stub_bits, triton_bits = {}, {}
+        for i, (name, slot) in enumerate(zip(shape.names, shape.slots)):
+            stub_bits[name] = (key[(2 * i) // 64] >> ((2 * i) % 64)) & 3
+            divisible = ["tt.divisibility", 16] in bound.attrs.get((i,), [])
+            if slot.kind == "ptr":
+                triton_bits[name] = int(divisible)
+            elif slot.kind == "int":
+                triton_bits[name] = int(bound.signature[name] == "constexpr") | int(divisible) << 1
+            else:  # bool, float, constexpr: Triton attaches no specialization, the stub no bits
+                assert not divisible and bound.signature[name] in ("u1", "fp32", "constexpr")
+                triton_bits[name] = 0
+        return stub_bits, triton_bits, bound, dict(zip(shape.names, shape.slots))
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path_factory.mktemp("ltcache")))
+        k = lazytriton.kernel(probe)
+        shape = k._shape(call())
+        module = stubgen.load_stub(shape)
+    handle = _core.LazyKernel("probe", lambda key, ctx: pytest.fail("the stub must not resolve"))
+    return Probe(k, shape, module, handle, Binder(k.spec, TARGET))
+
+
+def slot_type(slot: stubgen.Slot) -> str:
+    """The Triton type a slot passes to the kernel (the stub packs floats as C float)."""
+    return {"ptr": lambda: "*" + DTYPES[slot.dtype], "int": lambda: slot.int_type, "float": lambda: "fp32",
+            "bool": lambda: "u1", "constexpr": lambda: "constexpr"}[slot.kind]()
+
+
+@pytest.mark.parametrize("value", INT_VALUES)
+def test_int_bits_and_class_match_triton(stub, value):
+    cls = int_class(value)
+    stub_bits, triton_bits, bound, slots = stub.observe(call(**{f"n_{cls}": value, f"nospec_{cls}": value}))
+    for name in (f"n_{cls}", f"nospec_{cls}"):
+        assert stub_bits[name] == triton_bits[name], (name, value, bound.signature[name], bound.attrs)
+        # Triton's type for the value is lazytriton's class, unless Triton folded a 1 into a constexpr.
+        if bound.signature[name] != "constexpr":
+            assert slots[name].int_type == bound.signature[name], (name, value)
+    # The fillers (and every other argument) agree too.
+    for name in stub_bits:
+        if not name.startswith(("noalign_", "ann_")):
+            assert stub_bits[name] == triton_bits[name], name
+
+
+@pytest.mark.xfail(strict=True, reason="runtime.LazyKernel._slot ignores do_not_specialize_on_alignment for ints: the "
+                   "stub keys on value % 16 where Triton adds no tt.divisibility")
+def test_int_bits_with_do_not_specialize_on_alignment(stub):
+    mismatches = []
+    for value in INT_VALUES:
+        name = f"noalign_{int_class(value)}"
+        stub_bits, triton_bits, _, _ = stub.observe(call(**{name: value}))
+        if stub_bits[name] != triton_bits[name]:
+            mismatches.append((value, stub_bits[name], triton_bits[name]))
+    assert not mismatches, "(value, stub bits, Triton bits): " + repr(mismatches)
+
+
+@pytest.mark.xfail(strict=True, reason="stubgen._arg_code keys annotated ints on value == 1, but Triton never folds "
+                   "an annotated int into a constexpr")
+def test_annotated_int_bits(stub):
+    mismatches = []
+    for name, values in {"ann_i64": [0, 1, 16, 17, -2**63, 2**63 - 1], "ann_u32": [0, 1, 16, 2**32 - 1],
+                         "ann_i8": [-128, -16, 1, 16, 127]}.items():
+        for value in values:
+            stub_bits, triton_bits, bound, slots = stub.observe(call(**{name: value}))
+            assert bound.signature[name] == slots[name].int_type == name[4:]  # the annotation wins
+            if stub_bits[name] != triton_bits[name]:
+                mismatches.append((name, value, stub_bits[name], triton_bits[name]))
+    assert not mismatches, "(argument, value, stub bits, Triton bits): " + repr(mismatches)
+
+
+@pytest.mark.parametrize("addr", ADDRESSES, ids=hex)
+def test_pointer_alignment_matches_triton(stub, addr):
+    stub_bits, triton_bits, _, _ = stub.observe(call(p=array(addr), nospec_p=array(addr), noalign_p=array(addr)))
+    for name in ("p", "nospec_p", "noalign_p"):
+        assert stub_bits[name] == triton_bits[name], (name, hex(addr))
+    assert stub_bits["p"] == (addr % 16 == 0)  # the rule itself, so agreement is not vacuous
+    assert stub_bits["nospec_p"] == stub_bits["noalign_p"] == 0
+
+
+def test_every_dtype(stub):
+    stub_bits, triton_bits, bound, slots = stub.observe(call())
+    for d in DTYPES:
+        name = f"p_{d}"
+        assert bound.signature[name] == slot_type(slots[name]) == f"*{d}", name
+        assert stub_bits[name] == triton_bits[name] == 1  # 0x2000 + 0x100 * i is aligned
+    # Each dtype is checked by the stub: rotate the dtypes by one and no pointer fits.
+    rotated = {f"p_{d}": array(0x2000, DTYPES[(i + 1) % len(DTYPES)]) for i, d in enumerate(DTYPES)}
+    for name, arr in rotated.items():
+        assert stub.stub.launch(stub.handle.handle, (1,), 0, call(**{name: arr})) is None, name
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("x", [0.0, 1.0, 16.0, -2.5, 1e300, math.inf, math.nan])
+def test_bool_and_float_are_not_specialized(stub, flag, x):
+    stub_bits, triton_bits, bound, slots = stub.observe(call(flag=flag, x=x))
+    assert bound.signature["flag"] == slot_type(slots["flag"]) == "u1"
+    assert bound.signature["x"] == slot_type(slots["x"]) == "fp32"
+    assert stub_bits["flag"] == stub_bits["x"] == triton_bits["flag"] == triton_bits["x"] == 0
+
+
+@triton.jit
+def annotated(f32: tl.float32, f16: tl.float16, bf16: tl.bfloat16, f64: tl.float64, b1: tl.int1,
+              i64: tl.int64, u32: tl.uint32, i8: tl.int8):
+    pass
+
+
+_PACKS_WRONG = pytest.mark.xfail(strict=True, reason=(
+    "runtime.LazyKernel._slot honours annotations only for ints given to int-annotated parameters: any float is "
+    "packed as a C float (4 bytes), any bool as 1 byte, any int as its value class (or, for a float-annotated "
+    "parameter, int32 bits), where Triton's signature (what the kernel reads) has the annotated type"))
+
+
+@pytest.mark.parametrize("name, value", [
+    ("f32", 2.5), ("b1", True), ("i64", 5), ("i64", 1), ("u32", 5), ("i8", -5),
+    pytest.param("f32", 2, marks=_PACKS_WRONG, id="f32-given-int"),
+    pytest.param("f16", 2.5, marks=_PACKS_WRONG, id="f16"),
+    pytest.param("bf16", 2.5, marks=_PACKS_WRONG, id="bf16"),
+    pytest.param("f64", 2.5, marks=_PACKS_WRONG, id="f64"),
+    pytest.param("b1", 1, marks=_PACKS_WRONG, id="b1-given-int"),
+    pytest.param("i64", True, marks=_PACKS_WRONG, id="i64-given-bool"),
+    pytest.param("i64", 2.5, marks=_PACKS_WRONG, id="i64-given-float"),
+])
+def test_annotated_scalar_slot_matches_triton_signature(name, value):
+    # The slot decides the C type the stub passes; Triton's signature is the type the kernel reads.
+    k = lazytriton.kernel(annotated)
+    values = {**dict(f32=1.5, f16=1.5, bf16=1.5, f64=1.5, b1=True, i64=3, u32=3, i8=3), name: value}
+    args = tuple(values[p.name] for p in k.spec.params)
+    slots = dict(zip(k.spec.arg_names, k._shape(args).slots))
+    assert slot_type(slots[name]) == Binder(k.spec, TARGET).bind(args, {}).signature[name]
+
+
+# Framework dtype names (NumPy/ml_dtypes/PyTorch): lazytriton must name each as
+# Triton's canonicalize_dtype does, and refuse what Triton refuses.
+FRAMEWORK_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                    "float32", "float64", "bfloat16", "half", "float", "double", "float8_e4m3fn", "float8_e5m2",
+                    "float8_e4m3fnuz", "float8_e5m2fnuz", "torch.bfloat16", "torch.float8_e4m3fn",
+                    "torch.float8_e5m2", "complex64", "float8_e8m0fnu", "float4_e2m1fn", "int4",
+                    pytest.param("float8_e4m3b11fnuz", marks=pytest.mark.xfail(strict=True, reason=(
+                        "arrays._ALIASES maps ml_dtypes float8_e4m3b11fnuz (exponent bias 11) to Triton fp8e4b15 "
+                        "(bias 15): values would be misread; Triton refuses the dtype")))]
+
+
+@pytest.mark.parametrize("name", FRAMEWORK_DTYPES)
+def test_dtype_names_match_triton(name):
+    from triton._utils import canonicalize_dtype
+
+    try:
+        expected = canonicalize_dtype(name)
+    except KeyError:
+        expected = None
+    assert triton_dtype(name) == expected
+    if expected is not None:
+        assert expected in DTYPE_IDS
+
+
+def test_ml_dtypes_objects_match_triton():
+    np = pytest.importorskip("numpy")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from triton._utils import canonicalize_dtype
+
+    for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+        dt = np.dtype(getattr(ml_dtypes, n))
+        assert triton_dtype(dt) == canonicalize_dtype(dt), n
+
+
+# -- constexpr arguments -------------------------------------------------------------------------
+
+def constexpr_key(stub, value) -> tuple:
+    return stub.stub.launch(stub.handle.handle, (1,), 0, call(BLOCK=value))
+
+
+@pytest.mark.parametrize("a, b", [(16, 32), (True, 1), (False, 0), (None, 0), (1.0, 1), (0.0, -0.0), (2**70, 2**71)])
+def test_distinct_constexpr_values_get_distinct_keys(stub, a, b):
+    # Triton compiles a separate binary for each constexpr value (and type).
+    assert constexpr_key(stub, a) != constexpr_key(stub, b)
+    assert constexpr_key(stub, a) == constexpr_key(stub, a)
+
+
+@pytest.mark.xfail(strict=True, reason="python_args.h constexpr_key keys non-scalar constexprs (str, tuple, ...) by "
+                   "address without keeping the object alive: a new value at a freed object's address gets the "
+                   "old key, so the stub launches the binary compiled for the old value")
+def test_constexpr_objects_are_keyed_by_value(stub):
+    for _ in range(100):  # CPython reuses a freed object's memory for the next one of its size
+        first = "".join(["re", "lu"])  # built at run time, like any computed constexpr
+        first_key, first_addr = constexpr_key(stub, first), id(first)
+        del first
+        second = "".join(["ge", "lu"])
+        if id(second) == first_addr:
+            break
+    else:
+        pytest.skip("the allocator never reused the address")
+    assert constexpr_key(stub, second) != first_key

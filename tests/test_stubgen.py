@@ -1,0 +1,178 @@
+"""Generated C++ launch stubs: built with the runtime's own command (stubgen.load_stub),
+loaded, and called without a GPU. A stub's launch(handle, grid, stream, args) returns
+the call key while nothing is resolved, and None for arguments of another shape:
+the runtime relies on None to pick or build another stub, so a stub that accepted a
+wrong argument would launch a kernel with it."""
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lazytriton import _core, stubgen
+from lazytriton.arrays import DTYPE_IDS, DeviceArray
+from lazytriton.stubgen import Shape, Slot
+
+MASK = 2**64 - 1
+
+# Every slot kind, with and without specialization and key values.
+ALL_KINDS = Shape(
+    names=("x", "y", "n", "big", "huge", "n_nospec", "n_key", "a_i8", "a_u16", "a_u32", "a_i64_key",
+           "alpha", "alpha_key", "flag", "flag_key", "C"),
+    slots=(Slot("ptr", dtype=DTYPE_IDS["bf16"]), Slot("ptr", dtype=DTYPE_IDS["fp8e4nv"], specialize=False),
+           Slot("int", int_type="i32"), Slot("int", int_type="i64"), Slot("int", int_type="u64"),
+           Slot("int", int_type="i32", specialize=False), Slot("int", int_type="i32", in_key=True),
+           Slot("int", int_type="i8", annotated=True), Slot("int", int_type="u16", annotated=True),
+           Slot("int", int_type="u32", annotated=True), Slot("int", int_type="i64", annotated=True, in_key=True),
+           Slot("float"), Slot("float", in_key=True), Slot("bool"), Slot("bool", in_key=True), Slot("constexpr")))
+GOOD = dict(x=DeviceArray(0x7F0000000000, "bf16", 256), y=DeviceArray(0x7F0000000008, "fp8e4nv", 256), n=16,
+            big=2**40, huge=2**63 + 1, n_nospec=16, n_key=1000, a_i8=-7, a_u16=1, a_u32=32, a_i64_key=-2**62,
+            alpha=0.5, alpha_key=-1.25, flag=True, flag_key=True, C=128)
+
+
+def args_of(**override) -> tuple:
+    return tuple({**GOOD, **override}[n] for n in ALL_KINDS.names)
+
+
+def constexpr_words(v) -> list[int]:
+    if v is None:
+        return [1, 0]
+    if isinstance(v, bool):
+        return [2, int(v)]
+    if isinstance(v, int) and -2**63 <= v < 2**63:
+        return [3, v & MASK]
+    if isinstance(v, float):
+        return [4, struct.unpack("<Q", struct.pack("<d", v))[0]]
+    return [5, id(v)]  # anything else: by identity
+
+
+def reference_key(shape: Shape, args: tuple) -> tuple:
+    """The documented key layout, computed in Python: 2 bits per argument from word 0,
+    then one word per keyed value and two per constexpr, in argument order."""
+    words = [0] * shape.key_words()
+    vw = (2 * len(shape.slots) + 63) // 64
+    for i, (s, v) in enumerate(zip(shape.slots, args)):
+        w, sh = (2 * i) // 64, (2 * i) % 64
+        if s.kind == "ptr" and s.specialize:
+            words[w] |= int(v.ptr % 16 == 0) << sh
+        if s.kind == "int" and s.specialize:
+            words[w] |= (int(v == 1) | int(v % 16 == 0) << 1) << sh
+        if s.in_key:
+            words[vw] = (v & MASK if s.kind == "int" else int(v) if s.kind == "bool"
+                         else struct.unpack("<Q", struct.pack("<d", v))[0])
+            vw += 1
+        if s.kind == "constexpr":
+            words[vw:vw + 2] = constexpr_words(v)
+            vw += 2
+    return tuple(words)
+
+
+@pytest.fixture(scope="module")
+def stub_cache(tmp_path_factory):
+    """The ALL_KINDS stub, built once into this module's own cache."""
+    d = tmp_path_factory.mktemp("ltcache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LAZYTRITON_CACHE_DIR", str(d))
+        module = stubgen.load_stub(ALL_KINDS)
+    return d, module
+
+
+@pytest.fixture
+def stub(stub_cache):
+    module = stub_cache[1]
+    handle = _core.LazyKernel("all_kinds", lambda key, ctx: pytest.fail("the stub must not resolve"))
+    return lambda *args, grid=(1,): module.launch(handle.handle, grid, 0, args)
+
+
+def test_built_with_the_runtime_command_and_cached(stub_cache):
+    cache_dir, module = stub_cache
+    name = f"lt_stub_{ALL_KINDS.digest()}"
+    built = list(cache_dir.glob(f"stubs/*/{name}*.so"))
+    assert len(built) == 1, built
+    assert (built[0].parent / f"{name}.cc").read_text() == stubgen.generate(ALL_KINDS, name)
+    assert not list(cache_dir.glob("stubs/*/*.tmp")), "no temporary left behind"
+    assert module.key_words == ALL_KINDS.key_words() == 1 + 4 + 2
+
+
+@pytest.mark.parametrize("override", [
+    {}, dict(x=DeviceArray(0x7F0000000004, "bf16", 2)), dict(n=1), dict(n=-2**31), dict(n=2**31 - 1),
+    dict(big=-2**63), dict(big=2**31), dict(huge=2**64 - 1), dict(huge=2**63), dict(n_nospec=1),
+    dict(n_key=-5), dict(a_i8=-128), dict(a_i8=127), dict(a_u16=65535), dict(a_u32=2**32 - 1),
+    dict(a_i64_key=2**63 - 1), dict(alpha_key=math.inf), dict(alpha_key=-0.0), dict(flag=False, flag_key=False),
+    dict(C=None), dict(C=False), dict(C=-3), dict(C=2.5), dict(C="relu"),
+], ids=repr)
+def test_key_follows_the_documented_layout(stub, override):
+    args = args_of(**override)
+    assert stub(*args) == reference_key(ALL_KINDS, args)
+
+
+@pytest.mark.parametrize("override", [
+    dict(x=DeviceArray(0x7F0000000000, "fp16", 256)),   # wrong dtype
+    dict(y=DeviceArray(0x7F0000000000, "fp8e5", 256)),  # wrong fp8 flavour
+    dict(x=0x7F0000000000),                              # an int where an array is expected
+    dict(n=2**31), dict(n=-2**31 - 1),                   # out of the i32 class
+    dict(n=True), dict(n=16.0), dict(n="16"),            # not an int
+    dict(big=5), dict(big=2**63),                        # i64 class: not i32, not u64
+    dict(huge=5), dict(huge=-1), dict(huge=2**64),       # u64 class: 2**63 <= v < 2**64
+    dict(a_i8=128), dict(a_i8=-129), dict(a_u16=-1), dict(a_u16=65536), dict(a_u32=2**32), dict(a_i64_key=2**63),
+    dict(alpha=1), dict(alpha=True), dict(alpha_key="0.5"),  # floats must be floats
+    dict(flag=1), dict(flag_key=None),                   # bools must be bools
+], ids=repr)
+def test_rejects_arguments_of_another_shape(stub, override):
+    assert stub(*args_of(**override)) is None
+
+
+def test_rejects_wrong_argument_count_and_container(stub, stub_cache):
+    args = args_of()
+    assert stub(*args[:-1]) is None
+    assert stub(*args, 0) is None
+    handle = _core.LazyKernel("all_kinds", lambda key, ctx: None)
+    launch = stub_cache[1].launch
+    assert launch(handle.handle, (1,), 0, list(args)) is None  # the runtime always passes a tuple
+    with pytest.raises(TypeError, match="launch"):
+        launch(handle.handle, (1,), args)
+
+
+# A second process builds the same stub while the first one is building it.
+CHILD = r"""
+import logging, sys, time
+from pathlib import Path
+from lazytriton.stubgen import Shape, Slot, load_stub
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s: %(message)s")
+shape = eval(sys.argv[1], {"Shape": Shape, "Slot": Slot})
+Path(sys.argv[2]).touch()
+while not Path(sys.argv[3]).exists():
+    time.sleep(0.005)
+print("key_words", load_stub(shape).key_words)
+"""
+
+
+def test_two_processes_build_the_same_stub(cache_dir, tmp_path):
+    shape = Shape(("x", "n", "BLOCK"), (Slot("ptr", dtype=DTYPE_IDS["fp32"]), Slot("int", int_type="i64"),
+                                        Slot("constexpr")))
+    go = tmp_path / "go"
+    env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(cache_dir)}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, repr(shape), str(tmp_path / f"ready{i}"), str(go)],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)
+    go.touch()  # both start building at once
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert f"key_words {shape.key_words()}" in out
+    # The flock: one process compiled, the other waited and loaded its result.
+    assert sum("building launch stub" in out for out, _ in outs) == 1, outs
+    assert len(list(cache_dir.glob("stubs/*/lt_stub_*.so"))) == 1
+    assert not list(cache_dir.glob("stubs/*/*.tmp"))
+    # And this process loads it without building.
+    module = stubgen.load_stub(shape)
+    handle = _core.LazyKernel("k", lambda key, ctx: None)
+    # x aligned (bit 0), n % 16 == 0 (bit 3), then the constexpr's (int tag, value).
+    assert module.launch(handle.handle, (1,), 0, (DeviceArray(0x1000, "fp32", 4), 2**40, 64)) == (0b1001, 3, 64)
