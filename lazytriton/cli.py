@@ -84,6 +84,35 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
     return 0 if any(c.binary for c in cands) else 1
 
 
+def _export_cpp(args) -> int:
+    from .export_cpp import cli_main  # imported on use: it imports Triton
+
+    return cli_main(args)
+
+
+def _bundle(args) -> int:
+    from .bundle import cli_list
+
+    return cli_list(args)
+
+
+def _add_cpp_commands(sub) -> None:
+    """`export-cpp` (typed C++ launch functions) and `bundle` (list a bundle's winners)."""
+    p = sub.add_parser("export-cpp", help="write a typed C++ launch function (header + source) for a kernel")
+    p.add_argument("kernel", help="the kernel as module:function")
+    p.add_argument("--signature", required=True, help='runtime argument types, e.g. "*fp32,*fp32,i32"')
+    p.add_argument("--constexpr", action="append", default=[], metavar="NAME=VALUE",
+                   help="a constexpr argument or compile option (repeatable)")
+    p.add_argument("--function", default=None, help="name of the launch function (default launch_<kernel>)")
+    p.add_argument("--out-dir", default=".", help="where to write <function>.h and <function>.cc")
+    p.add_argument("--path", action="append", default=[], help="directory to import the kernel's module from")
+    p.set_defaults(func=_export_cpp)
+    p = sub.add_parser("bundle", help="list the tuned winners in a C++ bundle")
+    p.add_argument("dir", nargs="?", default=None, help="the bundle (default: the one in lazytriton's cache)")
+    p.add_argument("--json", action="store_true", help="print the manifest")
+    p.set_defaults(func=_bundle)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lazytriton", description=__doc__)
     parser.add_argument("--cmake-dir", action="store_true", help="print the directory of lazytritonConfig.cmake")
@@ -95,8 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     from .cache_cli import add_cache_commands
 
     add_cache_commands(sub)
+    _add_cpp_commands(sub)
     args = parser.parse_args(argv)
     if args.cmake_dir:
+        if not (paths.cmake_dir() / "lazytritonConfig.cmake").exists():
+            print(f"error: no lazytritonConfig.cmake in {paths.cmake_dir()} (is lazytriton installed with pip?)",
+                  file=sys.stderr)
+            return 1
         print(paths.cmake_dir())
         return 0
     if args.include_dir:

@@ -1,0 +1,1010 @@
+// Bundles: tuned winners on disk, chosen per call by Triton's specialization
+// rules and launched through lt::Kernel::launch. Python writes bundles
+// (lazytriton/bundle.py); this file only reads them.
+#include "lazytriton/bundle.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "bundle_json.h"
+#include "lazytriton/lazy_kernel.h"
+
+namespace lt {
+
+// ---------------------------------------------------------------------------
+// Small value types
+
+namespace {
+const char* const kDtypeNames[] = {"u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
+                                   "fp16", "bf16", "fp32", "fp64",
+                                   "fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16"};
+constexpr int kNumDtypes = int(sizeof(kDtypeNames) / sizeof(kDtypeNames[0]));
+}  // namespace
+
+const char* dtype_name(int d) { return d >= 0 && d < kNumDtypes ? kDtypeNames[d] : "?"; }
+
+int dtype_from_name(std::string_view name) {
+  for (int i = 0; i < kNumDtypes; ++i)
+    if (name == kDtypeNames[i]) return i;
+  return kNoDtype;
+}
+
+int64_t Constant::as_int() const {
+  if (type_ != kInt && type_ != kBool) throw Error("constant " + repr() + " is not an integer");
+  return i_;
+}
+
+double Constant::as_float() const {
+  if (type_ == kFloat) return d_;
+  if (type_ == kInt) return double(i_);
+  throw Error("constant " + repr() + " is not a number");
+}
+
+const std::string& Constant::as_string() const {
+  if (type_ != kString) throw Error("constant " + repr() + " is not a string");
+  return s_;
+}
+
+std::string Constant::repr() const {
+  switch (type_) {
+    case kNone: return "None";
+    case kBool: return i_ ? "True" : "False";
+    case kInt: return std::to_string(i_);
+    case kFloat: {
+      std::ostringstream os;
+      os.precision(17);
+      os << d_;
+      std::string s = os.str();
+      return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;
+    }
+    case kString: return "'" + s_ + "'";
+  }
+  return "?";
+}
+
+bool Constant::operator==(const Constant& o) const {
+  if (type_ != o.type_) return false;
+  if (type_ == kFloat) return d_ == o.d_;
+  if (type_ == kString) return s_ == o.s_;
+  return i_ == o.i_;
+}
+
+const Constant* Meta::find(std::string_view name) const {
+  for (const auto& kv : items_)
+    if (kv.first == name) return &kv.second;
+  return nullptr;
+}
+
+const Constant& Meta::at(std::string_view name) const {
+  if (const Constant* c = find(name)) return *c;
+  std::string have;
+  for (const auto& kv : items_) have += (have.empty() ? "" : ", ") + kv.first;
+  throw Error("kernel " + kernel_ + ": no meta-parameter '" + std::string(name) + "' (it has: " +
+              (have.empty() ? "none" : have) + ")");
+}
+
+// ---------------------------------------------------------------------------
+// Parameter types and the bundle's records
+
+namespace {
+
+constexpr size_t kMaxArgs = 64;
+constexpr size_t kMaxKey = 1 + (2 * kMaxArgs + 63) / 64 + kMaxArgs;
+const char* const kOptionNames[] = {"num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl"};
+
+enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64 };
+
+struct TyInfo {
+  const char* name;
+  Ty ty;
+};
+const TyInfo kScalarTypes[] = {{"i8", Ty::kI8}, {"i16", Ty::kI16}, {"i32", Ty::kI32}, {"i64", Ty::kI64},
+                               {"u8", Ty::kU8}, {"u16", Ty::kU16}, {"u32", Ty::kU32}, {"u64", Ty::kU64},
+                               {"u1", Ty::kU1}, {"fp16", Ty::kFp16}, {"bf16", Ty::kBf16}, {"fp32", Ty::kFp32},
+                               {"fp64", Ty::kFp64}};
+
+bool is_int(Ty t) { return t >= Ty::kI8 && t <= Ty::kU64; }
+bool is_float(Ty t) { return t >= Ty::kFp16; }
+
+bool scalar_type(std::string_view name, Ty* out) {
+  for (const auto& s : kScalarTypes)
+    if (name == s.name) return *out = s.ty, true;
+  return false;
+}
+
+struct ParamDesc {
+  std::string name;
+  bool is_constexpr = false;
+  std::string annotation;  // Triton's normalised annotation ("i64", "fp32"), "" if none
+  bool specialize = true;  // ints: == 1 and % 16
+  bool align = true;  // pointers: 16-byte alignment
+  bool key = false;  // in the autotune key
+  bool heuristic = false;  // read by a @triton.heuristics function
+  bool has_default = false;
+  Constant dflt;
+};
+
+struct KernelDesc {
+  std::string name, source;
+  std::vector<ParamDesc> params;  // the call's parameters (configs' and heuristics' ones excluded)
+  std::vector<std::string> supplied;  // chosen by configs or heuristics
+};
+
+// One tuned winner: a binary for a specialization of a kernel.
+struct Variant {
+  int arch = 0;
+  std::string device;
+  std::vector<std::string> types;  // per call parameter; "constexpr" for constexprs
+  std::vector<std::string> specs;  // per call parameter: "16", "1" or ""
+  Constants constexprs;  // sorted by name
+  std::vector<std::pair<std::string, json::Value>> key_values;
+  std::vector<bool> is_param;  // per call parameter
+  Constants meta;
+  LaunchMeta launch;
+  std::string cubin_file;  // relative to the bundle
+  std::string cubin;  // bytes, once read (or as the resolver returned them)
+  std::shared_ptr<Kernel> kernel;  // made on first use, shared by every handle
+};
+
+struct KernelRecord {
+  KernelDesc desc;
+  std::vector<std::shared_ptr<Variant>> variants;
+};
+
+std::string kernel_label(const KernelDesc& d) { return "kernel " + d.name; }
+
+Constant constant_from(const json::Value& v, const std::string& what) {
+  switch (v.kind) {
+    case json::Value::kNull: return Constant();
+    case json::Value::kBool: return Constant(v.b);
+    case json::Value::kInt: return Constant(v.i);
+    case json::Value::kFloat: return Constant(v.f);
+    case json::Value::kString: return Constant(v.s);
+    default: throw Error(what + ": expected None, a bool, an int (at most int64), a float or a string");
+  }
+}
+
+Constants constants_from(const json::Value& obj, const std::string& what) {
+  Constants out;
+  for (const auto& [k, v] : obj.as_object(what)) out.emplace_back(k, constant_from(v, what + "." + k));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+bool opt_bool(const json::Value& obj, const char* key, bool dflt, const std::string& what) {
+  const json::Value* v = obj.find(key);
+  return v && v->kind != json::Value::kNull ? v->as_bool(what + "." + key) : dflt;
+}
+
+int64_t opt_int(const json::Value& obj, const char* key, int64_t dflt, const std::string& what) {
+  const json::Value* v = obj.find(key);
+  return v && v->kind != json::Value::kNull ? v->as_int(what + "." + key) : dflt;
+}
+
+ParamDesc param_from(const json::Value& p, const std::string& what) {
+  ParamDesc d;
+  d.name = p.at("name", what).as_string(what + ".name");
+  std::string w = what + " (" + d.name + ")";
+  d.is_constexpr = opt_bool(p, "constexpr", false, w);
+  if (const json::Value* a = p.find("annotation"); a && a->kind == json::Value::kString) d.annotation = a->s;
+  d.specialize = opt_bool(p, "specialize", true, w);
+  d.align = opt_bool(p, "align", true, w);
+  d.key = opt_bool(p, "key", false, w);
+  d.heuristic = opt_bool(p, "heuristic", false, w);
+  if (const json::Value* v = p.find("default")) {
+    d.has_default = true;
+    d.dflt = constant_from(*v, w + ".default");
+  }
+  return d;
+}
+
+KernelDesc desc_from(const json::Value& k, const std::string& what) {
+  KernelDesc d;
+  d.name = k.at("name", what).as_string(what + ".name");
+  d.source = k.at("source", what).as_string(what + ".source");
+  for (const auto& p : k.at("params", what).as_array(what + ".params")) d.params.push_back(param_from(p, what + ".params"));
+  if (const json::Value* s = k.find("supplied"))
+    for (const auto& n : s->as_array(what + ".supplied")) d.supplied.push_back(n.as_string(what + ".supplied"));
+  return d;
+}
+
+LaunchMeta launch_from(const json::Value& m, const std::string& what) {
+  LaunchMeta l;
+  l.name = m.at("name", what).as_string(what + ".name");
+  l.num_warps = int(opt_int(m, "num_warps", 4, what));
+  l.num_ctas = int(opt_int(m, "num_ctas", 1, what));
+  l.shared = unsigned(opt_int(m, "shared", 0, what));
+  l.global_scratch_size = uint64_t(opt_int(m, "global_scratch_size", 0, what));
+  l.global_scratch_align = uint64_t(opt_int(m, "global_scratch_align", 1, what));
+  l.profile_scratch_size = uint64_t(opt_int(m, "profile_scratch_size", 0, what));
+  l.profile_scratch_align = uint64_t(opt_int(m, "profile_scratch_align", 1, what));
+  l.cooperative = opt_bool(m, "launch_cooperative_grid", false, what);
+  l.pdl = opt_bool(m, "launch_pdl", false, what);
+  l.arch = int(opt_int(m, "arch", 0, what));
+  l.cluster[0] = unsigned(l.num_ctas);
+  if (const json::Value* c = m.find("cluster_dims"); c && c->kind == json::Value::kArray)
+    for (size_t i = 0; i < c->items.size() && i < 3; ++i)
+      l.cluster[i] = unsigned(std::max<int64_t>(1, c->items[i].as_int(what + ".cluster_dims")));
+  return l;
+}
+
+std::vector<std::string> strings_from(const json::Value& a, const std::string& what) {
+  std::vector<std::string> out;
+  for (const auto& s : a.as_array(what)) out.push_back(s.as_string(what));
+  return out;
+}
+
+std::shared_ptr<Variant> variant_from(const json::Value& v, const KernelDesc& d, const std::string& what) {
+  auto out = std::make_shared<Variant>();
+  out->arch = int(v.at("arch", what).as_int(what + ".arch"));
+  if (const json::Value* dev = v.find("device"); dev && dev->kind == json::Value::kString) out->device = dev->s;
+  out->types = strings_from(v.at("types", what), what + ".types");
+  out->specs = strings_from(v.at("specs", what), what + ".specs");
+  out->constexprs = constants_from(v.at("constexprs", what), what + ".constexprs");
+  out->key_values = v.at("key_values", what).as_object(what + ".key_values");
+  for (const auto& b : v.at("is_param", what).as_array(what + ".is_param")) out->is_param.push_back(b.as_bool(what));
+  out->meta = constants_from(v.at("meta", what), what + ".meta");
+  out->launch = launch_from(v.at("launch", what), what + ".launch");
+  out->cubin_file = v.at("cubin", what).as_string(what + ".cubin");
+  size_t n = d.params.size();
+  if (out->types.size() != n || out->specs.size() != n || out->is_param.size() != n)
+    throw Error(what + ": types/specs/is_param do not have one entry per argument of " + kernel_label(d));
+  return out;
+}
+
+std::string read_file(const std::string& path, bool* found) {
+  std::ifstream f(path, std::ios::binary);
+  *found = bool(f);
+  if (!f) return "";
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string sorted_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Bundle
+
+struct Bundle::Impl {
+  std::string dir;
+  bool has_manifest = false;
+  mutable std::mutex mu;
+  std::vector<std::shared_ptr<KernelRecord>> kernels;
+  std::shared_ptr<Resolver> resolver;
+
+  std::shared_ptr<KernelRecord> find(const std::string& name) const;
+  std::shared_ptr<KernelRecord> add_kernel(KernelDesc desc);
+  void load(const std::string& text);
+};
+
+std::shared_ptr<KernelRecord> Bundle::Impl::find(const std::string& name) const {
+  std::vector<std::shared_ptr<KernelRecord>> hits;
+  for (const auto& k : kernels)
+    if (k->desc.source == name || k->desc.name == name) hits.push_back(k);
+  if (hits.size() > 1) {
+    std::vector<std::string> srcs;
+    for (const auto& k : hits) srcs.push_back(k->desc.source);
+    throw Error("kernel " + name + ": several kernels of bundle " + dir + " have this name (" + sorted_names(srcs) +
+                "); name it as module:function");
+  }
+  return hits.empty() ? nullptr : hits[0];
+}
+
+std::shared_ptr<KernelRecord> Bundle::Impl::add_kernel(KernelDesc desc) {
+  for (auto& k : kernels)
+    if (k->desc.source == desc.source) return k;
+  auto rec = std::make_shared<KernelRecord>();
+  rec->desc = std::move(desc);
+  kernels.push_back(rec);
+  return rec;
+}
+
+void Bundle::Impl::load(const std::string& text) {
+  std::string what = dir + "/manifest.json";
+  json::Value doc = json::parse(text, what);
+  const std::string& format = doc.at("format", what).as_string(what + ".format");
+  if (format != "lazytriton-bundle") throw Error(what + ": not a lazytriton bundle (format '" + format + "')");
+  int64_t version = doc.at("version", what).as_int(what + ".version");
+  if (version != 1)
+    throw Error(what + ": bundle format version " + std::to_string(version) + " (this lazytriton reads version 1)");
+  for (const auto& [source, k] : doc.at("kernels", what).as_object(what + ".kernels")) {
+    std::string kwhat = what + ": kernel " + source;
+    auto rec = add_kernel(desc_from(k, kwhat));
+    for (const auto& v : k.at("variants", kwhat).as_array(kwhat + ".variants"))
+      rec->variants.push_back(variant_from(v, rec->desc, kwhat + " variant"));
+  }
+}
+
+Bundle Bundle::open(const std::string& dir) {
+  auto impl = std::make_shared<Impl>();
+  impl->dir = dir;
+  bool found = false;
+  std::string text = read_file(dir + "/manifest.json", &found);
+  impl->has_manifest = found;
+  if (found) impl->load(text);
+  return Bundle(impl);
+}
+
+namespace {
+std::string cache_root() {
+  auto env = [](const char* n) -> std::string {
+    const char* v = std::getenv(n);
+    return v && *v ? v : "";
+  };
+  std::string home = env("HOME");
+  std::string dir = env("LAZYTRITON_CACHE_DIR");
+  if (!dir.empty()) return dir.rfind("~/", 0) == 0 ? home + dir.substr(1) : dir;
+  std::string xdg = env("XDG_CACHE_HOME");
+  return (xdg.empty() ? home + "/.cache" : xdg) + "/lazytriton";
+}
+
+std::mutex g_default_mu;
+std::shared_ptr<Bundle> g_default;
+}  // namespace
+
+Bundle Bundle::open_cache() { return open(cache_root() + "/bundle"); }
+
+Bundle Bundle::default_bundle() {
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  if (!g_default) {
+    const char* env = std::getenv("LAZYTRITON_BUNDLE");
+    g_default = std::make_shared<Bundle>(env && *env ? open(env) : open_cache());
+  }
+  return *g_default;
+}
+
+void Bundle::set_default(const Bundle& bundle) {
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  g_default = std::make_shared<Bundle>(bundle);
+}
+
+const std::string& Bundle::path() const { return impl_->dir; }
+
+std::vector<std::string> Bundle::kernel_names() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::string> out;
+  for (const auto& k : impl_->kernels) out.push_back(k->desc.source);
+  return out;
+}
+
+size_t Bundle::variant_count() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  size_t n = 0;
+  for (const auto& k : impl_->kernels) n += k->variants.size();
+  return n;
+}
+
+void Bundle::set_resolver(std::shared_ptr<Resolver> resolver) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->resolver = std::move(resolver);
+}
+
+bool Bundle::lazy() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->resolver != nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// BundleKernel: one signature and set of constexprs of a kernel
+
+namespace {
+
+// One runtime argument: how to read, check and pack it.
+struct RtArg {
+  std::string name;
+  size_t call_index = 0;  // position among the kernel's call parameters
+  Ty ty = Ty::kI32;
+  std::string type;  // as in the signature ("*fp32", "i32")
+  int dtype = kNoDtype;  // pointers
+  bool annotated = false;  // int type fixed by annotation (else Triton's value class)
+  bool specialize = true, align = true;
+  int key_word = -1;  // index into the call key, if the value selects the binary
+};
+
+// A call's packed parameters and its key: [context, 2 specialization bits
+// per argument, key values].
+struct Call {
+  uint64_t slots[kMaxArgs];
+  uint64_t key[kMaxKey];
+};
+
+struct ResolveCtx {
+  const Arg* args;
+  const Call* call;
+  cu::CUstream stream;
+  const GridFn* grid;
+};
+
+uint16_t to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+  int exp = int((x >> 23) & 0xff) - 127 + 15;
+  if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return uint16_t(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return uint16_t(sign);
+    mant |= 0x800000;
+    uint32_t shift = uint32_t(14 - exp);
+    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;
+    return uint16_t(sign | h);
+  }
+  uint32_t h = sign | (uint32_t(exp) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
+  return uint16_t(h);
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if (std::isnan(f)) return uint16_t((x >> 16) | 0x40);
+  x += 0x7fff + ((x >> 16) & 1);  // round to nearest even
+  return uint16_t(x >> 16);
+}
+
+const char* arg_kind_name(Arg::Kind k) {
+  switch (k) {
+    case Arg::kPointer: return "a device pointer";
+    case Arg::kInteger: return "an integer";
+    case Arg::kFloat: return "a float";
+    case Arg::kBool: return "a bool";
+  }
+  return "?";
+}
+
+// Triton's class of an unannotated int: i32 if it fits, else i64, else u64.
+Ty int_class(const Arg& a) {
+  if (a.big()) return Ty::kU64;
+  int64_t v = a.integer();
+  return v >= INT32_MIN && v <= INT32_MAX ? Ty::kI32 : Ty::kI64;
+}
+
+bool int_fits(const Arg& a, Ty t) {
+  int64_t v = a.integer();
+  if (a.big()) return t == Ty::kU64;
+  switch (t) {
+    case Ty::kI8: return v >= INT8_MIN && v <= INT8_MAX;
+    case Ty::kI16: return v >= INT16_MIN && v <= INT16_MAX;
+    case Ty::kI32: return v >= INT32_MIN && v <= INT32_MAX;
+    case Ty::kI64: return true;
+    case Ty::kU8: return v >= 0 && v <= UINT8_MAX;
+    case Ty::kU16: return v >= 0 && v <= UINT16_MAX;
+    case Ty::kU32: return v >= 0 && v <= UINT32_MAX;
+    case Ty::kU64: return v >= 0;
+    default: return false;
+  }
+}
+
+size_t int_bytes(Ty t) {
+  switch (t) {
+    case Ty::kI8: case Ty::kU8: return 1;
+    case Ty::kI16: case Ty::kU16: return 2;
+    case Ty::kI32: case Ty::kU32: return 4;
+    default: return 8;
+  }
+}
+
+std::string arg_value_text(const Arg& a) {
+  return a.big() ? std::to_string(a.bits()) : std::to_string(a.integer());
+}
+
+std::string spec_suffix(const RtArg& r, uint64_t bits) {
+  if (r.ty == Ty::kPtr) return bits & 1 ? "16" : "";
+  if (is_int(r.ty)) return bits & 1 ? "1" : bits & 2 ? "16" : "";
+  return "";
+}
+
+bool is_option(const std::string& name) {
+  for (const char* o : kOptionNames)
+    if (name == o) return true;
+  return false;
+}
+
+}  // namespace
+
+struct BundleKernel::Impl {
+  std::shared_ptr<Bundle::Impl> bundle;
+  std::shared_ptr<KernelRecord> record;
+  KernelDesc desc;
+  std::string label;  // "kernel add_kernel"
+  std::string signature;
+  std::vector<RtArg> args;
+  std::vector<std::string> call_types;  // per call parameter, as variants spell them
+  Constants constexprs;  // sorted: call constexprs, None'd pointers, options
+  Constants options;
+  std::vector<std::string> key_names;  // by key word, after the context and the bits
+  size_t bit_words = 0, key_len = 0;
+  std::unique_ptr<LazyKernel> table;
+
+  [[noreturn]] void fail(const std::string& why) const { throw Error(label + ": " + why); }
+  [[noreturn]] void fail_arg(const RtArg& r, const std::string& why) const {
+    throw Error(label + ": argument " + r.name + ": " + why);
+  }
+
+  // Set-up (Bundle::kernel).
+  void bind(const std::string& sig, const Constants& given);
+  void bind_param(const ParamDesc& p, std::vector<std::string>& types, size_t& next, const Constants& given);
+  void check_type(RtArg& r, const ParamDesc& p);
+  void check_constexprs(const Constants& given) const;
+  void require_variant() const;
+  std::string variant_list() const;
+
+  // The call path.
+  void read(const Arg* a, size_t n, Call& c) const;
+  void pack(size_t i, const Arg& a, Call& c) const;
+  void pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const;
+  void pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const;
+  // The entry for c.key (context set): the table's, else resolved once.
+  const Entry* entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const;
+  std::string call_spec(const Call& c) const;
+
+  // Resolution of a new key (once per key, see LazyKernel).
+  std::shared_ptr<const Entry> resolve(const CallKey& key, const ResolveCtx& rc);
+  bool compatible(const Variant& v) const;
+  bool matches(const Variant& v, const Call& c, int arch) const;
+  std::shared_ptr<Variant> find_variant(const Call& c, int arch, const std::string& device) const;
+  std::shared_ptr<Variant> resolve_lazily(const ResolveCtx& rc, int arch, Resolver& resolver);
+  ResolveRequest request(const ResolveCtx& rc) const;
+  std::shared_ptr<const Entry> make_entry(const std::shared_ptr<Variant>& v, const Call& c, int arch);
+  std::shared_ptr<Kernel> kernel_of(Variant& v) const;
+  std::string describe_call(const Call& c, int arch) const;
+};
+
+// ---- set-up -----------------------------------------------------------------
+
+void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
+  signature = sig;
+  std::vector<std::string> types;
+  std::stringstream ss(sig);
+  for (std::string t; std::getline(ss, t, ',');) {
+    t.erase(0, t.find_first_not_of(" \t"));
+    t.erase(t.find_last_not_of(" \t") + 1);
+    if (t.find(':') != std::string::npos)
+      fail("signature entry '" + t + "': give types only; the specialization (:16, :1) comes from the arguments");
+    types.push_back(t);
+  }
+  if (types.size() == 1 && types[0].empty()) types.clear();
+  check_constexprs(given);
+  size_t next = 0;
+  for (const ParamDesc& p : desc.params) bind_param(p, types, next, given);
+  if (next != types.size() || args.size() > kMaxArgs) {
+    std::vector<std::string> names;
+    for (const auto& r : args) names.push_back(r.name);
+    fail("the signature '" + sig + "' has " + std::to_string(types.size()) + " types but the kernel takes " +
+         std::to_string(args.size()) + " runtime arguments (" + sorted_names(names) + ")" +
+         (args.size() > kMaxArgs ? "; at most 64 are supported" : ""));
+  }
+  for (const auto& kv : given)
+    if (is_option(kv.first)) {
+      options.push_back(kv);
+      constexprs.push_back(kv);  // a different option is a different binary
+    }
+  std::sort(constexprs.begin(), constexprs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  bit_words = (2 * args.size() + 63) / 64;
+  for (auto& r : args)
+    if (r.key_word >= 0) {
+      r.key_word = int(1 + bit_words + key_names.size());
+      key_names.push_back(r.name);
+    }
+  key_len = 1 + bit_words + key_names.size();
+}
+
+void BundleKernel::Impl::check_constexprs(const Constants& given) const {
+  for (const auto& [name, value] : given) {
+    if (is_option(name)) continue;
+    if (std::find(desc.supplied.begin(), desc.supplied.end(), name) != desc.supplied.end())
+      fail(name + " is chosen by the kernel's autotune configs or heuristics; do not pass it");
+    bool known = false;
+    for (const auto& p : desc.params) known |= p.name == name;
+    if (!known) {
+      std::vector<std::string> names;
+      for (const auto& p : desc.params) names.push_back(p.name);
+      fail("no parameter named '" + name + "' (parameters: " + sorted_names(names) + ")");
+    }
+  }
+}
+
+void BundleKernel::Impl::bind_param(const ParamDesc& p, std::vector<std::string>& types, size_t& next,
+                                    const Constants& given) {
+  const Constant* value = nullptr;
+  for (const auto& kv : given)
+    if (kv.first == p.name) value = &kv.second;
+  if (p.is_constexpr || value) {
+    if (!p.is_constexpr && !value->is_none())
+      fail("argument " + p.name + " is not a constexpr: pass it at launch (only None may be given here)");
+    if (!value && !p.has_default) fail("constexpr " + p.name + " needs a value (pass it in constexprs)");
+    constexprs.emplace_back(p.name, value ? *value : p.dflt);
+    call_types.push_back("constexpr");
+    return;
+  }
+  RtArg r;
+  r.name = p.name;
+  r.call_index = call_types.size();
+  r.type = next < types.size() ? types[next] : "";
+  ++next;
+  if (next <= types.size()) check_type(r, p);
+  call_types.push_back(r.type);
+  args.push_back(r);
+}
+
+void BundleKernel::Impl::check_type(RtArg& r, const ParamDesc& p) {
+  if (r.type == "i1") r.type = "u1";  // Triton spells bools u1
+  r.specialize = p.specialize;
+  r.align = p.align;
+  if (!r.type.empty() && r.type[0] == '*') {
+    r.ty = Ty::kPtr;
+    r.dtype = dtype_from_name(std::string_view(r.type).substr(1));
+    if (r.dtype == kNoDtype) fail_arg(r, "unknown element type in '" + r.type + "'");
+    if (p.heuristic)
+      fail_arg(r, "the kernel's heuristics read this pointer argument, so they need Python on every call; "
+                  "the C++ launch path cannot evaluate them");
+    return;
+  }
+  if (!scalar_type(r.type, &r.ty)) fail_arg(r, "unknown type '" + r.type + "' in the signature");
+  r.annotated = !p.annotation.empty();
+  if (r.annotated && p.annotation != r.type)
+    fail_arg(r, "annotated " + p.annotation + " in the kernel, but the signature says " + r.type);
+  if (!r.annotated && is_int(r.ty) && r.ty != Ty::kI32 && r.ty != Ty::kI64 && r.ty != Ty::kU64)
+    fail_arg(r, "an unannotated int is i32, i64 or u64 (Triton's class of its value), not " + r.type);
+  if (!r.annotated && is_float(r.ty) && r.ty != Ty::kFp32)
+    fail_arg(r, "an unannotated float is passed as fp32, not " + r.type);
+  if (p.key || p.heuristic) r.key_word = 0;  // numbered in bind()
+}
+
+bool BundleKernel::Impl::compatible(const Variant& v) const {
+  return v.types == call_types && v.constexprs == constexprs;
+}
+
+std::string BundleKernel::Impl::variant_list() const {
+  std::string out;
+  for (const auto& v : record->variants) {
+    std::string sig;
+    for (size_t i = 0; i < v->types.size(); ++i) {
+      if (v->types[i] == "constexpr") continue;
+      sig += (sig.empty() ? "" : ",") + v->types[i] + (v->specs[i].empty() ? "" : ":" + v->specs[i]);
+    }
+    for (const auto& [k, c] : v->constexprs) sig += " " + k + "=" + c.repr();
+    for (const auto& [k, j] : v->key_values)
+      sig += " " + k + "=" + (j.kind == json::Value::kFloat ? Constant(j.f).repr() : std::to_string(j.i));
+    out += "\n  sm_" + std::to_string(v->arch) + " " + sig + (v->device.empty() ? "" : " (tuned on " + v->device + ")");
+  }
+  return out.empty() ? " none" : out;
+}
+
+void BundleKernel::Impl::require_variant() const {
+  std::lock_guard<std::mutex> lock(bundle->mu);
+  if (bundle->resolver) return;
+  for (const auto& v : record->variants)
+    if (compatible(*v)) return;
+  std::string cx;
+  for (const auto& [k, c] : constexprs) cx += " " + k + "=" + c.repr();
+  fail("bundle " + bundle->dir + " has no winner for signature " + signature + cx + "; its winners are:" +
+       variant_list() + "\nTune it from Python (lazytriton.bundle.Bundle(dir).add(...)) or turn on lazy mode "
+       "(lt::enable_lazy from lazytriton::embed)");
+}
+
+BundleKernel Bundle::kernel(const std::string& name, const std::string& signature, const Constants& constexprs) const {
+  std::shared_ptr<KernelRecord> rec;
+  std::shared_ptr<Resolver> resolver;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    rec = impl_->find(name);
+    resolver = impl_->resolver;
+  }
+  if (!rec && resolver && name.find(':') != std::string::npos) {
+    KernelDesc d = desc_from(json::parse(resolver->describe(name), "kernel " + name), "kernel " + name);
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    rec = impl_->add_kernel(std::move(d));
+  }
+  if (!rec) {
+    std::string why = !impl_->has_manifest ? " (it has no manifest.json)" : " (it has: " + sorted_names(kernel_names()) + ")";
+    throw Error("kernel " + name + ": not in bundle " + impl_->dir + why +
+                (resolver ? "; in lazy mode name it as module:function" : ""));
+  }
+  auto k = std::make_shared<BundleKernel::Impl>();
+  k->bundle = impl_;
+  k->record = rec;
+  k->desc = rec->desc;
+  k->label = kernel_label(rec->desc);
+  k->bind(signature, constexprs);
+  k->require_variant();
+  BundleKernel::Impl* raw = k.get();
+  k->table = std::make_unique<LazyKernel>(rec->desc.name, [raw](const CallKey& key, void* ctx) {
+    return raw->resolve(key, *static_cast<const ResolveCtx*>(ctx));
+  });
+  return BundleKernel(k);
+}
+
+// ---- the call path ------------------------------------------------------------
+
+void BundleKernel::Impl::pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const {
+  if (a.kind() != Arg::kInteger) fail_arg(r, "expects an integer (" + r.type + "), got " + arg_kind_name(a.kind()));
+  if (!r.annotated && int_class(a) != r.ty) {
+    Ty c = int_class(a);
+    fail_arg(r, arg_value_text(a) + " is " + std::string(c == Ty::kI32 ? "i32" : c == Ty::kI64 ? "i64" : "u64") +
+                    " under Triton's rules (i32 if it fits, else i64, else u64), but the signature says " + r.type);
+  }
+  if (r.annotated && !int_fits(a, r.ty)) fail_arg(r, arg_value_text(a) + " does not fit " + r.type);
+  uint64_t v = a.bits();
+  std::memcpy(slot, &v, int_bytes(r.ty));  // little-endian: the low bytes are the narrow value
+  if (r.specialize) *bits = uint64_t(v == 1) | uint64_t(v % 16 == 0) << 1;  // as the Python stubs key it
+}
+
+void BundleKernel::Impl::pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const {
+  if (a.kind() != Arg::kFloat) fail_arg(r, "expects a float (" + r.type + "), got " + arg_kind_name(a.kind()));
+  double d = a.real();
+  if (r.ty == Ty::kFp64) {
+    std::memcpy(slot, &d, 8);
+  } else if (r.ty == Ty::kFp32) {
+    float f = float(d);
+    std::memcpy(slot, &f, 4);
+  } else {
+    uint16_t h = r.ty == Ty::kFp16 ? to_fp16(float(d)) : to_bf16(float(d));
+    std::memcpy(slot, &h, 2);
+  }
+}
+
+void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
+  const RtArg& r = args[i];
+  uint64_t* slot = &c.slots[i];
+  *slot = 0;
+  uint64_t bits = 0;
+  if (r.ty == Ty::kPtr) {
+    if (a.kind() != Arg::kPointer)
+      fail_arg(r, std::string("expects a device pointer (") + r.type + "), got " + arg_kind_name(a.kind()) +
+                      (a.kind() == Arg::kInteger ? "; wrap a CUdeviceptr in lt::DevicePtr(...)" : ""));
+    if (a.dtype() != kNoDtype && a.dtype() != r.dtype)
+      fail_arg(r, std::string("a pointer to ") + dtype_name(a.dtype()) + " where the signature says " + r.type);
+    *slot = a.bits();
+    bits = r.align && a.bits() % 16 == 0;
+  } else if (is_int(r.ty)) {
+    pack_int(r, a, slot, &bits);
+  } else if (r.ty == Ty::kU1) {
+    if (a.kind() != Arg::kBool) fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));
+    *slot = a.bits();
+  } else {
+    pack_float(r, a, slot);
+  }
+  c.key[1 + (2 * i) / 64] |= bits << ((2 * i) % 64);
+  if (r.key_word >= 0) {
+    double d = a.real();
+    uint64_t word = a.kind() == Arg::kFloat ? 0 : a.bits();
+    if (a.kind() == Arg::kFloat) std::memcpy(&word, &d, 8);
+    c.key[r.key_word] = word;
+  }
+}
+
+void BundleKernel::Impl::read(const Arg* a, size_t n, Call& c) const {
+  if (n != args.size()) {
+    std::vector<std::string> names;
+    for (const auto& r : args) names.push_back(r.name);
+    fail("takes " + std::to_string(args.size()) + " runtime arguments (" + sorted_names(names) + "), got " +
+         std::to_string(n));
+  }
+  for (size_t w = 1; w <= bit_words; ++w) c.key[w] = 0;
+  for (size_t i = 0; i < n; ++i) pack(i, a[i], c);
+}
+
+const Entry* BundleKernel::Impl::entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const {
+  if (const Entry* e = table->find(c.key, key_len)) return e;
+  ResolveCtx rc{a, &c, s, grid};
+  return table->resolve(c.key, key_len, &rc);
+}
+
+void BundleKernel::launch(Stream stream, Dim3 grid, const Arg* args, size_t n) const {
+  const Impl& k = *impl_;
+  Call c;
+  k.read(args, n, c);
+  cu::CUcontext ctx = current_context();
+  c.key[0] = reinterpret_cast<uint64_t>(ctx);
+  const Entry* e = k.table->find(c.key, k.key_len);
+  if (!e) {
+    GridFn fixed = [grid](const Meta&) { return grid; };  // what lazy-mode tuning launches with
+    e = k.entry(args, c, stream.handle, &fixed);
+  }
+  void* params[kMaxArgs];
+  size_t np = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (e->is_param[i]) params[np++] = &c.slots[i];
+  e->kernel->launch(ctx, stream.handle, grid, params, np);
+}
+
+void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, size_t n) const {
+  const Impl& k = *impl_;
+  Call c;
+  k.read(args, n, c);
+  cu::CUcontext ctx = current_context();
+  c.key[0] = reinterpret_cast<uint64_t>(ctx);
+  const Entry* e = k.entry(args, c, stream.handle, &grid);
+  Dim3 g = grid(static_cast<const Winner*>(e->user.get())->meta);
+  void* params[kMaxArgs];
+  size_t np = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (e->is_param[i]) params[np++] = &c.slots[i];
+  e->kernel->launch(ctx, stream.handle, g, params, np);
+}
+
+const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, const GridFn& grid) const {
+  const Impl& k = *impl_;
+  Call c;
+  k.read(args, n, c);
+  c.key[0] = reinterpret_cast<uint64_t>(current_context());
+  const Entry* e = k.entry(args, c, stream.handle, grid ? &grid : nullptr);
+  return *static_cast<const Winner*>(e->user.get());
+}
+
+std::string BundleKernel::Impl::call_spec(const Call& c) const {
+  std::string out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string s = spec_suffix(args[i], c.key[1 + (2 * i) / 64] >> ((2 * i) % 64) & 3);
+    out += (i ? "," : "") + args[i].type + (s.empty() ? "" : ":" + s);
+  }
+  return out;
+}
+
+std::string BundleKernel::specialization(std::initializer_list<Arg> args) const {
+  Call c;
+  impl_->read(args.begin(), args.size(), c);
+  return impl_->call_spec(c);
+}
+
+const std::string& BundleKernel::name() const { return impl_->desc.name; }
+const std::string& BundleKernel::source() const { return impl_->desc.source; }
+const std::string& BundleKernel::signature() const { return impl_->signature; }
+
+std::vector<std::string> BundleKernel::arg_names() const {
+  std::vector<std::string> out;
+  for (const auto& r : impl_->args) out.push_back(r.name);
+  return out;
+}
+
+// ---- resolution ---------------------------------------------------------------
+
+bool BundleKernel::Impl::matches(const Variant& v, const Call& c, int arch) const {
+  if (v.arch != arch || !compatible(v)) return false;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (v.specs[args[i].call_index] != spec_suffix(args[i], c.key[1 + (2 * i) / 64] >> ((2 * i) % 64) & 3))
+      return false;
+  for (size_t k = 0; k < key_names.size(); ++k) {
+    auto it = std::find_if(v.key_values.begin(), v.key_values.end(), [&](const auto& kv) { return kv.first == key_names[k]; });
+    if (it == v.key_values.end()) return false;
+    const json::Value& j = it->second;
+    uint64_t word = j.kind == json::Value::kUInt ? j.u : j.kind == json::Value::kBool ? uint64_t(j.b) : uint64_t(j.i);
+    if (j.kind == json::Value::kFloat) std::memcpy(&word, &j.f, 8);
+    if (word != c.key[1 + bit_words + k]) return false;
+  }
+  return true;
+}
+
+std::shared_ptr<Variant> BundleKernel::Impl::find_variant(const Call& c, int arch, const std::string& device) const {
+  std::lock_guard<std::mutex> lock(bundle->mu);
+  std::shared_ptr<Variant> best;
+  for (const auto& v : record->variants)
+    if (matches(*v, c, arch) && (!best || (v->device == device && best->device != device))) best = v;
+  return best;
+}
+
+std::string BundleKernel::Impl::describe_call(const Call& c, int arch) const {
+  std::string out = "sm_" + std::to_string(arch) + " " + call_spec(c);
+  for (const auto& [k, v] : constexprs) out += " " + k + "=" + v.repr();
+  for (size_t k = 0; k < key_names.size(); ++k) {
+    const RtArg& r = *std::find_if(args.begin(), args.end(), [&](const RtArg& a) { return a.name == key_names[k]; });
+    uint64_t w = c.key[1 + bit_words + k];
+    double d;
+    std::memcpy(&d, &w, 8);
+    out += " " + r.name + "=" +
+           (is_float(r.ty) ? Constant(d).repr() : r.ty == Ty::kU64 ? std::to_string(w) : std::to_string(int64_t(w)));
+  }
+  return out;
+}
+
+std::shared_ptr<Kernel> BundleKernel::Impl::kernel_of(Variant& v) const {
+  std::lock_guard<std::mutex> lock(bundle->mu);
+  if (v.kernel) return v.kernel;
+  if (v.cubin.empty()) {
+    bool found = false;
+    v.cubin = read_file(bundle->dir + "/" + v.cubin_file, &found);
+    if (!found || v.cubin.empty()) fail("cannot read its cubin " + bundle->dir + "/" + v.cubin_file);
+  }
+  auto image = std::make_shared<KernelImage>();
+  image->cubin = v.cubin;
+  image->meta = v.launch;
+  v.kernel = std::make_shared<Kernel>(std::move(image));
+  return v.kernel;
+}
+
+std::shared_ptr<const Entry> BundleKernel::Impl::make_entry(const std::shared_ptr<Variant>& v, const Call& c, int arch) {
+  auto e = std::make_shared<Entry>();
+  e->kernel = kernel_of(*v);
+  for (const auto& r : args) e->is_param.push_back(v->is_param[r.call_index]);
+  auto w = std::make_shared<Winner>();
+  w->kernel = e->kernel;
+  Constants meta = constexprs;
+  meta.insert(meta.end(), v->meta.begin(), v->meta.end());
+  w->meta = Meta(desc.name, std::move(meta));
+  w->specialization = describe_call(c, arch);
+  w->device = v->device;
+  e->user = w;
+  return e;
+}
+
+ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
+  ResolveRequest req;
+  req.bundle_dir = bundle->dir;
+  req.source = desc.source;
+  req.options = options;
+  req.stream = rc.stream;
+  if (rc.grid) req.grid = *rc.grid;
+  size_t next = 0;
+  for (size_t i = 0; i < desc.params.size(); ++i) {
+    CallValue cv;
+    cv.name = desc.params[i].name;
+    cv.type = call_types[i];
+    if (call_types[i] == "constexpr") {
+      cv.is_constexpr = true;
+      cv.constant = std::find_if(constexprs.begin(), constexprs.end(), [&](const auto& kv) { return kv.first == cv.name; })->second;
+    } else {
+      const Arg& a = rc.args[next++];
+      cv.is_pointer = a.kind() == Arg::kPointer;
+      cv.ptr = DevicePtr(static_cast<unsigned long long>(a.bits()));
+      cv.ptr.nbytes = a.nbytes();
+      cv.value = a;
+    }
+    req.values.push_back(std::move(cv));
+  }
+  return req;
+}
+
+std::shared_ptr<Variant> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc, int arch, Resolver& resolver) {
+  if (!rc.grid) fail("no winner yet for " + describe_call(*rc.call, arch) + "; lazy mode tunes on the first launch, "
+                     "which needs a grid (call launch(), or winner() with a grid)");
+  auto [text, cubin] = resolver.resolve(request(rc));
+  std::string what = label + ": the lazily resolved variant";
+  std::shared_ptr<Variant> v = variant_from(json::parse(text, what), desc, what);
+  v->cubin = std::move(cubin);
+  if (!matches(*v, *rc.call, arch))
+    fail("internal error: Python resolved a variant that does not match the call (" + describe_call(*rc.call, arch) +
+         "); please report it");
+  std::lock_guard<std::mutex> lock(bundle->mu);
+  record->variants.push_back(v);
+  return v;
+}
+
+std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, const ResolveCtx& rc) {
+  auto ctx = reinterpret_cast<cu::CUcontext>(key[0]);
+  const DeviceInfo& dev = device_info(context_device(ctx));
+  int arch = dev.cc_major * 10 + dev.cc_minor;
+  std::shared_ptr<Variant> v = find_variant(*rc.call, arch, dev.name);
+  if (!v) {
+    std::shared_ptr<Resolver> resolver;
+    {
+      std::lock_guard<std::mutex> lock(bundle->mu);
+      resolver = bundle->resolver;
+    }
+    if (!resolver) {
+      std::lock_guard<std::mutex> lock(bundle->mu);
+      fail("no tuned winner in bundle " + bundle->dir + " for " + describe_call(*rc.call, arch) +
+           "; its winners are:" + variant_list() +
+           "\nTune this call from Python (lazytriton.bundle.Bundle(dir).add(...)) or turn on lazy mode "
+           "(lt::enable_lazy from lazytriton::embed)");
+    }
+    v = resolve_lazily(rc, arch, *resolver);
+  }
+  return make_entry(v, *rc.call, arch);
+}
+
+}  // namespace lt

@@ -1,0 +1,367 @@
+"""Bundles: tuned winners that C++ programs launch without Python.
+
+A bundle is a directory::
+
+    manifest.json          kernels (their call parameters) and variants (tuned winners)
+    cubins/<sha256>.cubin  the winners' binaries
+
+written here (`Bundle.add` from Python, or the C++ lazy mode through
+lazytriton.embed) and read by the C++ runtime (lazytriton/bundle.h). A variant
+is one winner for one specialization of a call, and holds what the C++ side
+needs to pick it for a call and launch it: the argument types and Triton's
+specialization of each (16-byte alignment, == 1, % 16), the constexprs, the
+autotune-key (and heuristic-read) values, which arguments are kernel
+parameters, the winner's meta-parameters and its launch metadata.
+
+    b = lazytriton.bundle.Bundle("/srv/model/kernels")
+    b.add(my_kernel, x, y, out, n, grid=lambda m: (triton.cdiv(n, m["BLOCK"]),))
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .arrays import array_info, is_array
+from .cache import atomic_write
+from .spec import KernelSpec
+from .spec import describe as describe_spec
+
+log = logging.getLogger("lazytriton.bundle")
+
+FORMAT = "lazytriton-bundle"
+VERSION = 1
+MANIFEST = "manifest.json"
+OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl")
+INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+
+
+def default_dir() -> Path:
+    """The bundle inside lazytriton's cache (what lt::Bundle::open_cache() reads)."""
+    return paths.cache_root() / "bundle"
+
+
+# -- kernels -------------------------------------------------------------------------
+
+
+def _spec_of(kernel: Any) -> KernelSpec:
+    spec = getattr(kernel, "spec", None)
+    return spec if isinstance(spec, KernelSpec) else describe_spec(kernel)
+
+
+def source_of(kernel: Any) -> str:
+    """"module:function" naming a Triton kernel (the object the module defines)."""
+    fn = _spec_of(kernel).fn.fn
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def load_source(source: str) -> Any:
+    """The kernel object that "module:function" names."""
+    module, sep, attr = source.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"kernel {source!r}: name it as module:function (e.g. my_kernels:add_kernel)")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"kernel {attr}: cannot import module {module!r} ({exc}); put its directory on "
+                          "sys.path (PYTHONPATH, or LazyOptions::python_path in C++)") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise AttributeError(f"kernel {attr}: module {module!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+class _Recorder(dict):
+    """Records which arguments a heuristic reads."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.read: set[str] = set()
+
+    def __getitem__(self, k):
+        self.read.add(k)
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        self.read.add(k)
+        return super().get(k, default)
+
+
+def _supplied(spec: KernelSpec) -> set[str]:
+    return {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
+
+
+def _heuristic_reads(spec: KernelSpec, call_params: list) -> set[str] | None:
+    """Call arguments the heuristics read, found by running them on stand-in
+    values; None if they could not run on those (then every argument counts)."""
+    if not spec.heuristics:
+        return set()
+    named = {p.name: (16 if p.default is inspect.Parameter.empty else p.default) for p in call_params}
+    read: set[str] = set()
+    try:
+        for layer in spec.heuristics:
+            cfg = spec.configs[0].all_kwargs() if layer.inside_autotune and spec.configs else {}
+            for fn in layer.values.values():
+                rec = _Recorder({**named, **cfg})
+                fn(rec)
+                read |= rec.read & named.keys()
+    except Exception as exc:  # a heuristic that needs real values: key on every argument instead
+        log.debug("kernel %s: heuristics did not run on stand-in values (%s)", spec.name, exc)
+        return None
+    return read
+
+
+def _jsonable(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def describe(kernel: Any, source: str | None = None) -> dict:
+    """The kernel's entry in a bundle manifest: its call parameters (those not
+    chosen by configs or heuristics) and how each is specialized."""
+    spec = _spec_of(kernel)
+    supplied = _supplied(spec)
+    call_params = [p for p in spec.params if p.name not in supplied]
+    reads = _heuristic_reads(spec, call_params)
+    params = []
+    for p in call_params:
+        d = {"name": p.name, "constexpr": p.is_constexpr,
+             "annotation": p.annotation.removeprefix("tl.") if not p.is_constexpr else "",
+             "specialize": not p.do_not_specialize,
+             "align": not (p.do_not_specialize or p.do_not_specialize_on_alignment),
+             "key": p.name in spec.tune_keys or reads is None,
+             "heuristic": reads is not None and p.name in reads}
+        if p.default is not inspect.Parameter.empty and _jsonable(p.default):
+            d["default"] = p.default
+        params.append(d)
+    return {"name": spec.name, "source": source or source_of(kernel), "autotuned": bool(spec.configs),
+            "params": params, "supplied": sorted(supplied)}
+
+
+# -- variants --------------------------------------------------------------------------
+
+
+def _int_type(param: dict, value: int) -> str:
+    ann = param["annotation"]
+    if ann in INT_TYPES:
+        return ann
+    if -2**31 <= value < 2**31:
+        return "i32"
+    return "i64" if -2**63 <= value < 2**63 else "u64"
+
+
+def arg_type(param: dict, value: Any, what: str) -> str:
+    """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it."""
+    if is_array(value):
+        return "*" + array_info(value, what).dtype
+    if isinstance(value, bool):
+        return "u1"
+    if isinstance(value, int):
+        return _int_type(param, value)
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"{what}: unsupported argument type {type(value).__name__}")
+
+
+def arg_spec(param: dict, value: Any) -> str:
+    """Triton's specialization of one runtime argument: "16", "1" or ""."""
+    if is_array(value):
+        return "16" if param["align"] and array_info(value).ptr % 16 == 0 else ""
+    if isinstance(value, int) and not isinstance(value, bool) and param["specialize"]:
+        return "1" if value == 1 else "16" if value % 16 == 0 else ""
+    return ""
+
+
+def _check_heuristics(desc: dict, lk: Any) -> None:
+    # The C++ side keys calls on the described arguments only: the Python
+    # runtime's own probe must not have found more.
+    if getattr(lk, "_python_heuristics", False):
+        raise TypeError(f"kernel {desc['name']}: its heuristics read array arguments, so they need Python on "
+                        "every call; the C++ launch path cannot evaluate them")
+    keyed = {p["name"] for p in desc["params"] if p["key"] or p["heuristic"]}
+    extra = set(getattr(lk, "_heuristic_reads", None) or ()) - keyed
+    if extra:
+        raise RuntimeError(f"kernel {desc['name']}: its heuristics read {sorted(extra)}, which the bundle "
+                           "description did not find; please report this")
+
+
+def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict,
+                 device: str | None = None) -> tuple[dict, bytes]:
+    """A manifest variant (and its cubin) from LazyKernel.resolve's result for
+    `values`; `device` (the GPU's name) defaults to the current device's."""
+    _check_heuristics(desc, lk)
+    name = desc["name"]
+    types, specs, constexprs, key_values = [], [], dict(options), {}
+    for i, (p, v) in enumerate(zip(desc["params"], values)):
+        if p["constexpr"] or v is None:
+            types.append("constexpr")
+            specs.append("")
+            constexprs[p["name"]] = v
+            continue
+        t = arg_type(p, v, f"kernel {name}, argument {p['name']}")
+        if resolved.entry.is_param[i] and resolved.types[i] != t:
+            raise RuntimeError(f"kernel {name}, argument {p['name']}: packed as {resolved.types[i]}, described as {t}")
+        types.append(t)
+        specs.append(arg_spec(p, v))
+        if (p["key"] or p["heuristic"]) and not t.startswith("*"):
+            key_values[p["name"]] = v
+    for k, v in {**constexprs, **resolved.meta}.items():
+        if not _jsonable(v):
+            raise TypeError(f"kernel {name}: {k}={v!r} is not a plain value (None, bool, int, float, str); "
+                            "a C++ bundle cannot hold it")
+    launch = {k: list(v) if isinstance(v, tuple) else v for k, v in resolved.kernel.metadata.items()}
+    if device is None:
+        from . import _core
+
+        device = _core.device_info(_core.current_device())["name"]
+    variant = {"arch": launch["arch"], "device": device, "types": types, "specs": specs,
+               "constexprs": constexprs, "key_values": key_values,
+               "is_param": [bool(b) for b in resolved.entry.is_param[:len(values)]],
+               "meta": dict(resolved.meta), "launch": launch, "signature": signature_text(types, specs)}
+    return variant, bytes(resolved.kernel.cubin)
+
+
+def signature_text(types: list, specs: list) -> str:
+    """e.g. "*fp32:16,*fp32:16,i32:16" (constexprs left out)."""
+    return ",".join(t + (f":{s}" if s else "") for t, s in zip(types, specs) if t != "constexpr")
+
+
+def _identity(v: dict) -> tuple:
+    return (v["arch"], v["types"], v["specs"], json.dumps(v["constexprs"], sort_keys=True),
+            json.dumps(v["key_values"], sort_keys=True))
+
+
+# -- the directory -------------------------------------------------------------------------
+
+
+def read_manifest(path: os.PathLike | str) -> dict:
+    """The bundle's manifest (an empty one if the directory has none)."""
+    f = Path(path) / MANIFEST
+    try:
+        doc = json.loads(f.read_text())
+    except FileNotFoundError:
+        return {"format": FORMAT, "version": VERSION, "kernels": {}}
+    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise ValueError(f"{f}: not a version-{VERSION} lazytriton bundle")
+    return doc
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path / ".lock", "a") as f:  # writers in other processes wait here
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def write_variant(path: os.PathLike | str, desc: dict, variant: dict, cubin: bytes) -> dict:
+    """Adds (or replaces) a variant: cubin first, then the manifest, each
+    written atomically, so a reader sees the old bundle or the new one."""
+    d = Path(path)
+    (d / "cubins").mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(cubin).hexdigest()
+    rel = f"cubins/{digest[:32]}.cubin"
+    if not (d / rel).exists():
+        atomic_write(d / rel, cubin)
+    variant = {**variant, "cubin": rel, "cubin_size": len(cubin), "cubin_sha256": digest}
+    with _locked(d):
+        manifest = read_manifest(d)
+        entry = manifest["kernels"].setdefault(desc["source"], {"variants": []})
+        entry.update({k: v for k, v in desc.items() if k != "variants"})
+        entry["variants"] = [v for v in entry["variants"] if _identity(v) != _identity(variant)] + [variant]
+        text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False)
+        atomic_write(d / MANIFEST, text.encode())
+    log.info("kernel %s: winner for sm_%s %s written to bundle %s", desc["name"], variant["arch"],
+             variant["signature"], d)
+    return variant
+
+
+def bind(desc: dict, args: tuple, kwargs: dict) -> tuple[list, dict]:
+    """(call values in parameter order, compile options) of a Python-style call."""
+    params = desc["params"]
+    if len(args) > len(params):
+        raise TypeError(f"kernel {desc['name']}: takes {len(params)} arguments, got {len(args)}")
+    values, kwargs = list(args), dict(kwargs)
+    for p in params[len(args):]:
+        if p["name"] in kwargs:
+            values.append(kwargs.pop(p["name"]))
+        elif "default" in p:
+            values.append(p["default"])
+        else:
+            raise TypeError(f"kernel {desc['name']}: missing argument {p['name']!r}")
+    bad = [k for k in kwargs if k not in OPTION_NAMES]
+    if bad:
+        raise TypeError(f"kernel {desc['name']}: unexpected keyword argument(s) {bad}"
+                        + (" (chosen by its configs or heuristics)" if set(bad) & set(desc["supplied"]) else ""))
+    return values, kwargs
+
+
+class Bundle:
+    """A bundle directory (default: the one in lazytriton's cache)."""
+
+    def __init__(self, path: os.PathLike | str | None = None):
+        self.path = Path(path) if path is not None else default_dir()
+
+    def __repr__(self) -> str:
+        return f"lazytriton.bundle.Bundle({str(self.path)!r})"
+
+    def add(self, kernel: Any, *args, grid: Any = None, stream: Any = None, source: str | None = None,
+            **kwargs) -> dict:
+        """Resolve the winner for this call (lazytriton's cache, else compile and
+        tune on these arguments: then `grid` is needed) and write it into the
+        bundle. `kernel`: a Triton kernel, a LazyKernel or "module:function";
+        `source` overrides the "module:function" the C++ side names it by."""
+        from .runtime import LazyKernel
+
+        if isinstance(kernel, str):
+            source, kernel = source or kernel, load_source(kernel)
+        lk = kernel if isinstance(kernel, LazyKernel) else LazyKernel(kernel)
+        desc = describe(lk, source)
+        values, options = bind(desc, args, kwargs)
+        resolved = lk.resolve(*values, grid=grid, stream=stream, **options)
+        variant, cubin = make_variant(desc, lk, resolved, values, options)
+        return write_variant(self.path, desc, variant, cubin)
+
+    def manifest(self) -> dict:
+        return read_manifest(self.path)
+
+    def variants(self, kernel: str | None = None) -> list[dict]:
+        """Every variant (of one kernel, by "module:function" or function name)."""
+        out = []
+        for source, k in self.manifest()["kernels"].items():
+            if kernel in (None, source, k["name"]):
+                out += [{"kernel": source, **v} for v in k["variants"]]
+        return out
+
+
+def cli_list(args) -> int:
+    """`lazytriton bundle [DIR]`: the kernels and winners of a bundle."""
+    b = Bundle(args.dir)
+    try:
+        manifest = b.manifest()
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(manifest, indent=1, sort_keys=True))
+        return 0
+    print(f"bundle: {b.path}")
+    for source, k in sorted(manifest["kernels"].items()):
+        print(f"{source}  ({len(k['variants'])} winner{'s' if len(k['variants']) != 1 else ''})")
+        for v in k["variants"]:
+            extra = " ".join(f"{n}={x!r}" for n, x in sorted({**v["constexprs"], **v["key_values"]}.items()))
+            meta = ", ".join(f"{n}={x}" for n, x in sorted(v["meta"].items()))
+            print(f"  sm_{v['arch']} {v['signature']} {extra}".rstrip()
+                  + f"  -> {meta or 'no meta-parameters'}, num_warps={v['launch'].get('num_warps')}"
+                  + f" ({v.get('device', '?')})")
+    if not manifest["kernels"]:
+        print("(empty)")
+    return 0

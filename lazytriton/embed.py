@@ -1,0 +1,71 @@
+"""What the C++ lazy mode (lazytriton::embed, csrc/src/embed.cc) calls in its
+embedded Python: describe a kernel, and resolve one call (lazytriton's cache,
+else compile and tune on the C++ caller's own device buffers), persisting the
+winner into the bundle so later runs need no Python."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+
+from . import bundle
+
+log = logging.getLogger("lazytriton.embed")
+
+_kernels: dict = {}
+_lock = threading.Lock()
+
+
+def start(python_path: list[str], verbose: bool) -> None:
+    """Once per process: the kernels' module directories, and logging."""
+    for p in reversed(python_path):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    if verbose and not logging.getLogger("lazytriton").handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        logging.getLogger("lazytriton").addHandler(handler)
+        logging.getLogger("lazytriton").setLevel(logging.INFO)
+
+
+def _kernel(source: str):
+    from .runtime import LazyKernel
+
+    with _lock:
+        lk = _kernels.get(source)
+        if lk is None:
+            lk = _kernels[source] = LazyKernel(bundle.load_source(source))
+        return lk
+
+
+def describe(source: str) -> str:
+    return json.dumps(bundle.describe(_kernel(source), source), allow_nan=False)
+
+
+def _value(v):
+    """A call value from C++: ("ptr", address, dtype, nbytes or 0) or a plain value."""
+    if isinstance(v, tuple) and v and v[0] == "ptr":
+        from . import _core
+        from .arrays import DeviceArray
+
+        _, ptr, dtype, nbytes = v
+        return DeviceArray(ptr, dtype, nbytes or _core.allocation_extent(ptr))
+    return v
+
+
+def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, stream: int) -> tuple[str, bytes]:
+    """The winner for one C++ call, as (variant JSON, cubin). It is persisted
+    into the bundle when the directory is writable (else only used)."""
+    lk = _kernel(source)
+    args = [_value(v) for v in values]
+    resolved = lk.resolve(*args, grid=grid, stream=stream, **options)
+    desc = bundle.describe(lk, source)
+    variant, cubin = bundle.make_variant(desc, lk, resolved, args, options)
+    try:
+        variant = bundle.write_variant(bundle_dir, desc, variant, cubin)
+    except OSError as exc:
+        log.warning("kernel %s: could not persist the winner into bundle %s (%s); it is used for this process "
+                    "only", desc["name"], bundle_dir, exc)
+        variant["cubin"] = ""
+    return json.dumps(variant, allow_nan=False), cubin

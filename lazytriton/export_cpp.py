@@ -1,0 +1,188 @@
+"""Typed C++ launch functions for one kernel signature (`lazytriton export-cpp`).
+
+For `kernels:add_kernel` with signature "*fp32,*fp32,*fp32,i32" and BLOCK=1024
+this writes launch_add_kernel.h/.cc declaring
+
+    void launch_add_kernel(lt::Stream stream, lt::Dim3 grid,
+                           lt::DevicePtr x, lt::DevicePtr y, lt::DevicePtr out, int32_t n);
+
+(and overloads taking a grid function or an explicit lt::BundleKernel), so C++
+code launches with typed, checked arguments instead of packing void* arrays.
+The functions go through lt::BundleKernel: the same winner selection and the
+same launch path as any other C++ call.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import bundle
+
+CPP_TYPES = {"i8": "int8_t", "i16": "int16_t", "i32": "int32_t", "i64": "int64_t", "u8": "uint8_t",
+             "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t", "u1": "bool", "fp32": "float",
+             "fp64": "double", "fp16": "float", "bf16": "float"}
+_CPP_KEYWORDS = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+char32_t class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
+decltype default delete do double dynamic_cast else enum explicit export extern false float for friend goto if
+inline int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public
+register reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch
+template this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
+wchar_t while xor xor_eq""".split())
+_OWN_NAMES = {"stream", "grid", "kernel", "bundle", "lt", "std"}  # the stub's own parameters
+
+
+def _cpp_name(name: str) -> str:
+    return name + "_" if name in _CPP_KEYWORDS or name in _OWN_NAMES else name
+
+
+def cpp_literal(value: Any) -> str:
+    if value is None:
+        return "nullptr"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and -2**63 <= value < 2**63:
+        return f"int64_t{{{value}}}"
+    if isinstance(value, float):
+        return repr(value) if value == value and abs(value) != float("inf") else _unsupported(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return _unsupported(value)
+
+
+def _unsupported(value: Any) -> str:
+    raise ValueError(f"constexpr value {value!r} cannot be written as a C++ constant")
+
+
+def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[str, str]]:
+    """(name, type) of each runtime argument, checked against the kernel."""
+    name = desc["name"]
+    types = [t.strip() for t in signature.split(",")] if signature.strip() else []
+    names = {p["name"] for p in desc["params"]}
+    for k in constexprs:
+        if k in desc["supplied"]:
+            raise ValueError(f"kernel {name}: {k} is chosen by its autotune configs or heuristics; do not pass it")
+        if k not in names and k not in bundle.OPTION_NAMES:
+            raise ValueError(f"kernel {name}: no parameter named {k!r} (parameters: {', '.join(sorted(names))})")
+    runtime = [p for p in desc["params"] if not p["constexpr"] and p["name"] not in constexprs]
+    for p in desc["params"]:
+        if p["constexpr"] and p["name"] not in constexprs and "default" not in p:
+            raise ValueError(f"kernel {name}: constexpr {p['name']} needs a value (--constexpr {p['name']}=...)")
+    if len(types) != len(runtime):
+        raise ValueError(f"kernel {name}: the signature {signature!r} has {len(types)} types but the kernel takes "
+                         f"{len(runtime)} runtime arguments ({', '.join(p['name'] for p in runtime)})")
+    for p, t in zip(runtime, types):
+        if not (t.startswith("*") or t in CPP_TYPES):
+            raise ValueError(f"kernel {name}, argument {p['name']}: unknown type {t!r} in the signature")
+    return [(p["name"], t) for p, t in zip(runtime, types)]
+
+
+def generate(desc: dict, signature: str, constexprs: dict, function: str | None = None) -> tuple[str, str, str]:
+    """(header file name, header text, source text)."""
+    function = function or f"launch_{desc['name']}"
+    if not re.fullmatch(r"[A-Za-z_]\w*", function):
+        raise ValueError(f"{function!r} is not a C++ function name")
+    params = runtime_params(desc, signature, constexprs)
+    decl = [f"{'lt::DevicePtr' if t.startswith('*') else CPP_TYPES[t]} {_cpp_name(n)}" for n, t in params]
+    args = ", ".join(_cpp_name(n) for n, _ in params)
+    plist = "".join(f", {d}" for d in decl)
+    doc = ", ".join(f"{n}: {t}" for n, t in params)
+    cx = ", ".join(f"{k}={v!r}" for k, v in sorted(constexprs.items())) or "none"
+    cx_init = ", ".join(f'{{"{k}", {cpp_literal(v)}}}' for k, v in sorted(constexprs.items()))
+    header = f"""// Generated by `lazytriton export-cpp` for {desc['source']}. Do not edit.
+// kernel {desc['name']}({doc}); constexprs: {cx}
+#pragma once
+#include <lazytriton/bundle.h>
+
+// The kernel in `bundle`, for this signature (its winners, lt::BundleKernel::winner()).
+lt::BundleKernel {function}_handle(const lt::Bundle& bundle);
+
+// Launch on lt::Bundle::default_bundle() (set_default(), else $LAZYTRITON_BUNDLE, else the cache's).
+void {function}(lt::Stream stream, lt::Dim3 grid{plist});
+void {function}(lt::Stream stream, const lt::GridFn& grid{plist});
+
+// Launch through a handle from {function}_handle().
+void {function}(const lt::BundleKernel& kernel, lt::Stream stream, lt::Dim3 grid{plist});
+void {function}(const lt::BundleKernel& kernel, lt::Stream stream, const lt::GridFn& grid{plist});
+"""
+    source = f"""// Generated by `lazytriton export-cpp` for {desc['source']}. Do not edit.
+#include "{function}.h"
+
+namespace {{
+const char* const kSource = "{desc['source']}";
+const char* const kSignature = "{','.join(t for _, t in params)}";
+
+const lt::Constants& constexprs() {{
+  static const lt::Constants c = {{{cx_init}}};
+  return c;
+}}
+
+// Bound to the default bundle on first use (a failed first use is retried).
+const lt::BundleKernel& default_kernel() {{
+  static const lt::BundleKernel k = lt::Bundle::default_bundle().kernel(kSource, kSignature, constexprs());
+  return k;
+}}
+}}  // namespace
+
+lt::BundleKernel {function}_handle(const lt::Bundle& bundle) {{ return bundle.kernel(kSource, kSignature, constexprs()); }}
+
+void {function}(const lt::BundleKernel& kernel, lt::Stream stream, lt::Dim3 grid{plist}) {{
+  kernel.launch(stream, grid, {{{args}}});
+}}
+
+void {function}(const lt::BundleKernel& kernel, lt::Stream stream, const lt::GridFn& grid{plist}) {{
+  kernel.launch(stream, grid, {{{args}}});
+}}
+
+void {function}(lt::Stream stream, lt::Dim3 grid{plist}) {{
+  default_kernel().launch(stream, grid, {{{args}}});
+}}
+
+void {function}(lt::Stream stream, const lt::GridFn& grid{plist}) {{
+  default_kernel().launch(stream, grid, {{{args}}});
+}}
+"""
+    return f"{function}.h", header, source
+
+
+def export(kernel: str, signature: str, constexprs: dict | None = None, out_dir: str | Path = ".",
+           function: str | None = None, python_path: list[str] | tuple = ()) -> list[Path]:
+    """Writes <function>.h and <function>.cc for `kernel` ("module:function")
+    into out_dir; returns their paths."""
+    for p in reversed(list(python_path)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    desc = bundle.describe(bundle.load_source(kernel), kernel)
+    hname, header, source = generate(desc, signature, dict(constexprs or {}), function)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    h, cc = out / hname, out / (hname[:-2] + ".cc")
+    h.write_text(header)
+    cc.write_text(source)
+    return [h, cc]
+
+
+def parse_constexpr(text: str) -> tuple[str, Any]:
+    """NAME=VALUE with VALUE a Python literal (1024, 2.5, True, None, 'x'); else a string."""
+    import ast
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--constexpr {text!r}: expected NAME=VALUE")
+    try:
+        return name.strip(), ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        return name.strip(), value.strip()
+
+
+def cli_main(args) -> int:
+    try:
+        constexprs = dict(parse_constexpr(c) for c in args.constexpr)
+        files = export(args.kernel, args.signature, constexprs, args.out_dir, args.function, args.path)
+    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for f in files:
+        print(f)
+    return 0

@@ -1,0 +1,429 @@
+"""C++ embedding without a GPU: bundles written from Python and read by the C++
+runtime, typed launch stubs (export-cpp), the CMake package, and examples/cpp
+(configures, builds, links; its runs report the missing GPU cleanly and the
+ahead-of-time program never loads Python). Real cubins throughout: the
+kernels are compiled for sm_90 with Triton, as on a machine with a GPU."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import lazytriton
+from lazytriton import _core, bundle, cli, export_cpp, paths
+from lazytriton.arrays import PointerArg
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "cpp"
+if str(EXAMPLE) not in sys.path:
+    sys.path.insert(0, str(EXAMPLE))
+import example_kernels  # noqa: E402
+
+from kernels import basic  # noqa: E402
+
+CMAKE = shutil.which("cmake")
+needs_cmake = pytest.mark.skipif(CMAKE is None, reason="needs cmake (pip install cmake)")
+HAVE_GPU = lazytriton.gpu_available()[0]
+without_gpu = pytest.mark.skipif(HAVE_GPU, reason="checks the behaviour on a machine without a GPU")
+NO_GPU = re.compile(r"no CUDA driver|no usable CUDA device|no CUDA device")
+ADD = "example_kernels:add_kernel"
+SCALE = "example_kernels:scale_kernel"
+N = 4096
+
+
+# -- helpers shared with test_gpu_embed.py -----------------------------------------------
+
+
+def cmake_build(src: Path, build: Path, *defs: str) -> None:
+    """Configure and build a CMake project against the installed lazytriton package."""
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = subprocess.run([CMAKE, "-S", str(src), "-B", str(build), *gen, f"-Dlazytriton_DIR={paths.cmake_dir()}",
+                          "-DCMAKE_BUILD_TYPE=Release", *defs], capture_output=True, text=True)
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    out = subprocess.run([CMAKE, "--build", str(build)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def run(exe: Path, *args, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=exe.parent)
+
+
+def needed_libraries(exe: Path) -> list[str]:
+    """The names of every shared library the program loads at start (ldd: NEEDED, transitively)."""
+    out = subprocess.run(["ldd", str(exe)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [line.split()[0].rsplit("/", 1)[-1] for line in out.stdout.splitlines() if line.strip()]
+
+
+def compile_variant(kernel, source: str, args: tuple, kwargs: dict, *, meta: dict | None = None,
+                    options: dict | None = None) -> tuple[dict, dict, bytes]:
+    """(kernel description, variant, cubin) for a call compiled for sm_90 without
+    a GPU (the first config's binary, untimed): what a tuned call would write."""
+    from lazytriton.compiler import Binder, Candidate, compile_all, default_target
+    from lazytriton.runtime import Resolved
+    from lazytriton.spec import describe
+
+    spec, desc, target = describe(kernel), bundle.describe(kernel, source), default_target()
+    cand = Candidate(0, None, Binder(spec, target).bind(args, kwargs))
+    compile_all(spec, target, [cand])
+    assert cand.binary is not None, cand.error
+    kern = _core.Kernel(cand.binary.cubin, cand.binary.metadata)
+    values = list(args) + [kwargs[p["name"]] for p in desc["params"][len(args):]]
+    sig = cand.bound.signature
+    is_param = [sig.get(p["name"], "constexpr") != "constexpr" for p in desc["params"]]
+    types = [sig[p["name"]] if ip else "constexpr" for p, ip in zip(desc["params"], is_param)]
+    res = Resolved(_core.Entry(kern, is_param, meta or {}), [p["name"] for p in desc["params"]], tuple(values),
+                   types, meta or {}, None, ())
+    variant, cubin = bundle.make_variant(desc, None, res, values, options or {}, device="compiled without a GPU")
+    return desc, variant, cubin
+
+
+def ptr(addr: int = 1 << 20) -> PointerArg:
+    return PointerArg(addr, "fp32")
+
+
+def compiled_example_bundle(d: Path, n: int = N) -> Path:
+    """The winners examples/cpp needs, compiled for sm_90."""
+    bundle.write_variant(d, *compile_variant(example_kernels.add_kernel, ADD, (ptr(), ptr(), ptr(), n),
+                                             {"BLOCK": 1024}))
+    cfg = example_kernels.scale_kernel.configs[0]
+    bundle.write_variant(d, *compile_variant(example_kernels.scale_kernel, SCALE, (ptr(), ptr(), 2.5, n),
+                                             cfg.all_kwargs(), meta=dict(cfg.kwargs)))
+    return d
+
+
+@pytest.fixture(scope="module")
+def compiled_bundle(tmp_path_factory) -> Path:
+    return compiled_example_bundle(tmp_path_factory.mktemp("bundle"))
+
+
+# -- Python: descriptions, variants, the bundle directory -----------------------------------
+
+
+def test_describe_call_parameters_and_keys():
+    add = bundle.describe(example_kernels.add_kernel)
+    assert add["source"] == ADD and add["supplied"] == []
+    assert [(p["name"], p["constexpr"]) for p in add["params"]] == [
+        ("x", False), ("y", False), ("out", False), ("n", False), ("BLOCK", True)]
+    scale = bundle.describe(example_kernels.scale_kernel)
+    assert scale["supplied"] == ["BLOCK"] and [p["name"] for p in scale["params"]] == ["x", "out", "alpha", "n"]
+    assert [p["name"] for p in scale["params"] if p["key"]] == ["n"]
+    # @triton.heuristics reading n: n selects the binary (EVEN = n % BLOCK == 0)
+    heur = bundle.describe(basic.scale_kernel)
+    assert [p["name"] for p in heur["params"] if p["heuristic"]] == ["n"]
+    assert set(heur["supplied"]) == {"BLOCK", "EVEN"}
+
+
+def test_variant_records_specialization_and_launch(compiled_bundle):
+    (v,) = bundle.Bundle(compiled_bundle).variants("add_kernel")
+    assert v["kernel"] == ADD and v["arch"] == 90
+    assert v["signature"] == "*fp32:16,*fp32:16,*fp32:16,i32:16"
+    assert v["constexprs"] == {"BLOCK": 1024} and v["key_values"] == {}
+    assert v["is_param"] == [True, True, True, True, False]
+    assert v["launch"]["num_warps"] == 4 and v["launch"]["name"].startswith("add_kernel")
+    cubin = (compiled_bundle / v["cubin"]).read_bytes()
+    assert len(cubin) == v["cubin_size"] and cubin[:4] == b"\x7fELF"
+    (s,) = bundle.Bundle(compiled_bundle).variants(SCALE)
+    assert s["key_values"] == {"n": N} and s["meta"] == {"BLOCK": 256}
+
+
+def test_specialization_rules_match_triton():
+    p = {"align": True, "specialize": True, "annotation": ""}
+    assert [bundle.arg_spec(p, ptr(a)) for a in (4096, 4100)] == ["16", ""]
+    assert [bundle.arg_spec(p, v) for v in (1, 32, 33, 0, -16)] == ["1", "16", "", "16", "16"]
+    assert bundle.arg_spec({**p, "specialize": False}, 32) == ""
+    assert bundle.arg_spec({**p, "align": False}, ptr(4096)) == ""
+    assert [bundle.arg_type(p, v, "x") for v in (5, 2**31, 2**63, 2.5, True, ptr())] == [
+        "i32", "i64", "u64", "fp32", "u1", "*fp32"]
+    assert bundle.arg_type({**p, "annotation": "i64"}, 5, "x") == "i64"
+
+
+def test_rewriting_a_variant_replaces_it(tmp_path):
+    args = (ptr(), ptr(), ptr(), 4096)
+    for _ in range(2):
+        bundle.write_variant(tmp_path, *compile_variant(example_kernels.add_kernel, ADD, args, {"BLOCK": 1024}))
+    assert len(bundle.Bundle(tmp_path).variants()) == 1
+    # another specialization (an unaligned pointer, n not % 16) is another variant
+    bundle.write_variant(tmp_path, *compile_variant(example_kernels.add_kernel, ADD,
+                                                    (ptr(), ptr(4100), ptr(), 4097), {"BLOCK": 1024}))
+    sigs = sorted(v["signature"] for v in bundle.Bundle(tmp_path).variants())
+    assert sigs == ["*fp32:16,*fp32,*fp32:16,i32", "*fp32:16,*fp32:16,*fp32:16,i32:16"]
+    assert len(list((tmp_path / "cubins").iterdir())) == 2  # unaligned: no vector loads, another binary
+
+
+def test_bind_checks_names():
+    desc = bundle.describe(example_kernels.scale_kernel)
+    assert bundle.bind(desc, (1, 2, 3.0), {"n": 4, "num_warps": 2}) == ([1, 2, 3.0, 4], {"num_warps": 2})
+    with pytest.raises(TypeError, match="scale_kernel.*BLOCK.*configs"):
+        bundle.bind(desc, (1, 2, 3.0, 4), {"BLOCK": 8})
+    with pytest.raises(TypeError, match="scale_kernel: missing argument 'n'"):
+        bundle.bind(desc, (1, 2, 3.0), {})
+
+
+def test_cli_lists_bundle(compiled_bundle, capsys):
+    assert cli.main(["bundle", str(compiled_bundle)]) == 0
+    out = capsys.readouterr().out
+    assert f"{ADD}  (1 winner)" in out and "sm_90 *fp32:16,*fp32:16,*fp32:16,i32:16 BLOCK=1024" in out
+    assert "BLOCK=256, num_warps=" in out
+
+
+def test_cli_cmake_dir_holds_the_package_config(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "lazytriton", "--cmake-dir"], capture_output=True, text=True,
+                         cwd=tmp_path)  # outside the checkout: the installed package
+    assert out.returncode == 0, out.stderr
+    d = Path(out.stdout.strip())
+    assert (d / "lazytritonConfig.cmake").exists() and (d / "lazytritonTargets.cmake").exists()
+
+
+# -- export-cpp --------------------------------------------------------------------------------
+
+
+def test_export_cpp_writes_typed_launch_functions():
+    desc = bundle.describe(basic.scale_kernel, "kernels.basic:scale_kernel")
+    name, header, source = export_cpp.generate(desc, "*fp32,*fp32,fp32,i32", {})
+    assert name == "launch_scale_kernel.h"
+    assert ("void launch_scale_kernel(lt::Stream stream, lt::Dim3 grid, lt::DevicePtr x, lt::DevicePtr out, "
+            "float alpha, int32_t n);") in header
+    assert "lt::BundleKernel launch_scale_kernel_handle(const lt::Bundle& bundle);" in header
+    assert 'kSource = "kernels.basic:scale_kernel"' in source and "{x, out, alpha, n}" in source
+    _, _, src = export_cpp.generate(bundle.describe(example_kernels.add_kernel, ADD), "*fp32,*fp32,*fp32,i64",
+                                    {"BLOCK": 1024, "num_warps": 8}, "add")
+    assert '{{"BLOCK", int64_t{1024}}, {"num_warps", int64_t{8}}}' in src and "void add(" in src
+
+
+@pytest.mark.parametrize("sig,cx,err", [
+    ("*fp32,*fp32,i32", {}, "has 3 types but the kernel takes 4 runtime arguments \\(x, out, alpha, n\\)"),
+    ("*fp32,*fp32,fp32,i32", {"BLOCK": 64}, "BLOCK is chosen by its autotune configs"),
+    ("*fp32,*fp32,fp32,i32", {"bogus": 1}, "no parameter named 'bogus'"),
+    ("*fp32,*fp32,fp32,int", {}, "argument n: unknown type 'int'"),
+])
+def test_export_cpp_rejects_bad_signatures(sig, cx, err):
+    with pytest.raises(ValueError, match=err):
+        export_cpp.generate(bundle.describe(example_kernels.scale_kernel), sig, cx)
+
+
+def test_export_cpp_needs_constexpr_values_and_renames_cpp_keywords():
+    with pytest.raises(ValueError, match="constexpr BLOCK needs a value"):
+        export_cpp.generate(bundle.describe(example_kernels.add_kernel), "*fp32,*fp32,*fp32,i32", {})
+    assert [export_cpp._cpp_name(n) for n in ("x", "new", "stream", "grid")] == ["x", "new_", "stream_", "grid_"]
+    assert export_cpp.parse_constexpr("B=1024") == ("B", 1024)
+    assert export_cpp.parse_constexpr("F=True") == ("F", True) and export_cpp.parse_constexpr("s=abc") == ("s", "abc")
+
+
+def test_cli_export_cpp(tmp_path, capsys):
+    rc = cli.main(["export-cpp", ADD, "--signature", "*fp32,*fp32,*fp32,i32", "--constexpr", "BLOCK=1024",
+                   "--out-dir", str(tmp_path), "--path", str(EXAMPLE)])
+    assert rc == 0
+    assert (tmp_path / "launch_add_kernel.h").exists() and (tmp_path / "launch_add_kernel.cc").exists()
+    assert cli.main(["export-cpp", ADD, "--signature", "*fp32", "--out-dir", str(tmp_path)]) == 1
+    assert "error: kernel add_kernel" in capsys.readouterr().err
+
+
+# -- the example, built against the installed package --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> Path:
+    if CMAKE is None:
+        pytest.skip("needs cmake (pip install cmake)")
+    build = tmp_path_factory.mktemp("example-build")
+    cmake_build(EXAMPLE, build)
+    return build
+
+
+def test_example_builds_and_aot_program_has_no_python(example):
+    aot = example / "vector_add_aot"
+    assert aot.exists()
+    libs = needed_libraries(aot)
+    assert "liblazytriton.so" in libs and not [n for n in libs if "python" in n], libs
+    if (example / "vector_add_lazy").exists():
+        assert [n for n in needed_libraries(example / "vector_add_lazy") if n.startswith("libpython")]
+
+
+@without_gpu
+def test_aot_example_reports_missing_gpu_and_loads_no_python(example, compiled_bundle):
+    out = run(example / "vector_add_aot", compiled_bundle, N, env={"LD_DEBUG": "libs"})
+    log = out.stderr
+    assert out.returncode == 2, log[-3000:]
+    assert re.search(r"^error: lazytriton: (" + NO_GPU.pattern + ")", log, re.M), log[-3000:]
+    assert "libpython" not in log  # nothing loaded Python, not even by dlopen
+
+
+def test_aot_example_without_bundle_is_a_clear_error(example, tmp_path):
+    out = run(example / "vector_add_aot", tmp_path / "missing", N)
+    assert out.returncode == 2
+    assert "error: kernel example_kernels:scale_kernel: not in bundle" in out.stderr
+    assert "(it has no manifest.json)" in out.stderr
+
+
+@without_gpu
+def test_lazy_example_describes_through_python_then_reports_missing_gpu(example, tmp_path):
+    lazy = example / "vector_add_lazy"
+    if not lazy.exists():
+        pytest.skip("lazytriton::embed not built (no shared libpython)")
+    out = run(lazy, tmp_path / "empty", N)
+    assert out.returncode == 2, out.stderr
+    assert NO_GPU.search(out.stderr) and "error:" in out.stderr
+
+
+# -- the C++ API's checks (no GPU needed) --------------------------------------------------------
+
+API_TEST = r"""
+#include <lazytriton/bundle.h>
+#include <cstdio>
+#include <fstream>
+
+#include <string>
+
+// One output line per check: the error's message with its newlines as " | ".
+void report(const char* label, const char* what) {
+  std::string s(what);
+  for (size_t i; (i = s.find('\n')) != std::string::npos;) s.replace(i, 1, " | ");
+  std::printf("%s: %s\n", label, s.c_str());
+}
+#define TRY(label, expr) try { expr; report(label, "no error"); } catch (const lt::Error& e) { report(label, e.what()); }
+
+int main(int argc, char** argv) {
+  lt::Bundle b = lt::Bundle::open(argv[1]);
+  std::printf("kernels: %zu, variants: %zu, lazy: %d\n", b.kernel_names().size(), b.variant_count(), b.lazy());
+  auto add = b.kernel("add_kernel", "*fp32,*fp32,*fp32,i32", {{"BLOCK", 1024}});  // by function name
+  auto scale = b.kernel("example_kernels:scale_kernel", "*fp32, *fp32, fp32, i32");
+  float* p = reinterpret_cast<float*>(uintptr_t(1) << 20);
+  std::printf("spec1: %s\n", add.specialization({p, p + 1, p, 4096}).c_str());
+  std::printf("spec2: %s\n", add.specialization({p, p, lt::DevicePtr(1ull << 20), 1}).c_str());
+  std::printf("spec3: %s\n", scale.specialization({p, p, 2.5f, -32}).c_str());
+  std::printf("args: %s %s %s %s\n", scale.arg_names()[0].c_str(), scale.arg_names()[1].c_str(),
+              scale.arg_names()[2].c_str(), scale.arg_names()[3].c_str());
+  TRY("i64 value", add.specialization({p, p, p, int64_t(1) << 40}));
+  TRY("float for int", add.specialization({p, p, p, 2.0}));
+  TRY("int for float", scale.specialization({p, p, 2, 7}));
+  TRY("int for pointer", scale.specialization({p, 4096ull, 2.0, 7}));
+  TRY("dtype", scale.specialization({p, reinterpret_cast<double*>(p), 2.0, 7}));
+  TRY("count", scale.specialization({p, p, 2.0}));
+  TRY("no winner", b.kernel("example_kernels:add_kernel", "*fp32,*fp32,*fp32,i32", {{"BLOCK", 512}}));
+  TRY("no winner type", b.kernel("example_kernels:add_kernel", "*fp32,*fp32,*fp32,i64", {{"BLOCK", 1024}}));
+  TRY("signature count", b.kernel("add_kernel", "*fp32,*fp32,i32", {{"BLOCK", 1024}}));
+  TRY("suffix", b.kernel("add_kernel", "*fp32:16,*fp32,*fp32,i32", {{"BLOCK", 1024}}));
+  TRY("dtype name", b.kernel("add_kernel", "*fp32,*f32,*fp32,i32", {{"BLOCK", 1024}}));
+  TRY("supplied", b.kernel("scale_kernel", "*fp32,*fp32,fp32,i32", {{"BLOCK", 256}}));
+  TRY("unknown param", b.kernel("scale_kernel", "*fp32,*fp32,fp32,i32", {{"nope", 1}}));
+  TRY("missing constexpr", b.kernel("add_kernel", "*fp32,*fp32,*fp32,i32"));
+  TRY("not a constexpr", b.kernel("add_kernel", "*fp32,*fp32,i32", {{"BLOCK", 1024}, {"x", 3}}));
+  TRY("unknown kernel", b.kernel("mod:nope", "*fp32"));
+  if (lt::driver_available())  // the pointers are made up: never launch them on a real GPU
+    report("launch", "skipped: a GPU is present");
+  else
+    TRY("launch", add.launch(nullptr, lt::Dim3{1}, {p, p, p, 4096}));
+  lt::Meta m("k", {{"BLOCK", 128}, {"EVEN", true}, {"s", "x"}});
+  std::printf("meta: %lld %lld %s\n", (long long)m["BLOCK"], (long long)m["EVEN"], m.at("s").repr().c_str());
+  TRY("meta missing", m["BM"]);
+  TRY("meta type", m["s"]);
+  std::printf("constants: %s %s %s %s\n", lt::Constant(2.0).repr().c_str(), lt::Constant(nullptr).repr().c_str(),
+              lt::Constant(false).repr().c_str(), lt::Constant(int64_t(-3)).repr().c_str());
+  for (int i = 2; i < argc; ++i) TRY("manifest", lt::Bundle::open(argv[i]));
+}
+"""
+
+API_CMAKE = """
+cmake_minimum_required(VERSION 3.18)
+project(api_test LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(lazytriton CONFIG REQUIRED)
+add_executable(api_test api_test.cc)
+target_link_libraries(api_test PRIVATE lazytriton::runtime)
+"""
+
+
+@pytest.fixture(scope="module")
+def api_output(tmp_path_factory, compiled_bundle) -> dict:
+    if CMAKE is None:
+        pytest.skip("needs cmake (pip install cmake)")
+    src = tmp_path_factory.mktemp("api-src")
+    (src / "api_test.cc").write_text(API_TEST)
+    (src / "CMakeLists.txt").write_text(API_CMAKE)
+    build = src / "build"
+    cmake_build(src, build)
+    bad = []
+    for i, text in enumerate(['{"format": "lazytriton-bundle", "version": 1, "kernels": {"a": [1, 2',
+                              '{"format": "other", "version": 1}', '{"format": "lazytriton-bundle", "version": 7}',
+                              '[' * 100000, '{"format": "lazytriton-bundle", "version": 1, "kernels": {"m:k": {}}}']):
+        d = src / f"bad{i}"
+        d.mkdir()
+        (d / "manifest.json").write_text(text)
+        bad.append(d)
+    out = run(build / "api_test", compiled_bundle, *bad)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(": ")
+        lines.setdefault(key, []).append(value)
+    return lines
+
+
+def test_cpp_reads_the_bundle(api_output):
+    assert api_output["kernels"] == ["2, variants: 2, lazy: 0"]
+    assert api_output["args"] == ["x out alpha n"]
+
+
+def test_cpp_specialization_follows_triton(api_output):
+    assert api_output["spec1"] == ["*fp32:16,*fp32,*fp32:16,i32:16"]
+    assert api_output["spec2"] == ["*fp32:16,*fp32:16,*fp32:16,i32:1"]
+    assert api_output["spec3"] == ["*fp32:16,*fp32:16,fp32,i32:16"]
+
+
+@pytest.mark.parametrize("label,message", [
+    ("i64 value", "kernel add_kernel: argument n: 1099511627776 is i64 under Triton's rules"),
+    ("float for int", "kernel add_kernel: argument n: expects an integer (i32), got a float"),
+    ("int for float", "kernel scale_kernel: argument alpha: expects a float (fp32), got an integer"),
+    ("int for pointer", "argument out: expects a device pointer (*fp32), got an integer; wrap a CUdeviceptr"),
+    ("dtype", "kernel scale_kernel: argument out: a pointer to fp64 where the signature says *fp32"),
+    ("count", "kernel scale_kernel: takes 4 runtime arguments (x, out, alpha, n), got 3"),
+    ("signature count", "has 3 types but the kernel takes 4 runtime arguments (x, y, out, n)"),
+    ("suffix", "give types only; the specialization (:16, :1) comes from the arguments"),
+    ("dtype name", "kernel add_kernel: argument y: unknown element type in '*f32'"),
+    ("supplied", "kernel scale_kernel: BLOCK is chosen by the kernel's autotune configs or heuristics"),
+    ("unknown param", "kernel scale_kernel: no parameter named 'nope' (parameters: x, out, alpha, n)"),
+    ("missing constexpr", "kernel add_kernel: constexpr BLOCK needs a value"),
+    ("not a constexpr", "argument x is not a constexpr: pass it at launch"),
+    ("unknown kernel", "kernel mod:nope: not in bundle"),
+    ("meta missing", "kernel k: no meta-parameter 'BM' (it has: BLOCK, EVEN, s)"),
+    ("meta type", "constant 'x' is not an integer"),
+])
+def test_cpp_errors_name_kernel_and_argument(api_output, label, message):
+    (got,) = api_output[label]
+    assert message in got, got
+
+
+def test_cpp_without_winner_lists_the_bundle(api_output):
+    (got,) = api_output["no winner"]
+    assert "kernel add_kernel: bundle" in got and "has no winner for signature *fp32,*fp32,*fp32,i32 BLOCK=512" in got
+    assert "its winners are: |   sm_90 *fp32:16,*fp32:16,*fp32:16,i32:16 BLOCK=1024 (tuned on compiled without a GPU)" in got
+    assert "lt::enable_lazy" in got
+    assert "has no winner for signature *fp32,*fp32,*fp32,i64 BLOCK=1024" in api_output["no winner type"][0]
+
+
+def test_cpp_bad_manifests_are_errors_not_crashes(api_output):
+    got = api_output["manifest"]
+    assert len(got) == 5
+    assert "manifest.json: invalid JSON at byte" in got[0]
+    assert "not a lazytriton bundle (format 'other')" in got[1]
+    assert "bundle format version 7" in got[2]
+    assert "nested too deeply" in got[3]
+    assert "kernel m:k: missing field 'name'" in got[4]
+
+
+@without_gpu
+def test_cpp_launch_without_gpu_is_an_error(api_output):
+    (got,) = api_output["launch"]
+    assert NO_GPU.search(got), got
+
+
+def test_cpp_meta_and_constants(api_output):
+    assert api_output["meta"] == ["128 1 'x'"]
+    assert api_output["constants"] == ["2.0 None False -3"]
