@@ -43,13 +43,23 @@ def time_chain(which: str) -> dict:
     sys.path.insert(0, str(TESTS))
     from kernels import jaxk
 
-    if which == "jax-triton":
-        import jax_triton
-
-        call = jax_triton.triton_call
+    if which.startswith("xla"):  # XLA's own kernels, kept apart: what JAX and the graph cost per op
+        def chain(x):
+            for _ in range(CHAIN):
+                x = jax.lax.optimization_barrier(x + 1.0)
+            return x
+        f = jax.jit(chain, donate_argnums=(0,) if which.endswith("donated") else ())
     else:
-        from lazytriton.jax import triton_call as call
-    f = jax.jit(chain_fn(call, jaxk.add_one_kernel))
+        if which == "jax-triton":
+            import jax_triton
+
+            call = jax_triton.triton_call
+        else:
+            from lazytriton.jax import triton_call as call
+        # Donating x keeps the chain's input and output buffers where they are
+        # (as in a training loop); otherwise every call brings new addresses,
+        # and XLA re-records the custom calls that touch them.
+        f = jax.jit(chain_fn(call, jaxk.add_one_kernel), donate_argnums=(0,) if which.endswith("donated") else ())
     x = jnp.zeros(N, jnp.float32)
     for _ in range(5):
         x = f(x)
@@ -64,7 +74,7 @@ def time_chain(which: str) -> dict:
     expect = CHAIN * (5 + ROUNDS * ITERS)
     assert float(x[0]) == expect, (float(x[0]), expect)
     out = {"us_per_kernel": statistics.median(per)}
-    if which == "lazytriton":  # how often XLA ran the handler (capture or launch) per kernel call
+    if which.startswith("lazytriton"):  # how often XLA ran the handler (capture or launch) per kernel call
         from lazytriton.jax import handler_stats
 
         e0 = handler_stats()["executes"]
@@ -159,8 +169,12 @@ def run(task: str, which: str, flags: str) -> dict:
 def main() -> None:
     rows = {
         "lazytriton, command buffers on": run("chain", "lazytriton", CB_ON),
+        "lazytriton, cb on, donated input": run("chain", "lazytriton-donated", CB_ON),
         "lazytriton, command buffers off": run("chain", "lazytriton", CB_OFF),
         "jax-triton, command buffers on": run("chain", "jax-triton", CB_ON),
+        "XLA's own add (unfused), cb on": run("chain", "xla", CB_ON),
+        "XLA's own add, cb on, donated input": run("chain", "xla-donated", CB_ON),
+        "XLA's own add (unfused), cb off": run("chain", "xla", CB_OFF),
     }
     fl = run("floors", "", CB_ON)
     low = {w: run("lower", w, CB_ON) for w in ("lazytriton", "jax-triton")}
