@@ -1,11 +1,14 @@
 """Reading device arrays from Python objects: pointer, Triton dtype, size.
 
-The C++ stubs ask this module once per Python type (how to read its pointer)
-and once per dtype object (its Triton dtype id); everything after that happens
-in C++ by identity checks.
+The C++ stubs ask this module once per Python type (how to read its pointer),
+once per dtype object (its Triton dtype id) and once per constexpr object that
+is not a None/bool/int/float (its value's index, constexpr_index); everything
+after that happens in C++ by identity checks.
 """
 from __future__ import annotations
 
+import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +28,9 @@ _ALIASES = {
     "float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32",
     "float64": "fp64", "double": "fp64",
     "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "float8_e4m3fnuz": "fp8e4b8",
-    "float8_e5m2fnuz": "fp8e5b16", "float8_e4m3b11fnuz": "fp8e4b15",
+    "float8_e5m2fnuz": "fp8e5b16",
+    # Not ml_dtypes' float8_e4m3b11fnuz: its exponent bias is 11, fp8e4b15's is 15
+    # (Triton refuses that dtype too).
 }
 
 # __cuda_array_interface__ typestr (without byte order) to Triton dtype.
@@ -36,6 +41,13 @@ _TYPESTR = {
 }
 
 NOT_ARRAY, DATA_PTR_METHOD, DATA_DOT_PTR, CUDA_ARRAY_INTERFACE, DLPACK = range(5)
+
+# DLPack device types whose memory a kernel can read (python_args.h checks the
+# same): kDLCUDA and kDLCUDAManaged. Not kDLCPU (1) nor kDLCUDAHost (3).
+DLPACK_DEVICE_TYPES = (2, 13)
+_DLPACK_DEVICE_NAMES = {1: "CPU (host memory)", 2: "CUDA", 3: "CUDA pinned host memory", 4: "OpenCL", 7: "Vulkan",
+                        8: "Metal", 9: "VPI", 10: "ROCm", 11: "ROCm pinned host memory", 12: "ext_dev",
+                        13: "CUDA managed memory", 14: "oneAPI", 15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
 
 
 def triton_dtype(dtype: Any) -> str | None:
@@ -96,7 +108,11 @@ def array_info(obj: Any, what: str = "argument") -> ArrayInfo:
     elif strategy == CUDA_ARRAY_INTERFACE:
         ptr = int(cai["data"][0])
     else:
-        ptr = _dlpack_pointer(obj)
+        ptr, device = _dlpack_pointer(obj)
+        if device not in DLPACK_DEVICE_TYPES:
+            raise TypeError(f"{what}: the array is in {_DLPACK_DEVICE_NAMES.get(device, 'memory')} (DLPack device "
+                            f"type {device}), not in CUDA device memory, so a Triton kernel cannot read it: copy it "
+                            "to the GPU first")
     dtype = triton_dtype(obj.dtype) if hasattr(obj, "dtype") else None
     if dtype is None and cai is not None:
         dtype = _TYPESTR.get(cai["typestr"][1:])
@@ -115,7 +131,8 @@ def _nbytes(obj: Any) -> int | None:
     return None
 
 
-def _dlpack_pointer(obj: Any) -> int:
+def _dlpack_pointer(obj: Any) -> tuple[int, int]:
+    """(address, DLPack device type) of a __dlpack__ object."""
     import ctypes
 
     capsule = obj.__dlpack__()
@@ -123,9 +140,48 @@ def _dlpack_pointer(obj: Any) -> int:
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     addr = get(capsule, b"dltensor")
     data = ctypes.c_void_p.from_address(addr).value or 0
-    # DLTensor: data(8) device(8) ndim(4) dtype(4) shape(8) strides(8) byte_offset(8)
+    # DLTensor: data(8) device(type 4, id 4) ndim(4) dtype(4) shape(8) strides(8) byte_offset(8)
+    device = ctypes.c_int32.from_address(addr + 8).value
     offset = ctypes.c_uint64.from_address(addr + 40).value
-    return data + offset
+    return data + offset, device
+
+
+# -- constexpr values ------------------------------------------------------------------
+
+# Constexpr arguments other than None/bool/int/float, interned for the life of
+# the process: the stubs key such an argument on its index here, so equal values
+# share a key and a value's key is never reused for another (the table keeps
+# each one alive).
+_constexpr_index: dict = {}
+_constexpr_values: list = []
+_constexpr_lock = threading.Lock()
+
+
+def _value_key(v: Any) -> Any:
+    """A hashable key equal only for values that Triton cannot tell apart: type
+    included at every level of a tuple (1, 1.0 and True differ), floats by bits."""
+    t = type(v)
+    if isinstance(v, float):
+        return t, struct.pack("<d", v)
+    if isinstance(v, tuple):
+        return t, tuple(_value_key(x) for x in v)
+    return t, v
+
+
+def constexpr_index(value: Any) -> int:
+    """Called by the C++ stubs for a constexpr object they have not seen: the
+    index of its value (hashable values by equality, others by identity)."""
+    try:
+        key = _value_key(value)
+        hash(key)
+    except Exception:  # unhashable: by identity, kept alive so the identity stays unique
+        key = ("id", id(value))
+    with _constexpr_lock:
+        index = _constexpr_index.get(key)
+        if index is None:
+            index = _constexpr_index[key] = len(_constexpr_values)
+            _constexpr_values.append(value)
+        return index
 
 
 class PointerArg:

@@ -187,16 +187,16 @@ def _import_kernel(ident: dict) -> Any:
 
 
 def scalar_bits(value: Any, t: str) -> int:
-    """A scalar argument as the kernel parameter's bytes (little-endian, in a u64)."""
-    if t in ("fp32", "fp16", "fp64", "bf16"):
-        if t == "bf16":
-            import ml_dtypes
-            import numpy as np
-
-            return int(np.array(value, dtype=ml_dtypes.bfloat16).view(np.uint16))
+    """A scalar argument as the kernel parameter's bytes (little-endian, in a
+    u64), packed as the stubs and Triton's launcher pack it."""
+    if t == "bf16":  # the top half of the fp32 (truncated, as Triton's launcher does)
+        return struct.unpack("<I", struct.pack("<f", value))[0] >> 16
+    if t in ("fp32", "fp16", "fp64"):
         fmt = {"fp32": ("<f", "<I"), "fp16": ("<e", "<H"), "fp64": ("<d", "<Q")}[t]
         return struct.unpack(fmt[1], struct.pack(fmt[0], value))[0]
-    bits = int(t.lstrip("iu")) if t != "u1" else 8
+    if t in ("u1", "i1"):
+        return int(bool(value))
+    bits = int(t.lstrip("iu"))
     return int(value) & ((1 << bits) - 1)
 
 

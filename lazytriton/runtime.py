@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import struct
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from . import _core, keys, stubgen
-from .arrays import DTYPE_IDS, PointerArg, array_info, is_array
+from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, device_target
 from .spec import KernelSpec, describe
@@ -149,10 +150,12 @@ class LazyKernel(_core.LaunchBase):
         mode: "tune"; "record" (a cached winner or CaptureError: nothing may
         run on the stream); "first" (no tuning: the first config, not persisted)."""
         args = self._bind_call(args, kwargs)
-        s = stream if type(stream) is int else stream_handle(stream)
+        s = stream if type(stream) is int else self._stream(stream)
         launch = self._stub_for(args)
         shape = self._shapes[launch]
         key = stubgen.load_stub(shape).key(args)
+        if key is None:
+            raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
         names = list(shape.names[:self._n_call])
         types = [sl.param_type() if p else "constexpr" for sl, p in zip(shape.slots, entry.is_param)]
@@ -171,9 +174,15 @@ class LazyKernel(_core.LaunchBase):
             return plan(args, kwargs) if plan is not None else self._bind_slow(args, kwargs)
         return args
 
+    def _stream(self, stream: Any) -> int:
+        try:
+            return stream_handle(stream)
+        except TypeError as exc:
+            raise TypeError(f"kernel {self.name}: {exc}") from None
+
     def _run(self, grid: Any, stream: Any, args: tuple, kwargs: dict) -> None:
         args = self._bind_call(args, kwargs)
-        s = stream if type(stream) is int else stream_handle(stream)
+        s = stream if type(stream) is int else self._stream(stream)
         for launch in self._stubs:
             r = launch(self._handle, grid, s, args)
             if r is True:
@@ -251,6 +260,7 @@ class LazyKernel(_core.LaunchBase):
 
     def _stub_for(self, args: tuple):
         shape = self._shape(args)
+        self._check_launchable(shape, args)
         with self._lock:
             module = stubgen.load_stub(shape)
             self._shapes[module.launch] = shape
@@ -303,15 +313,23 @@ class LazyKernel(_core.LaunchBase):
         return [f"__extra{i}__" for i in range(n)]  # never read by name
 
     def _slot(self, p, v: Any, in_key: bool) -> Slot:
+        """How the stub reads argument `p` given value `v`: the kernel parameter
+        type Triton's binder gives it, and the bits its specializer keys on."""
+        if p.is_constexpr:
+            return Slot("constexpr")
+        what = f"kernel {self.name}, argument {p.name}"
         ann = p.annotation.removeprefix("tl.")
-        if p.is_constexpr or v is None:
+        if ann in _SCALAR_ANNOTATIONS:
+            return self._annotated_slot(p, ann, v, in_key, what)
+        if v is None:
             return Slot("constexpr")
         if isinstance(v, bool):
             return Slot("bool", in_key=in_key)
         if isinstance(v, int):
+            # Triton: == 1 becomes a constexpr unless do_not_specialize; % 16 == 0
+            # gets tt.divisibility unless do_not_specialize(_on_alignment).
             spec = not p.do_not_specialize
-            if ann in stubgen.CTYPES and ann != "u1":
-                return Slot("int", int_type=ann, annotated=True, specialize=spec, in_key=in_key)
+            div = spec and not p.do_not_specialize_on_alignment
             if -2**31 <= v < 2**31:
                 t = "i32"
             elif -2**63 <= v < 2**63:
@@ -319,16 +337,58 @@ class LazyKernel(_core.LaunchBase):
             elif 0 <= v < 2**64:
                 t = "u64"
             else:
-                raise ValueError(f"kernel {self.name}, argument {p.name}: integer {v} does not fit 64 bits")
-            return Slot("int", int_type=t, specialize=spec, in_key=in_key)
+                raise ValueError(f"{what}: integer {v} does not fit 64 bits")
+            return Slot("int", int_type=t, specialize=spec, divisibility=div, in_key=in_key)
         if isinstance(v, float):
             return Slot("float", in_key=in_key)
         if is_array(v):
-            info = array_info(v, f"kernel {self.name}, argument {p.name}")
+            info = array_info(v, what)
             spec = not (p.do_not_specialize or p.do_not_specialize_on_alignment)
             return Slot("ptr", dtype=DTYPE_IDS[info.dtype], specialize=spec)
-        raise TypeError(f"kernel {self.name}, argument {p.name}: unsupported argument type {type(v).__name__} "
+        raise TypeError(f"{what}: unsupported argument type {type(v).__name__} "
                         "(expected a device array, int, float, bool or None)")
+
+    def _annotated_slot(self, p, ann: str, v: Any, in_key: bool, what: str) -> Slot:
+        """A parameter annotated with a scalar type (n: tl.int64, x: tl.float16):
+        Triton's signature has that type whatever the value, its launcher converts
+        the value to it, and only an int value is specialized: % 16 (never folded
+        into a constexpr when == 1)."""
+        if ann not in stubgen.FIXED_INTS and ann not in stubgen.FLOAT_CTYPES and ann != "u1":
+            raise TypeError(f"{what}: a scalar parameter annotated {ann} cannot be passed (Triton's launcher has no "
+                            f"conversion to {ann} either)")
+        if not isinstance(v, (int, float)):
+            got = "None" if v is None else "a device array" if is_array(v) else type(v).__name__
+            raise TypeError(f"{what}: expects a number for its annotated type {ann}, got {got}")
+        if ann in stubgen.FIXED_INTS:
+            # A bool is 0 or 1 (no specialization, the stub checks); a float is refused
+            # by _check_launchable, as Triton's launcher refuses it.
+            if isinstance(v, int) and not isinstance(v, bool):
+                lo, hi = stubgen.INT_RANGES[ann]
+                if not lo <= v <= hi:
+                    raise ValueError(f"{what}: integer {v} does not fit its annotated type {ann} "
+                                     f"(from {lo} to {hi})")
+            div = not (p.do_not_specialize or p.do_not_specialize_on_alignment)
+            return Slot("int", int_type=ann, annotated=True, specialize=False, divisibility=div, in_key=in_key)
+        if ann == "u1":  # tl.int1: a bool, or an int passed as 0 or 1
+            if isinstance(v, int) and not -2**63 <= v < 2**63:
+                raise ValueError(f"{what}: integer {v} does not fit 64 bits")
+            return Slot("bool", annotated=True, in_key=in_key)
+        try:  # a float type: the stub converts as Triton's launcher does, which refuses these
+            d = float(v)
+            if ann == "fp16":
+                struct.pack("<e", d)
+        except OverflowError as exc:
+            raise OverflowError(f"{what}: {v!r} does not fit its annotated type {ann} ({exc})") from None
+        return Slot("float", float_type=ann, annotated=True, in_key=in_key)
+
+    def _check_launchable(self, shape: Shape, args: tuple) -> None:
+        """Values whose slot is their parameter's type but that Triton's launcher
+        refuses to convert to it: a float for an integer or tl.int1 parameter."""
+        for name, slot, v in zip(shape.names, shape.slots, args):
+            if slot.annotated and slot.kind in ("int", "bool") and isinstance(v, float):
+                raise TypeError(f"kernel {self.name}, argument {name}: a float ({v!r}) cannot be passed as "
+                                f"{slot.param_type()}, its annotated type (Triton's launcher takes only ints "
+                                "and bools for an integer parameter)")
 
     # -- resolution (first call of a specialization) ------------------------------------
 
@@ -370,6 +430,10 @@ class LazyKernel(_core.LaunchBase):
 
 
 _EMPTY = inspect.Parameter.empty
+# Annotations that fix a scalar parameter's type (Triton's annotation_type):
+# ints, tl.int1 (u1), floats; the fp8 types cannot be passed as scalars.
+_SCALAR_ANNOTATIONS = frozenset(stubgen.FIXED_INTS) | frozenset(stubgen.FLOAT_CTYPES) | {"u1"} | {
+    d for d in DTYPES if d.startswith("fp8")}
 
 
 class CaptureError(RuntimeError):
@@ -426,8 +490,9 @@ class Resolution:
         # alignment, ==1, %16, key values), so a cached winner is found without
         # running Triton's binder (whose first use can import torch: seconds).
         shape_sig = {n: sl.code() for n, sl in zip(self.shape.names, self.shape.slots)}
+        self.portable_key = self.shape.portable_key(tuple(self.key), self.values + self.extras)
         tkey = keys.tuning_key(self.spec.fn, shape_sig, {}, {}, self.spec.configs, self.options, self.target,
-                               dev["name"], tuple(self.key))
+                               dev["name"], self.portable_key)
         cache, st = k.cache, settings()
         with cache.lock(tkey):
             hit = None if st.retune else self._from_record(cache, cache.load_record(tkey))
@@ -511,7 +576,8 @@ class Resolution:
                          "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
                          "time_ms": c.extra.get("time_ms"), "error": c.error} for c in cands],
             device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
-            driver_version=self.dev["driver_version"], tune_key_values=list(self.key),
+            driver_version=self.dev["driver_version"],
+            tune_key_values=keys.canonical(list(self.portable_key)),
             extra={"launch": self._launch_info(winner)} if _jsonable_meta(winner.extra["meta"]) else {})
         cache.store_record(tkey, rec)
         k.records.append(rec)

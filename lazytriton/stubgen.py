@@ -27,6 +27,13 @@ log = logging.getLogger("lazytriton.stubgen")
 INT_CLASSES = {"i32": 0, "i64": 1, "u64": 2}
 CTYPES = {"i32": "int32_t", "i64": "int64_t", "u64": "uint64_t", "i8": "int8_t", "i16": "int16_t",
           "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u1": "uint8_t"}
+# Integer types a parameter annotation can fix (python_args.h FixedInt), with their ranges.
+FIXED_INTS = {"i8": "kFixI8", "i16": "kFixI16", "i32": "kFixI32", "i64": "kFixI64",
+              "u8": "kFixU8", "u16": "kFixU16", "u32": "kFixU32", "u64": "kFixU64"}
+INT_RANGES = {t: ((-2**(int(t[1:]) - 1), 2**(int(t[1:]) - 1) - 1) if t[0] == "i" else (0, 2**int(t[1:]) - 1))
+              for t in FIXED_INTS}
+# Float parameter types, with the C type the stub packs each as (Triton's launcher's bytes).
+FLOAT_CTYPES = {"fp16": "uint16_t", "bf16": "uint16_t", "fp32": "float", "fp64": "double"}
 
 
 @dataclass(frozen=True)
@@ -35,18 +42,32 @@ class Slot:
     kind: str
     dtype: int = -1  # ptr: lazytriton.arrays.DTYPE_IDS value
     int_type: str = ""  # int: Triton type of this call ("i32"/"i64"/"u64", or the annotation)
-    annotated: bool = False  # int type fixed by annotation: no class switching
-    specialize: bool = True  # ints: ==1 and %16; pointers: 16-byte alignment
+    # Type fixed by the parameter's annotation. int: no class switching, and a
+    # bool is taken too, as 0 or 1 with no bits keyed (as Triton's binder does);
+    # float: an int or a bool is taken too; bool (tl.int1): an int is taken
+    # too, as 0 or 1.
+    annotated: bool = False
+    specialize: bool = True  # ints: the == 1 bit (Triton folds a 1 into a constexpr); pointers: 16-byte alignment
     in_key: bool = False  # value goes into the call key (autotune key, read by heuristics)
+    divisibility: bool = True  # ints: the % 16 bit (tt.divisibility 16)
+    float_type: str = "fp32"  # float: the parameter type, fp16 | bf16 | fp32 | fp64
 
     def param_type(self) -> str:
         """The kernel parameter type the stub packs this argument as."""
         if self.kind == "ptr":
             return "*" + DTYPES[self.dtype]
-        return {"int": self.int_type, "float": "fp32", "bool": "u1"}.get(self.kind, "constexpr")
+        return {"int": self.int_type, "float": self.float_type, "bool": "u1"}.get(self.kind, "constexpr")
 
     def code(self) -> str:
-        return f"{self.kind}:{self.dtype}:{self.int_type}:{int(self.annotated)}:{int(self.specialize)}:{int(self.in_key)}"
+        # Fields added later only when they differ from what the older code
+        # implied, so that unchanged shapes keep their digests (and tuning keys).
+        text = (f"{self.kind}:{self.dtype}:{self.int_type}:{int(self.annotated)}:{int(self.specialize)}:"
+                f"{int(self.in_key)}")
+        if self.kind == "int" and self.divisibility != self.specialize:
+            text += f":div{int(self.divisibility)}"
+        if self.kind == "float" and self.float_type != "fp32":
+            text += f":{self.float_type}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -58,10 +79,30 @@ class Shape:
         text = "|".join(f"{n}={s.code()}" for n, s in zip(self.names, self.slots))
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
+    def shape_word(self) -> int:
+        """The call key's last word: stubs of different shapes (dtypes, integer
+        classes, ...) never share a key in a kernel's table."""
+        return int(self.digest()[:16], 16)
+
     def key_words(self) -> int:
         bits_words = (2 * len(self.slots) + 63) // 64
         value_words = sum(2 if s.kind == "constexpr" else 1 for s in self.slots if s.in_key or s.kind == "constexpr")
-        return max(1, bits_words + value_words)
+        return bits_words + value_words + 1
+
+    def portable_key(self, key: tuple, args: tuple) -> tuple:
+        """`key` for the persistent cache: without the shape word (the tuning key
+        has the slots), and each interned constexpr object's index (which
+        depends on this process's history) replaced by the value itself."""
+        out = list(key[:-1])
+        w = (2 * len(self.slots) + 63) // 64
+        for s, v in zip(self.slots, args):
+            if s.kind == "constexpr":
+                if out[w] in (5, 6):
+                    out[w + 1] = v
+                w += 2
+            elif s.in_key:
+                w += 1
+        return tuple(out)
 
 
 def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
@@ -78,25 +119,42 @@ def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
     elif s.kind == "int":
         ctype = CTYPES[s.int_type]
         member = f"{ctype} s{i};"
-        cls = "kAny" if s.annotated else f"IntClass({INT_CLASSES[s.int_type]})"
-        read = (f"get_int_in({arg}, \"{s.int_type}\", &v)" if s.annotated else f"get_int({arg}, {cls}, &v)")
+        if s.annotated:  # an int or a bool (b): Triton specializes only the int
+            read = f"get_int_fixed({arg}, {FIXED_INTS[s.int_type]}, &v, &b)"
+            cond = "!b && "
+        else:
+            read = f"get_int({arg}, IntClass({INT_CLASSES[s.int_type]}), &v)"
+            cond = ""
         out += [f"if (!{read}) return false;", f"a.s{i} = {ctype}(v);"]
-        if s.specialize:
-            out.append(f"{bit}(uint64_t(v == 1) | uint64_t(v % 16 == 0) << 1) << {sh};")
+        bits = ([f"uint64_t({cond}v == 1)"] if s.specialize else []) + \
+            ([f"uint64_t({cond}v % 16 == 0) << 1"] if s.divisibility else [])
+        if bits:
+            out.append(f"{bit}({' | '.join(bits)}) << {sh};")
         if s.in_key:
             out.append(f"a.key[{value_word}] = uint64_t(v);")
             value_word += 1
     elif s.kind == "float":
-        member = f"float s{i};"
-        out += [f"if (!get_float({arg}, &d)) return false;", f"a.s{i} = float(d);"]
+        member = f"{FLOAT_CTYPES[s.float_type]} s{i};"
+        out.append(f"if (!{'get_real' if s.annotated else 'get_float'}({arg}, &d)) return false;")
+        if s.float_type == "fp16":
+            out.append(f"if (!fp16_bits(d, &a.s{i})) return false;")
+        elif s.float_type == "bf16":
+            out.append(f"a.s{i} = bf16_bits(d);")
+        else:
+            out.append(f"a.s{i} = {FLOAT_CTYPES[s.float_type]}(d);")
         if s.in_key:
             out.append(f"std::memcpy(&a.key[{value_word}], &d, 8);")
             value_word += 1
     elif s.kind == "bool":
         member = f"uint8_t s{i};"
-        out += [f"if (!get_bool({arg}, &b)) return false;", f"a.s{i} = b;"]
+        if s.annotated:  # tl.int1: a bool, or an int taken as 0 or 1
+            out += [f"if (!get_flag({arg}, &v)) return false;", f"a.s{i} = uint8_t(v != 0);"]
+            key = "uint64_t(v)"
+        else:
+            out += [f"if (!get_bool({arg}, &b)) return false;", f"a.s{i} = b;"]
+            key = "b"
         if s.in_key:
-            out.append(f"a.key[{value_word}] = b;")
+            out.append(f"a.key[{value_word}] = {key};")
             value_word += 1
     elif s.kind == "constexpr":
         member = f"uint64_t s{i};"
@@ -117,6 +175,10 @@ def generate(shape: Shape, module_name: str) -> str:
         members.append(f"  {member}  // {shape.names[i]}: {s.code()}")
         body += [f"  {line}" for line in lines]
     pack = [f"  if (e->is_param[{i}]) params[np++] = &a.s{i};" for i in range(n)]
+    packed = [f"  PyTuple_SET_ITEM(t, {i}, "
+              + ("Py_NewRef(Py_None)" if s.kind == "constexpr" else
+                 f"PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&a.s{i}), sizeof(a.s{i}))") + ");"
+              for i, s in enumerate(shape.slots)]
     names = ", ".join(f'"{nm}"' for nm in shape.names) or '""'
     return f"""// Generated by lazytriton.stubgen for argument shape {shape.digest()}. Do not edit.
 #include <pybind11/pybind11.h>
@@ -131,6 +193,7 @@ using namespace lt::pyargs;
 namespace {{
 constexpr Py_ssize_t kArgs = {n};
 constexpr size_t kKeyWords = {words};
+constexpr uint64_t kShapeWord = 0x{shape.shape_word():016x}ULL;  // the key's last word
 const char* kNames[] = {{{names}}};
 PyObject* g_names[kArgs + 1];
 
@@ -143,6 +206,7 @@ struct Args {{
 // False: not this stub's shape (no Python error set).
 [[maybe_unused]] bool read(PyObject* args, Args& a) {{
   if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != kArgs) return false;
+  a.key[kKeyWords - 1] = kShapeWord;
   [[maybe_unused]] int64_t v;
   [[maybe_unused]] double d;
   [[maybe_unused]] bool b;
@@ -176,11 +240,11 @@ PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{
   size_t np = 0;
 {chr(10).join(pack)}
   Dim3 g;
-  if (!eval_grid(grid, *e, g_names, args, kArgs, &g)) return nullptr;
+  if (!eval_grid(grid, *e, g_names, args, kArgs, &g, kernel->name().c_str())) return nullptr;
   try {{
     e->kernel->launch(stream, g, params, np);
   }} catch (const std::exception& ex) {{
-    return raise(ex);
+    return raise(ex, kernel->name().c_str());
   }}
   Py_RETURN_TRUE;
 }}
@@ -192,15 +256,30 @@ PyObject* key(PyObject*, PyObject* args) {{
   return key_tuple(a);
 }}
 
+// params(args) -> per argument, the bytes the stub passes to the kernel (None for
+// a constexpr slot), or None (not this stub's shape). For tests: no GPU needed.
+PyObject* params(PyObject*, PyObject* args) {{
+  Args a;
+  if (!read(args, a)) Py_RETURN_NONE;
+  PyObject* t = PyTuple_New(kArgs);
+  if (!t) return nullptr;
+{chr(10).join(packed)}
+  for (Py_ssize_t i = 0; i < kArgs; ++i)
+    if (!PyTuple_GET_ITEM(t, i)) return Py_DECREF(t), nullptr;
+  return t;
+}}
+
 PyMethodDef kLaunchDef = {{"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(launch)), METH_FASTCALL,
                           "Launch through this stub."}};
 PyMethodDef kKeyDef = {{"key", key, METH_O, "The call key of these arguments."}};
+PyMethodDef kParamsDef = {{"params", params, METH_O, "The kernel parameter bytes of these arguments."}};
 }}  // namespace
 
 PYBIND11_MODULE({module_name}, m) {{
   for (Py_ssize_t i = 0; i < kArgs; ++i) g_names[i] = PyUnicode_InternFromString(kNames[i]);
   m.attr("launch") = pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&kLaunchDef, nullptr));
   m.attr("key") = pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&kKeyDef, nullptr));
+  m.attr("params") = pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&kParamsDef, nullptr));
   m.attr("key_words") = kKeyWords;
 }}
 """

@@ -3,13 +3,11 @@ runtime, typed launch stubs (export-cpp), the CMake package, and examples/cpp
 (configures, builds, links; its runs report the missing GPU cleanly and the
 ahead-of-time program never loads Python). Real cubins throughout: the
 kernels are compiled for sm_90 with Triton, as on a machine with a GPU."""
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest

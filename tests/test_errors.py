@@ -43,14 +43,34 @@ def narrow_kernel(x, n: tl.int8, m: tl.uint32):
     pass
 
 
-@pytest.mark.xfail(strict=True, reason="runtime.LazyKernel._slot accepts any int for an annotated parameter; the stub "
-                   "then rejects it and _run raises 'internal error: the stub built for these arguments rejected "
-                   "them' without naming the argument or its type")
 @pytest.mark.parametrize("n, m", [(300, 1), (1, -1)])
 def test_int_beyond_its_annotated_type(cache_dir, n, m):
     k = lazytriton.kernel(narrow_kernel)
     with pytest.raises((ValueError, TypeError), match=r"kernel narrow_kernel, argument [nm]\b"):
         k[(1,)](X, n, m)
+
+
+@triton.jit
+def typed_kernel(x, n: tl.int64, flag: tl.int1, h: tl.float16, f: tl.float32):
+    pass
+
+
+@pytest.mark.parametrize("override, error, match", [
+    (dict(n=2.0), TypeError, r"argument n: a float \(2\.0\) cannot be passed as i64"),
+    (dict(flag=1.0), TypeError, r"argument flag: a float \(1\.0\) cannot be passed as u1"),
+    (dict(n=None), TypeError, r"argument n: expects a number for its annotated type i64, got None"),
+    (dict(h="1"), TypeError, r"argument h: expects a number for its annotated type fp16, got str"),
+    (dict(f=X), TypeError, r"argument f: expects a number for its annotated type fp32, got a device array"),
+    (dict(h=1e6), OverflowError, r"argument h: 1000000\.0 does not fit its annotated type fp16"),
+    (dict(f=10**400), OverflowError, r"argument f: .* does not fit its annotated type fp32"),
+    (dict(flag=2**64), ValueError, r"argument flag: integer .* does not fit 64 bits"),
+])
+def test_value_its_annotated_type_cannot_take(cache_dir, override, error, match):
+    k = lazytriton.kernel(typed_kernel)
+    good = dict(x=X, n=3, flag=True, h=0.5, f=0.5)
+    k._stub_for(tuple(good.values()))  # a stub of this shape exists: it rejects the call, Python explains
+    with pytest.raises(error, match=r"kernel typed_kernel, " + match):
+        k[(1,)](*{**good, **override}.values())
 
 
 def test_too_many_arguments(add):
@@ -153,9 +173,6 @@ def test_bad_grid_is_rejected(installed, grid):
         k[grid](*args)
 
 
-@pytest.mark.xfail(strict=True, reason="python_args.h read_grid/grid_dim: the message does not name the kernel, and "
-                   "for a non-int grid entry ((1.5,), (None,)) it is CPython's bare 'cannot be interpreted as an "
-                   "integer', without the word grid")
 def test_bad_grid_error_names_kernel_and_grid(installed):
     k, args = installed
     for grid in BAD_GRIDS:
@@ -166,13 +183,17 @@ def test_bad_grid_error_names_kernel_and_grid(installed):
 @pytest.mark.skipif(not NO_GPU, reason="checks the machine without a GPU")
 def test_launch_of_an_installed_entry_without_gpu(installed):
     k, args = installed
-    with pytest.raises(RuntimeError, match="no CUDA driver|no usable CUDA device|no CUDA device"):
+    with pytest.raises(lazytriton.RuntimeFailure, match="kernel add_kernel: .*(no CUDA driver|no usable CUDA device|no "
+                                                        "CUDA device)"):
         k[(1,)](*args)
 
 
 def test_bad_stream(add):
-    with pytest.raises(TypeError, match="stream must be an int CUstream or a stream object, got str"):
+    match = "kernel add_kernel: stream must be an int CUstream or a stream object, got str"
+    with pytest.raises(TypeError, match=match):  # Python binds BLOCK=: LazyKernel._run
         add[(1,)](X, X, X, 16, BLOCK=16, stream="default")
+    with pytest.raises(TypeError, match=match):  # positional: the C launcher
+        add[(1,)](X, X, X, 16, 16, stream="default")
 
 
 # -- no GPU ------------------------------------------------------------------------------------
@@ -186,11 +207,17 @@ def test_launch_without_gpu_says_so(add):
     assert not lazytriton.gpu_available()[0] and lazytriton.gpu_available()[1]
 
 
-@pytest.mark.skipif(not NO_GPU, reason="until fixed, a GPU would run the kernel on the host pointer (an illegal "
-                    "address error poisons the CUDA context of every later test)")
-@pytest.mark.xfail(strict=True, reason="arrays.pointer_strategy accepts any object with __dlpack__, so a NumPy (host) "
-                   "array passes as a device pointer; the DLPack device (__dlpack_device__) is never checked")
 def test_host_array_is_rejected(add):
     host = np.zeros(16, np.float32)
     with pytest.raises(TypeError, match=r"kernel add_kernel, argument x: .*(host|device)"):
         add[(1,)](host, X, X, 16, BLOCK=16)
+
+
+def test_host_array_is_rejected_by_a_built_stub(add):
+    # The C++ DLPack path checks the device type too: a stub never takes a host pointer.
+    args = (X, X, X, 16, 16)
+    stub = stubgen.load_stub(add._shape(args))
+    holder = _core.LazyKernel("key_only", lambda key, ctx: None)
+    assert isinstance(stub.launch(holder.handle, (1,), 0, args), tuple)
+    host = np.zeros(16, np.float32)
+    assert stub.launch(holder.handle, (1,), 0, (host, X, X, 16, 16)) is None

@@ -13,7 +13,9 @@ another specialization (wrong results) or resolve one binary many times.
 No GPU: the stub is built and called for real. Nothing is resolved, so it
 returns the key; pointers are made-up addresses that nothing dereferences.
 """
+import ctypes
 import math
+import struct
 from dataclasses import dataclass
 
 import pytest
@@ -113,9 +115,11 @@ def stub(tmp_path_factory):
 
 
 def slot_type(slot: stubgen.Slot) -> str:
-    """The Triton type a slot passes to the kernel (the stub packs floats as C float)."""
-    return {"ptr": lambda: "*" + DTYPES[slot.dtype], "int": lambda: slot.int_type, "float": lambda: "fp32",
-            "bool": lambda: "u1", "constexpr": lambda: "constexpr"}[slot.kind]()
+    """The Triton type a slot passes to the kernel (what the stub packs, by its C member)."""
+    t = {"ptr": lambda: "*" + DTYPES[slot.dtype], "int": lambda: slot.int_type, "float": lambda: slot.float_type,
+         "bool": lambda: "u1", "constexpr": lambda: "constexpr"}[slot.kind]()
+    assert slot.param_type() == t  # what LazyKernel.resolve (and the JAX path) report
+    return t
 
 
 @pytest.mark.parametrize("value", INT_VALUES)
@@ -133,8 +137,6 @@ def test_int_bits_and_class_match_triton(stub, value):
             assert stub_bits[name] == triton_bits[name], name
 
 
-@pytest.mark.xfail(strict=True, reason="runtime.LazyKernel._slot ignores do_not_specialize_on_alignment for ints: the "
-                   "stub keys on value % 16 where Triton adds no tt.divisibility")
 def test_int_bits_with_do_not_specialize_on_alignment(stub):
     mismatches = []
     for value in INT_VALUES:
@@ -145,8 +147,6 @@ def test_int_bits_with_do_not_specialize_on_alignment(stub):
     assert not mismatches, "(value, stub bits, Triton bits): " + repr(mismatches)
 
 
-@pytest.mark.xfail(strict=True, reason="stubgen._arg_code keys annotated ints on value == 1, but Triton never folds "
-                   "an annotated int into a constexpr")
 def test_annotated_int_bits(stub):
     mismatches = []
     for name, values in {"ann_i64": [0, 1, 16, 17, -2**63, 2**63 - 1], "ann_u32": [0, 1, 16, 2**32 - 1],
@@ -195,21 +195,15 @@ def annotated(f32: tl.float32, f16: tl.float16, bf16: tl.bfloat16, f64: tl.float
     pass
 
 
-_PACKS_WRONG = pytest.mark.xfail(strict=True, reason=(
-    "runtime.LazyKernel._slot honours annotations only for ints given to int-annotated parameters: any float is "
-    "packed as a C float (4 bytes), any bool as 1 byte, any int as its value class (or, for a float-annotated "
-    "parameter, int32 bits), where Triton's signature (what the kernel reads) has the annotated type"))
-
-
 @pytest.mark.parametrize("name, value", [
     ("f32", 2.5), ("b1", True), ("i64", 5), ("i64", 1), ("u32", 5), ("i8", -5),
-    pytest.param("f32", 2, marks=_PACKS_WRONG, id="f32-given-int"),
-    pytest.param("f16", 2.5, marks=_PACKS_WRONG, id="f16"),
-    pytest.param("bf16", 2.5, marks=_PACKS_WRONG, id="bf16"),
-    pytest.param("f64", 2.5, marks=_PACKS_WRONG, id="f64"),
-    pytest.param("b1", 1, marks=_PACKS_WRONG, id="b1-given-int"),
-    pytest.param("i64", True, marks=_PACKS_WRONG, id="i64-given-bool"),
-    pytest.param("i64", 2.5, marks=_PACKS_WRONG, id="i64-given-float"),
+    pytest.param("f32", 2, id="f32-given-int"),
+    pytest.param("f16", 2.5, id="f16"),
+    pytest.param("bf16", 2.5, id="bf16"),
+    pytest.param("f64", 2.5, id="f64"),
+    pytest.param("b1", 1, id="b1-given-int"),
+    pytest.param("i64", True, id="i64-given-bool"),
+    pytest.param("i64", 2.5, id="i64-given-float"),
 ])
 def test_annotated_scalar_slot_matches_triton_signature(name, value):
     # The slot decides the C type the stub passes; Triton's signature is the type the kernel reads.
@@ -220,15 +214,80 @@ def test_annotated_scalar_slot_matches_triton_signature(name, value):
     assert slot_type(slots[name]) == Binder(k.spec, TARGET).bind(args, {}).signature[name]
 
 
+def triton_bytes(t: str, v) -> bytes:
+    """The bytes Triton's launcher passes for a scalar of signature type `t`
+    (backends/nvidia: extractFP16 = PyFloat_Pack2, extractBF16 = the fp32's top
+    half, truncated; ints in their C type)."""
+    if t == "fp16":
+        return struct.pack("<e", float(v))
+    if t == "bf16":
+        return bytes(ctypes.c_float(float(v)))[2:]
+    if t == "fp32":
+        return bytes(ctypes.c_float(float(v)))  # C's double -> float: inf beyond fp32's range
+    if t == "fp64":
+        return struct.pack("<d", float(v))
+    if t == "u1":
+        return bytes([int(v)])
+    return int(v).to_bytes(int(t[1:]) // 8, "little", signed=t[0] == "i")
+
+
+@pytest.mark.parametrize("name, value", [
+    ("f32", 2.5), ("f32", 2), ("f32", True), ("f32", 1e300), ("f32", -0.0), ("f32", math.inf),
+    ("f16", 2.5), ("f16", 0.1), ("f16", 3), ("f16", 65504.0), ("f16", 1e-8), ("f16", -math.inf), ("f16", False),
+    ("bf16", 0.1), ("bf16", -3.3), ("bf16", 7), ("bf16", 1e300),
+    ("f64", 1 / 3), ("f64", 2**60 + 1), ("f64", True),
+    ("b1", True), ("b1", False), ("b1", 1), ("b1", 0),
+    ("i64", -2**63), ("i64", 2**63 - 1), ("i64", True), ("u32", 2**32 - 1), ("i8", -128), ("i8", 127),
+])
+def test_annotated_scalar_is_packed_as_triton_packs_it(cache_dir, name, value):
+    k = lazytriton.kernel(annotated)
+    values = {**dict(f32=1.5, f16=1.5, bf16=1.5, f64=1.5, b1=True, i64=3, u32=3, i8=3), name: value}
+    args = tuple(values[p.name] for p in k.spec.params)
+    shape = k._shape(args)
+    packed = dict(zip(shape.names, stubgen.load_stub(shape).params(args)))
+    signature = Binder(k.spec, TARGET).bind(args, {}).signature
+    for n in shape.names:
+        assert packed[n] == triton_bytes(signature[n], values[n]), (n, values[n], signature[n])
+
+
+@triton.jit
+def annotated_keys(n: tl.int64, m: tl.uint8, BLOCK: tl.constexpr):
+    pass
+
+
+@pytest.mark.parametrize("value", [0, 16, 32, 1, 3, True, False])
+def test_annotated_int_given_bool_or_int_bits(cache_dir, value):
+    # Triton specializes an int given to an annotated int parameter (% 16), never a bool.
+    k = lazytriton.kernel(annotated_keys)
+    args = (value, value, 64)
+    shape = k._shape(args)
+    key = stubgen.load_stub(shape).key(args)
+    bound = Binder(k.spec, TARGET).bind(args, {})
+    for i, name in enumerate(("n", "m")):
+        divisible = ["tt.divisibility", 16] in bound.attrs.get((i,), [])
+        assert bound.signature[name] == shape.slots[i].int_type
+        assert (key[0] >> (2 * i)) & 3 == int(divisible) << 1, (name, value)
+
+
+def test_shapes_never_share_a_key(cache_dir):
+    # One kernel's table holds every shape's keys: a key resolved for fp32 arrays
+    # (or an int) must not be found for fp16 arrays (or a float) with the same bits.
+    k = lazytriton.kernel(probe)
+    keys = set()
+    for override in [{}, dict(p=array(0x1000, "fp16")), dict(n_i32=2**40 + 3), dict(flag=3), dict(x=3),
+                     dict(BLOCK=None)]:
+        args = call(**override)
+        keys.add(stubgen.load_stub(k._shape(args)).key(args))
+    assert len(keys) == 6
+
+
 # Framework dtype names (NumPy/ml_dtypes/PyTorch): lazytriton must name each as
 # Triton's canonicalize_dtype does, and refuse what Triton refuses.
 FRAMEWORK_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                     "float32", "float64", "bfloat16", "half", "float", "double", "float8_e4m3fn", "float8_e5m2",
                     "float8_e4m3fnuz", "float8_e5m2fnuz", "torch.bfloat16", "torch.float8_e4m3fn",
                     "torch.float8_e5m2", "complex64", "float8_e8m0fnu", "float4_e2m1fn", "int4",
-                    pytest.param("float8_e4m3b11fnuz", marks=pytest.mark.xfail(strict=True, reason=(
-                        "arrays._ALIASES maps ml_dtypes float8_e4m3b11fnuz (exponent bias 11) to Triton fp8e4b15 "
-                        "(bias 15): values would be misread; Triton refuses the dtype")))]
+                    "float8_e4m3b11fnuz"]  # ml_dtypes' (exponent bias 11), not Triton's fp8e4b15 (bias 15)
 
 
 @pytest.mark.parametrize("name", FRAMEWORK_DTYPES)
@@ -267,9 +326,6 @@ def test_distinct_constexpr_values_get_distinct_keys(stub, a, b):
     assert constexpr_key(stub, a) == constexpr_key(stub, a)
 
 
-@pytest.mark.xfail(strict=True, reason="python_args.h constexpr_key keys non-scalar constexprs (str, tuple, ...) by "
-                   "address without keeping the object alive: a new value at a freed object's address gets the "
-                   "old key, so the stub launches the binary compiled for the old value")
 def test_constexpr_objects_are_keyed_by_value(stub):
     for _ in range(100):  # CPython reuses a freed object's memory for the next one of its size
         first = "".join(["re", "lu"])  # built at run time, like any computed constexpr
@@ -281,3 +337,32 @@ def test_constexpr_objects_are_keyed_by_value(stub):
     else:
         pytest.skip("the allocator never reused the address")
     assert constexpr_key(stub, second) != first_key
+
+
+@pytest.mark.parametrize("value", ["relu", ("a", 1), ("a", 1.0), ("a", True), (0.0,), (-0.0,), frozenset({1, 2}),
+                                   [1, 2]])
+def test_constexpr_objects_equal_values_share_a_key(stub, value):
+    other = "".join(list(value)) if isinstance(value, str) else type(value)(list(value))  # equal, not identical
+    assert other == value and other is not value
+    assert constexpr_key(stub, value) == constexpr_key(stub, value)
+    if isinstance(value, list):  # unhashable: by identity (kept alive)
+        assert constexpr_key(stub, other) != constexpr_key(stub, value)
+    else:
+        assert constexpr_key(stub, other) == constexpr_key(stub, value)
+
+
+def test_constexpr_objects_of_other_types_or_floats_get_other_keys(stub):
+    values = [("a", 1), ("a", 1.0), ("a", True), (0.0,), (-0.0,), "1", b"1", (("a",),), (("a",), 1)]
+    assert len({constexpr_key(stub, v) for v in values}) == len(values)
+
+
+def test_portable_key_has_constexpr_values_not_indices(stub):
+    # The persistent cache must not see this process's table indices (another
+    # process numbers its values in another order).
+    args = call(BLOCK="relu")
+    key = stub.stub.launch(stub.handle.handle, (1,), 0, args)
+    portable = stub.shape.portable_key(key, args)
+    assert portable[:-2] == key[:-3] and portable[-2:] == (5, "relu")
+    args = call(BLOCK=64)
+    key = stub.stub.launch(stub.handle.handle, (1,), 0, args)
+    assert stub.shape.portable_key(key, args) == key[:-1]

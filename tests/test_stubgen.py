@@ -13,24 +13,38 @@ import time
 import pytest
 
 from lazytriton import _core, stubgen
-from lazytriton.arrays import DTYPE_IDS, DeviceArray
+from lazytriton.arrays import DTYPE_IDS, DeviceArray, constexpr_index
 from lazytriton.stubgen import Shape, Slot
 
 MASK = 2**64 - 1
 
-# Every slot kind, with and without specialization and key values.
+# Every slot kind, with and without specialization and key values. Annotated
+# ints as the runtime makes them (never keyed on == 1), and one keyed anyway.
 ALL_KINDS = Shape(
-    names=("x", "y", "n", "big", "huge", "n_nospec", "n_key", "a_i8", "a_u16", "a_u32", "a_i64_key",
-           "alpha", "alpha_key", "flag", "flag_key", "C"),
+    names=("x", "y", "n", "big", "huge", "n_nospec", "n_noalign", "n_key", "a_i8", "a_u16", "a_u32", "a_i64_key",
+           "a_i32_nospec", "a_u8_eq1", "alpha", "alpha_key", "h", "bh", "f32", "f64_key", "flag", "flag_key",
+           "b1", "b1_key", "C"),
     slots=(Slot("ptr", dtype=DTYPE_IDS["bf16"]), Slot("ptr", dtype=DTYPE_IDS["fp8e4nv"], specialize=False),
            Slot("int", int_type="i32"), Slot("int", int_type="i64"), Slot("int", int_type="u64"),
-           Slot("int", int_type="i32", specialize=False), Slot("int", int_type="i32", in_key=True),
-           Slot("int", int_type="i8", annotated=True), Slot("int", int_type="u16", annotated=True),
-           Slot("int", int_type="u32", annotated=True), Slot("int", int_type="i64", annotated=True, in_key=True),
-           Slot("float"), Slot("float", in_key=True), Slot("bool"), Slot("bool", in_key=True), Slot("constexpr")))
+           Slot("int", int_type="i32", specialize=False, divisibility=False),
+           Slot("int", int_type="i32", divisibility=False), Slot("int", int_type="i32", in_key=True),
+           Slot("int", int_type="i8", annotated=True, specialize=False),
+           Slot("int", int_type="u16", annotated=True, specialize=False),
+           Slot("int", int_type="u32", annotated=True, specialize=False),
+           Slot("int", int_type="i64", annotated=True, specialize=False, in_key=True),
+           Slot("int", int_type="i32", annotated=True, specialize=False, divisibility=False),
+           Slot("int", int_type="u8", annotated=True),
+           Slot("float"), Slot("float", in_key=True),
+           Slot("float", float_type="fp16", annotated=True), Slot("float", float_type="bf16", annotated=True),
+           Slot("float", float_type="fp32", annotated=True),
+           Slot("float", float_type="fp64", annotated=True, in_key=True),
+           Slot("bool"), Slot("bool", in_key=True),
+           Slot("bool", annotated=True), Slot("bool", annotated=True, in_key=True),
+           Slot("constexpr")))
 GOOD = dict(x=DeviceArray(0x7F0000000000, "bf16", 256), y=DeviceArray(0x7F0000000008, "fp8e4nv", 256), n=16,
-            big=2**40, huge=2**63 + 1, n_nospec=16, n_key=1000, a_i8=-7, a_u16=1, a_u32=32, a_i64_key=-2**62,
-            alpha=0.5, alpha_key=-1.25, flag=True, flag_key=True, C=128)
+            big=2**40, huge=2**63 + 1, n_nospec=16, n_noalign=16, n_key=1000, a_i8=-7, a_u16=1, a_u32=32,
+            a_i64_key=-2**62, a_i32_nospec=16, a_u8_eq1=1, alpha=0.5, alpha_key=-1.25, h=0.1, bh=-3.3, f32=2.5,
+            f64_key=1 / 3, flag=True, flag_key=True, b1=True, b1_key=False, C=128)
 
 
 def args_of(**override) -> tuple:
@@ -46,27 +60,29 @@ def constexpr_words(v) -> list[int]:
         return [3, v & MASK]
     if isinstance(v, float):
         return [4, struct.unpack("<Q", struct.pack("<d", v))[0]]
-    return [5, id(v)]  # anything else: by identity
+    return [5, constexpr_index(v)]  # anything else: its value's index in the process's table
 
 
 def reference_key(shape: Shape, args: tuple) -> tuple:
     """The documented key layout, computed in Python: 2 bits per argument from word 0,
-    then one word per keyed value and two per constexpr, in argument order."""
+    then one word per keyed value and two per constexpr, in argument order, then
+    the shape's word."""
     words = [0] * shape.key_words()
     vw = (2 * len(shape.slots) + 63) // 64
     for i, (s, v) in enumerate(zip(shape.slots, args)):
         w, sh = (2 * i) // 64, (2 * i) % 64
         if s.kind == "ptr" and s.specialize:
             words[w] |= int(v.ptr % 16 == 0) << sh
-        if s.kind == "int" and s.specialize:
-            words[w] |= (int(v == 1) | int(v % 16 == 0) << 1) << sh
+        if s.kind == "int" and not isinstance(v, bool):  # a bool given to an annotated int: no bits
+            words[w] |= (int(s.specialize and v == 1) | int(s.divisibility and v % 16 == 0) << 1) << sh
         if s.in_key:
-            words[vw] = (v & MASK if s.kind == "int" else int(v) if s.kind == "bool"
-                         else struct.unpack("<Q", struct.pack("<d", v))[0])
+            words[vw] = (int(v) & MASK if s.kind in ("int", "bool")
+                         else struct.unpack("<Q", struct.pack("<d", float(v)))[0])
             vw += 1
         if s.kind == "constexpr":
             words[vw:vw + 2] = constexpr_words(v)
             vw += 2
+    words[-1] = shape.shape_word()
     return tuple(words)
 
 
@@ -94,7 +110,7 @@ def test_built_with_the_runtime_command_and_cached(stub_cache):
     assert len(built) == 1, built
     assert (built[0].parent / f"{name}.cc").read_text() == stubgen.generate(ALL_KINDS, name)
     assert not list(cache_dir.glob("stubs/*/*.tmp")), "no temporary left behind"
-    assert module.key_words == ALL_KINDS.key_words() == 1 + 4 + 2
+    assert module.key_words == ALL_KINDS.key_words() == 1 + 6 + 2 + 1
 
 
 @pytest.mark.parametrize("override", [
@@ -102,7 +118,11 @@ def test_built_with_the_runtime_command_and_cached(stub_cache):
     dict(big=-2**63), dict(big=2**31), dict(huge=2**64 - 1), dict(huge=2**63), dict(n_nospec=1),
     dict(n_key=-5), dict(a_i8=-128), dict(a_i8=127), dict(a_u16=65535), dict(a_u32=2**32 - 1),
     dict(a_i64_key=2**63 - 1), dict(alpha_key=math.inf), dict(alpha_key=-0.0), dict(flag=False, flag_key=False),
-    dict(C=None), dict(C=False), dict(C=-3), dict(C=2.5), dict(C="relu"),
+    dict(C=None), dict(C=False), dict(C=-3), dict(C=2.5), dict(C="relu"), dict(C=("a", 1)),
+    dict(n_noalign=1), dict(n_noalign=32), dict(a_i8=16), dict(a_i8=True), dict(a_u16=False), dict(a_u16=0),
+    dict(a_i64_key=True), dict(a_i32_nospec=1), dict(a_i32_nospec=True), dict(a_u8_eq1=16), dict(a_u8_eq1=True),
+    dict(h=2), dict(h=True), dict(h=math.inf), dict(bh=7), dict(f32=-1), dict(f64_key=3), dict(f64_key=False),
+    dict(b1=1), dict(b1=0), dict(b1=-5), dict(b1_key=7), dict(b1_key=True),
 ], ids=repr)
 def test_key_follows_the_documented_layout(stub, override):
     args = args_of(**override)
@@ -118,11 +138,29 @@ def test_key_follows_the_documented_layout(stub, override):
     dict(big=5), dict(big=2**63),                        # i64 class: not i32, not u64
     dict(huge=5), dict(huge=-1), dict(huge=2**64),       # u64 class: 2**63 <= v < 2**64
     dict(a_i8=128), dict(a_i8=-129), dict(a_u16=-1), dict(a_u16=65536), dict(a_u32=2**32), dict(a_i64_key=2**63),
-    dict(alpha=1), dict(alpha=True), dict(alpha_key="0.5"),  # floats must be floats
-    dict(flag=1), dict(flag_key=None),                   # bools must be bools
+    dict(a_i8=1.0), dict(a_u16="1"), dict(a_i64_key=None),   # annotated ints: ints (or bools) only
+    dict(alpha=1), dict(alpha=True), dict(alpha_key="0.5"),  # unannotated floats must be floats
+    dict(h="0.5"), dict(h=None), dict(h=1e6), dict(h=10**400), dict(f64_key=10**400),  # not a number or no fit
+    dict(flag=1), dict(flag_key=None),                   # unannotated bools must be bools
+    dict(b1=1.0), dict(b1=None), dict(b1_key=2**63),      # tl.int1: a bool or an int in 64 bits
 ], ids=repr)
 def test_rejects_arguments_of_another_shape(stub, override):
     assert stub(*args_of(**override)) is None
+
+
+def test_params_have_the_size_of_their_parameter_type(stub_cache):
+    # What the stub passes to cuLaunchKernelEx: one C value per kernel parameter,
+    # of the size of Slot.param_type() (what LazyKernel.resolve reports).
+    packed = stub_cache[1].params(args_of())
+    sizes = {"u1": 1, "fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
+    for name, s, b in zip(ALL_KINDS.names, ALL_KINDS.slots, packed):
+        t = s.param_type()
+        if t == "constexpr":
+            assert b is None
+        else:
+            assert len(b) == (8 if t.startswith("*") else sizes.get(t) or int(t[1:]) // 8), (name, t)
+    assert packed[0] == (0x7F0000000000).to_bytes(8, "little")
+    assert stub_cache[1].params(args_of(n="16")) is None
 
 
 def test_rejects_wrong_argument_count_and_container(stub, stub_cache):
@@ -174,5 +212,6 @@ def test_two_processes_build_the_same_stub(cache_dir, tmp_path):
     # And this process loads it without building.
     module = stubgen.load_stub(shape)
     handle = _core.LazyKernel("k", lambda key, ctx: None)
-    # x aligned (bit 0), n % 16 == 0 (bit 3), then the constexpr's (int tag, value).
-    assert module.launch(handle.handle, (1,), 0, (DeviceArray(0x1000, "fp32", 4), 2**40, 64)) == (0b1001, 3, 64)
+    # x aligned (bit 0), n % 16 == 0 (bit 3), then the constexpr's (int tag, value), then the shape's word.
+    assert module.launch(handle.handle, (1,), 0, (DeviceArray(0x1000, "fp32", 4), 2**40, 64)) == \
+        (0b1001, 3, 64, shape.shape_word())

@@ -68,35 +68,6 @@ py::dict meta_to_dict(const LaunchMeta& m) {
   return d;
 }
 
-uint16_t to_fp16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
-  int exp = int((x >> 23) & 0xff) - 127 + 15;
-  if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (mant ? 0x200 : 0));
-  if (exp >= 31) return uint16_t(sign | 0x7c00);
-  if (exp <= 0) {
-    if (exp < -10) return uint16_t(sign);
-    mant |= 0x800000;
-    uint32_t shift = uint32_t(14 - exp);
-    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) ++h;
-    return uint16_t(sign | h);
-  }
-  uint32_t h = sign | (uint32_t(exp) << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
-  return uint16_t(h);
-}
-
-uint16_t to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if (std::isnan(f)) return uint16_t((x >> 16) | 0x40);
-  x += 0x7fff + ((x >> 16) & 1);  // round to nearest even
-  return uint16_t(x >> 16);
-}
-
 // Runtime arguments packed into 8-byte slots, one per kernel parameter, in the
 // C types Triton's launcher uses for each signature type.
 struct ArgPack {
@@ -120,11 +91,19 @@ struct ArgPack {
     if (t == "i16") return put(v.cast<int16_t>());
     if (t == "u16") return put(v.cast<uint16_t>());
     if (t == "i8" || t == "i1") return put(v.cast<int8_t>());
-    if (t == "u8" || t == "u1") return put(uint8_t(v.cast<int>()));
+    if (t == "u8") return put(uint8_t(v.cast<int>()));
+    if (t == "u1") return put(uint8_t(v.cast<int64_t>() != 0));  // 0 or 1, as the stubs pack it
     if (t == "fp32") return put(v.cast<float>());
     if (t == "fp64") return put(v.cast<double>());
-    if (t == "fp16") return put(to_fp16(v.cast<float>()));
-    if (t == "bf16") return put(to_bf16(v.cast<float>()));
+    if (t == "bf16") return put(pyargs::bf16_bits(v.cast<double>()));
+    if (t == "fp16") {
+      uint16_t h;
+      if (!pyargs::fp16_bits(v.cast<double>(), &h)) {  // Triton's launcher: OverflowError too
+        PyErr_SetString(PyExc_OverflowError, "float too large to pack as fp16");
+        throw py::error_already_set();
+      }
+      return put(h);
+    }
     throw py::type_error("unsupported kernel argument type " + t);
   }
 };

@@ -128,6 +128,26 @@ PyObject* stream_int(PyObject* stream) {
   return s;
 }
 
+// A bad stream= (stream_handle's TypeError): the same error, naming the kernel as
+// LazyKernel._run's does. Other errors are left as they are.
+void name_stream_error(PyObject* kernel) {
+  if (!PyErr_ExceptionMatches(PyExc_TypeError)) return;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyObject* name = PyObject_GetAttrString(kernel, "name");
+  if (name && PyUnicode_Check(name) && value) {
+    PyErr_Format(PyExc_TypeError, "kernel %U: %S", name, value);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+  } else {
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+  }
+  Py_XDECREF(name);
+}
+
 // -- plans ----------------------------------------------------------------------------
 
 // A new plan from Python, or nullptr: an error is set, or Python has no plan
@@ -307,6 +327,7 @@ PyObject* launch_vectorcall(PyObject* callable, PyObject* const* args, size_t na
     }
     if (call) {
       PyObject* s = stream_int(stream);
+      if (!s) name_stream_error(self->kernel);
       int r = s ? call_stubs(k, self->grid, s, call) : -1;
       Py_XDECREF(s);
       Py_DECREF(call);

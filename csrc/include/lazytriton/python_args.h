@@ -61,7 +61,7 @@ struct IdentityCache {
 inline int ask_python(const char* fn, PyObject* arg) {
   PyObject* mod = arrays_module();
   if (!mod) return -1;
-  PyObject* r = PyObject_CallMethod(mod, fn, "O", arg);
+  PyObject* r = PyObject_CallMethod(mod, fn, "(O)", arg);  // "(O)": a tuple `arg` is one argument too
   if (!r) return -1;
   long v = PyLong_AsLong(r);
   Py_DECREF(r);
@@ -104,6 +104,9 @@ inline bool read_u64(PyObject* v, uint64_t* out) {
 }
 
 struct DLDataType_ { uint8_t code, bits; uint16_t lanes; };
+// DLPack device types a kernel can read: kDLCUDA, kDLCUDAManaged (not kDLCPU,
+// nor kDLCUDAHost); lazytriton.arrays.DLPACK_DEVICE_TYPES says the same.
+inline bool dlpack_device_ok(int32_t device_type) { return device_type == 2 || device_type == 13; }
 struct DLTensor_ {
   void* data;
   int32_t device_type, device_id;
@@ -140,8 +143,9 @@ inline bool pointer_of(PyObject* obj, int strategy, uint64_t* ptr) {
       auto* t = v && PyCapsule_IsValid(v, "dltensor")
                     ? static_cast<DLTensor_*>(PyCapsule_GetPointer(v, "dltensor"))
                     : nullptr;
-      if (t) *ptr = reinterpret_cast<uint64_t>(t->data) + t->byte_offset;
-      ok = t != nullptr;
+      // A host array is "not this signature": Python's array_info then names the problem.
+      ok = t != nullptr && dlpack_device_ok(t->device_type);
+      if (ok) *ptr = reinterpret_cast<uint64_t>(t->data) + t->byte_offset;
       break;
     }
     default:
@@ -184,33 +188,55 @@ inline bool get_int(PyObject* obj, IntClass cls, int64_t* value) {
   return ok;
 }
 
-// An integer for a parameter whose type is fixed by its annotation ("i32", ...).
-inline bool get_int_in(PyObject* obj, const char* type, int64_t* value) {
-  if (!PyLong_Check(obj) || PyBool_Check(obj)) return false;
+// Integer types fixed by a parameter's annotation (tl.int8, ..., tl.uint64).
+enum FixedInt { kFixI8, kFixI16, kFixI32, kFixI64, kFixU8, kFixU16, kFixU32, kFixU64 };
+
+// An integer for a parameter whose type is fixed by its annotation: an int in
+// the type's range (u64: stored as its bits), or a bool (Triton's launcher takes
+// it as 0 or 1, and its binder attaches no specialization to it: *is_bool).
+inline bool get_int_fixed(PyObject* obj, FixedInt type, int64_t* value, bool* is_bool) {
+  if (!PyLong_Check(obj)) return false;
+  *is_bool = PyBool_Check(obj);
   int overflow = 0;
   long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
   if (overflow) {
-    if (overflow < 0 || std::strcmp(type, "u64") != 0) return false;
+    if (overflow < 0 || type != kFixU64) return false;
     unsigned long long u = PyLong_AsUnsignedLongLong(obj);
     if (PyErr_Occurred()) return PyErr_Clear(), false;
     std::memcpy(value, &u, 8);
     return true;
   }
   *value = v;
-  std::string t(type);
-  if (t == "i32") return v >= INT32_MIN && v <= INT32_MAX;
-  if (t == "u32") return v >= 0 && v <= UINT32_MAX;
-  if (t == "i16") return v >= INT16_MIN && v <= INT16_MAX;
-  if (t == "u16") return v >= 0 && v <= UINT16_MAX;
-  if (t == "i8") return v >= INT8_MIN && v <= INT8_MAX;
-  if (t == "u8") return v >= 0 && v <= UINT8_MAX;
-  if (t == "u64") return v >= 0;
-  return t == "i64";
+  switch (type) {
+    case kFixI8: return v >= INT8_MIN && v <= INT8_MAX;
+    case kFixI16: return v >= INT16_MIN && v <= INT16_MAX;
+    case kFixI32: return v >= INT32_MIN && v <= INT32_MAX;
+    case kFixI64: return true;
+    case kFixU8: return v >= 0 && v <= UINT8_MAX;
+    case kFixU16: return v >= 0 && v <= UINT16_MAX;
+    case kFixU32: return v >= 0 && v <= UINT32_MAX;
+    case kFixU64: return v >= 0;
+  }
+  return false;
 }
 
+// A float argument (an unannotated parameter: Python floats only).
 inline bool get_float(PyObject* obj, double* value) {
   if (!PyFloat_Check(obj)) return false;
   *value = PyFloat_AS_DOUBLE(obj);
+  return true;
+}
+
+// A number for a float-annotated parameter: a float, an int or a bool, as
+// Triton's launcher converts it (PyFloat_AsDouble).
+inline bool get_real(PyObject* obj, double* value) {
+  if (PyFloat_Check(obj)) {
+    *value = PyFloat_AS_DOUBLE(obj);
+    return true;
+  }
+  if (!PyLong_Check(obj)) return false;
+  *value = PyLong_AsDouble(obj);
+  if (*value == -1.0 && PyErr_Occurred()) return PyErr_Clear(), false;  // beyond a double
   return true;
 }
 
@@ -220,8 +246,52 @@ inline bool get_bool(PyObject* obj, bool* value) {
   return true;
 }
 
-// Two key words for a constexpr argument: exact for None/bool/int/float,
-// identity for anything else (an equal object elsewhere just resolves again).
+// A bool or an int (in int64) for a parameter annotated tl.int1.
+inline bool get_flag(PyObject* obj, int64_t* value) {
+  if (!PyLong_Check(obj)) return false;
+  int overflow = 0;
+  *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  return !overflow;
+}
+
+// Float parameters in their kernel types, packed exactly as Triton's launcher
+// packs them: fp16 rounded from the double (OverflowError past fp16's range:
+// false here, with no error set), bf16 the top half of the fp32 (truncated).
+inline bool fp16_bits(double d, uint16_t* out) {
+#if PY_VERSION_HEX <= 0x030B00A1  // as Triton's launcher: private before 3.11
+  int r = _PyFloat_Pack2(d, reinterpret_cast<unsigned char*>(out), 1);
+#else
+  int r = PyFloat_Pack2(d, reinterpret_cast<char*>(out), 1);
+#endif
+  if (r < 0) return PyErr_Clear(), false;
+  return true;
+}
+
+inline uint16_t bf16_bits(double d) {
+  float f = float(d);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t(u >> 16);
+}
+
+// Key of a constexpr object that is not None/bool/int/float: the index of its
+// value in lazytriton.arrays' per-process table (equal values, one index; the
+// table keeps every value alive). The objects seen last are remembered here by
+// identity, kept alive too. False: Python failed (no error left set).
+inline bool constexpr_index(PyObject* obj, uint64_t* index) {
+  static IdentityCache<64> seen;
+  int i;
+  if (seen.get(obj, &i)) return *index = uint64_t(i), true;
+  i = ask_python("constexpr_index", obj);
+  if (i < 0) return PyErr_Clear(), false;
+  seen.put(obj, i);
+  *index = uint64_t(i);
+  return true;
+}
+
+// Two key words for a constexpr argument: exact for None/bool/int/float, the
+// interned value's index for anything else (5), or, should Python fail, the
+// object's address with the object kept alive for good (6).
 inline void constexpr_key(PyObject* obj, uint64_t* w) {
   int overflow = 0;
   if (obj == Py_None) {
@@ -236,35 +306,57 @@ inline void constexpr_key(PyObject* obj, uint64_t* w) {
     w[0] = 4;
   } else {
     PyErr_Clear();
-    w[0] = 5, w[1] = reinterpret_cast<uint64_t>(obj);
+    if (constexpr_index(obj, &w[1])) {
+      w[0] = 5;
+    } else {
+      Py_INCREF(obj);
+      w[0] = 6, w[1] = reinterpret_cast<uint64_t>(obj);
+    }
   }
 }
 
-inline unsigned grid_dim(PyObject* v, bool* ok) {
-  long long d = PyLong_AsLongLong(v);
-  if (d == -1 && PyErr_Occurred()) return *ok = false, 0;
-  if (d < 0 || d > 0x7fffffffLL) return *ok = false, 0;
-  return unsigned(d);
+// One grid dimension: an int (or an object with __index__) in [0, 2**31 - 1].
+// 0: fine; 1: not an int; 2: out of range.
+inline int grid_dim(PyObject* v, unsigned* out) {
+  int overflow = 0;
+  long long d = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : PyLong_AsLongLong(v);
+  if (d == -1 && PyErr_Occurred()) {
+    bool type_error = PyErr_ExceptionMatches(PyExc_TypeError);
+    PyErr_Clear();
+    return type_error ? 1 : 2;
+  }
+  if (overflow || d < 0 || d > 0x7fffffffLL) return 2;
+  *out = unsigned(d);
+  return 0;
 }
 
-// Grid from an int, a sequence of up to 3 ints, or a callable of the meta dict.
-// Returns false with a Python exception set on bad input.
-inline bool read_grid(PyObject* grid, Dim3* out) {
-  bool ok = true;
+// Grid from an int or a tuple/list of 1 to 3 ints. Returns false with a Python
+// exception set on bad input, naming the kernel when `kernel` is given (and the
+// grid callable when `from` is the callable that returned `grid`).
+inline bool read_grid(PyObject* grid, Dim3* out, const char* kernel = nullptr, PyObject* from = nullptr) {
+  int bad = 0;  // 1: an entry is not an int; 2: an entry out of range; 3: not an int or a sequence; 4: not 1 to 3 entries
   if (PyLong_Check(grid)) {
-    out->x = grid_dim(grid, &ok);
+    bad = grid_dim(grid, &out->x);
   } else if (PyTuple_Check(grid) || PyList_Check(grid)) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(grid);
-    if (n < 1 || n > 3) ok = false;
     PyObject** items = PySequence_Fast_ITEMS(grid);
     unsigned* dims[3] = {&out->x, &out->y, &out->z};
-    for (Py_ssize_t i = 0; ok && i < n; ++i) *dims[i] = grid_dim(items[i], &ok);
+    if (n < 1 || n > 3) bad = 4;
+    for (Py_ssize_t i = 0; !bad && i < n; ++i) bad = grid_dim(items[i], dims[i]);
   } else {
-    ok = false;
+    bad = 3;
   }
-  if (!ok && !PyErr_Occurred())
-    PyErr_SetString(PyExc_ValueError, "grid must be an int or a tuple of 1 to 3 non-negative ints");
-  return ok;
+  if (!bad) return true;
+  const char* why = bad == 1   ? "each grid dimension must be an int"
+                    : bad == 2 ? "each grid dimension must be in [0, 2**31 - 1]"
+                               : "a grid is an int or a tuple of 1 to 3 non-negative ints";
+  PyObject* type = bad == 2 || bad == 4 ? PyExc_ValueError : PyExc_TypeError;
+  std::string prefix = kernel ? std::string("kernel ") + kernel + ": " : std::string();
+  if (from)
+    PyErr_Format(type, "%sbad grid %R (returned by the grid callable %R): %s", prefix.c_str(), grid, from, why);
+  else
+    PyErr_Format(type, "%sbad grid %R: %s", prefix.c_str(), grid, why);
+  return false;
 }
 
 // The meta dict a grid callable sees: the call's arguments by name plus the
@@ -279,21 +371,47 @@ inline PyObject* grid_meta(const Entry& e, PyObject* const* names, PyObject* arg
 }
 
 inline bool eval_grid(PyObject* grid, const Entry& e, PyObject* const* names, PyObject* args, Py_ssize_t n,
-                      Dim3* out) {
-  if (!PyCallable_Check(grid)) return read_grid(grid, out);
+                      Dim3* out, const char* kernel = nullptr) {
+  if (!PyCallable_Check(grid)) return read_grid(grid, out, kernel);
   PyObject* meta = grid_meta(e, names, args, n);
   if (!meta) return false;
   PyObject* g = PyObject_CallOneArg(grid, meta);
   Py_DECREF(meta);
   if (!g) return false;
-  bool ok = read_grid(g, out);
+  bool ok = read_grid(g, out, kernel, grid);
   Py_DECREF(g);
   return ok;
 }
 
-// Raises the C++ error as a Python RuntimeError (message names kernel + CUDA error).
-inline PyObject* raise(const std::exception& e) {
-  PyErr_SetString(PyExc_RuntimeError, e.what());
+// lazytriton.RuntimeFailure (registered by lazytriton._core for lt::Error),
+// looked up once; RuntimeError should that fail.
+inline PyObject* runtime_failure() {
+  static PyObject* type = nullptr;  // set under the GIL; kept for the life of the process
+  if (!type) {
+    PyObject* core = PyImport_ImportModule("lazytriton._core");
+    PyObject* t = core ? PyObject_GetAttrString(core, "RuntimeFailure") : nullptr;
+    Py_XDECREF(core);
+    if (!t || !PyExceptionClass_Check(t)) {
+      PyErr_Clear();
+      Py_XDECREF(t);
+      t = Py_NewRef(PyExc_RuntimeError);
+    }
+    if (type) Py_DECREF(t);  // another thread got there first (the import can switch threads)
+    else type = t;
+  }
+  return type;
+}
+
+// Raises a C++ error of a launch as a Python exception whose message names the
+// kernel: lazytriton.RuntimeFailure for lazytriton's own errors (lt::Error), else
+// RuntimeError.
+inline PyObject* raise(const std::exception& e, const char* kernel = nullptr) {
+  PyObject* type = dynamic_cast<const Error*>(&e) ? runtime_failure() : PyExc_RuntimeError;
+  std::string prefix = std::string("kernel ") + (kernel ? kernel : "");
+  if (kernel && std::strncmp(e.what(), prefix.c_str(), prefix.size()) != 0)
+    PyErr_Format(type, "kernel %s: %s", kernel, e.what());
+  else
+    PyErr_SetString(type, e.what());
   return nullptr;
 }
 
