@@ -33,7 +33,7 @@ from typing import Any
 from . import paths
 from .arrays import array_info, is_array
 from .cache import atomic_write
-from .spec import KernelSpec
+from .spec import KernelSpec, ReadRecorder
 from .spec import describe as describe_spec
 
 log = logging.getLogger("lazytriton.bundle")
@@ -81,22 +81,6 @@ def load_source(source: str) -> Any:
     return obj
 
 
-class _Recorder(dict):
-    """Records which arguments a heuristic reads."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.read: set[str] = set()
-
-    def __getitem__(self, k):
-        self.read.add(k)
-        return super().__getitem__(k)
-
-    def get(self, k, default=None):
-        self.read.add(k)
-        return super().get(k, default)
-
-
 def _supplied(spec: KernelSpec) -> set[str]:
     return {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
 
@@ -112,7 +96,7 @@ def _heuristic_reads(spec: KernelSpec, call_params: list) -> set[str] | None:
         for layer in spec.heuristics:
             cfg = spec.configs[0].all_kwargs() if layer.inside_autotune and spec.configs else {}
             for fn in layer.values.values():
-                rec = _Recorder({**named, **cfg})
+                rec = ReadRecorder({**named, **cfg})
                 fn(rec)
                 read |= rec.read & named.keys()
     except Exception as exc:  # a heuristic that needs real values: key on every argument instead

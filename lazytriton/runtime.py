@@ -20,7 +20,7 @@ from . import _core, keys, stubgen
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, device_target
-from .spec import KernelSpec, describe
+from .spec import KernelSpec, ReadRecorder, describe
 from .stubgen import Shape, Slot
 from .tuner import TuneOptions, tune
 
@@ -59,22 +59,6 @@ def stream_handle(stream: Any) -> int:
         if isinstance(value, int):
             return value
     raise TypeError(f"stream must be an int CUstream or a stream object, got {type(stream).__name__}")
-
-
-class _Recorder(dict):
-    """Records which arguments a heuristic reads."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.read: set[str] = set()
-
-    def __getitem__(self, k):
-        self.read.add(k)
-        return super().__getitem__(k)
-
-    def get(self, k, default=None):
-        self.read.add(k)
-        return super().get(k, default)
 
 
 # `k[grid]` is _core.LaunchBase's subscript (csrc/python/launcher.cc): a _core.Launch,
@@ -276,7 +260,7 @@ class LazyKernel(_core.LaunchBase):
             for layer in self.spec.heuristics:
                 cfg_kwargs = self.spec.configs[0].all_kwargs() if (layer.inside_autotune and self.spec.configs) else {}
                 for fn in layer.values.values():
-                    rec = _Recorder({**named, **cfg_kwargs})
+                    rec = ReadRecorder({**named, **cfg_kwargs})
                     fn(rec)
                     read |= rec.read & named.keys()
         except Exception:

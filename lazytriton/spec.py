@@ -26,6 +26,22 @@ class Param:
     default: Any = inspect.Parameter.empty
 
 
+class ReadRecorder(dict):
+    """Records which arguments a heuristic reads."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.read: set[str] = set()
+
+    def __getitem__(self, k):
+        self.read.add(k)
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        self.read.add(k)
+        return super().get(k, default)
+
+
 @dataclass
 class HeuristicsLayer:
     values: dict[str, Callable[[dict], Any]]
