@@ -40,7 +40,7 @@ _TYPESTR = {
     "f2": "fp16", "f4": "fp32", "f8": "fp64",
 }
 
-NOT_ARRAY, DATA_PTR_METHOD, DATA_DOT_PTR, CUDA_ARRAY_INTERFACE, DLPACK = range(5)
+NOT_ARRAY, DATA_PTR_METHOD, DATA_DOT_PTR, CUDA_ARRAY_INTERFACE, DLPACK, TORCH = range(6)
 
 # DLPack device types whose memory a kernel can read (python_args.h checks the
 # same): kDLCUDA and kDLCUDAManaged. Not kDLCPU (1) nor kDLCUDAHost (3).
@@ -71,6 +71,8 @@ def pointer_strategy(obj: Any) -> int:
     """How the C++ stubs read the device pointer of objects of this type."""
     if isinstance(obj, (int, float, bool, str, type(None))):
         return NOT_ARRAY
+    if _is_torch_tensor(obj):
+        return TORCH  # data_ptr(), once is_cuda says the memory is on a GPU
     if callable(getattr(obj, "data_ptr", None)):
         return DATA_PTR_METHOD
     data = getattr(obj, "data", None)
@@ -81,6 +83,11 @@ def pointer_strategy(obj: Any) -> int:
     if hasattr(obj, "__dlpack__"):
         return DLPACK
     return NOT_ARRAY
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and isinstance(getattr(obj, "is_cuda", None), bool) \
+        and callable(getattr(obj, "data_ptr", None))
 
 
 def is_array(obj: Any) -> bool:
@@ -101,7 +108,10 @@ def array_info(obj: Any, what: str = "argument") -> ArrayInfo:
         raise TypeError(f"{what}: expected a device array (an object with __cuda_array_interface__, "
                         f"__dlpack__ or data_ptr()), got {type(obj).__name__}")
     cai = getattr(obj, "__cuda_array_interface__", None) if strategy in (DATA_DOT_PTR, CUDA_ARRAY_INTERFACE) else None
-    if strategy == DATA_PTR_METHOD:
+    if strategy == TORCH and not obj.is_cuda:
+        raise TypeError(f"{what}: the tensor is on {obj.device}, not on a CUDA device, so a Triton kernel cannot "
+                        "read it: move it to the GPU first (.cuda())")
+    if strategy in (DATA_PTR_METHOD, TORCH):
         ptr = int(obj.data_ptr())
     elif strategy == DATA_DOT_PTR:
         ptr = int(obj.data.ptr)

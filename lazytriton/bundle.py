@@ -43,6 +43,8 @@ VERSION = 1
 MANIFEST = "manifest.json"
 OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl")
 INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+FLOAT_TYPES = ("fp16", "bf16", "fp32", "fp64")
+SCALAR_ANNOTATIONS = (*INT_TYPES, *FLOAT_TYPES, "u1")  # annotations that fix a scalar's type
 
 
 def default_dir() -> Path:
@@ -134,10 +136,7 @@ def describe(kernel: Any, source: str | None = None) -> dict:
 # -- variants --------------------------------------------------------------------------
 
 
-def _int_type(param: dict, value: int) -> str:
-    ann = param["annotation"]
-    if ann in INT_TYPES:
-        return ann
+def _int_type(value: int) -> str:
     if -2**31 <= value < 2**31:
         return "i32"
     return "i64" if -2**63 <= value < 2**63 else "u64"
@@ -147,10 +146,16 @@ def arg_type(param: dict, value: Any, what: str) -> str:
     """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it."""
     if is_array(value):
         return "*" + array_info(value, what).dtype
+    ann = param["annotation"]
+    if ann in SCALAR_ANNOTATIONS and isinstance(value, (int, float)):
+        # Triton's launcher converts any number to a float annotation; an int one takes ints and bools only.
+        if isinstance(value, float) and ann not in FLOAT_TYPES:
+            raise TypeError(f"{what}: a float ({value!r}) cannot be passed as {ann}, its annotated type")
+        return ann
     if isinstance(value, bool):
         return "u1"
     if isinstance(value, int):
-        return _int_type(param, value)
+        return _int_type(value)
     if isinstance(value, float):
         return "fp32"
     raise TypeError(f"{what}: unsupported argument type {type(value).__name__}")
@@ -160,9 +165,12 @@ def arg_spec(param: dict, value: Any) -> str:
     """Triton's specialization of one runtime argument: "16", "1" or ""."""
     if is_array(value):
         return "16" if param["align"] and array_info(value).ptr % 16 == 0 else ""
-    if isinstance(value, int) and not isinstance(value, bool) and param["specialize"]:
-        return "1" if value == 1 else "16" if value % 16 == 0 else ""
-    return ""
+    ann = param["annotation"]
+    if not isinstance(value, int) or isinstance(value, bool) or not param["specialize"] or ann in ("u1", *FLOAT_TYPES):
+        return ""  # Triton specializes ints only (a bool, or any value for a float or tl.int1 parameter: never)
+    if value == 1 and ann not in INT_TYPES:
+        return "1"  # a constexpr, unless the parameter's type is fixed by an annotation
+    return "16" if param["align"] and value % 16 == 0 else ""
 
 
 def _check_heuristics(desc: dict, lk: Any) -> None:
@@ -197,7 +205,7 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
         types.append(t)
         specs.append(arg_spec(p, v))
         if (p["key"] or p["heuristic"]) and not t.startswith("*"):
-            key_values[p["name"]] = v
+            key_values[p["name"]] = float(v) if t in FLOAT_TYPES else v  # a float's key: the double it converts to
     for k, v in {**constexprs, **resolved.meta}.items():
         if not _jsonable(v):
             raise TypeError(f"kernel {name}: {k}={v!r} is not a plain value (None, bool, int, float, str); "

@@ -201,9 +201,11 @@ def scalar_bits(value: Any, t: str) -> int:
 
 
 def handler_stats() -> dict:
-    """Call sites the handler has seen, launches resolved, and executions of
-    the handler (a command buffer replay executes no handler)."""
+    """Call sites the handler has seen, launches resolved, executions of the
+    handler (a command buffer replay executes no handler), and declared
+    input/output aliases that XLA did not share, so that the handler copied
+    the input into the output first."""
     if _module is None:
-        return {"sites": 0, "resolved": 0, "executes": 0}
-    sites, resolved, executes = _module.site_count()
-    return {"sites": sites, "resolved": resolved, "executes": executes}
+        return {"sites": 0, "resolved": 0, "executes": 0, "alias_copies": 0}
+    sites, resolved, executes, copies = _module.site_count()
+    return {"sites": sites, "resolved": resolved, "executes": executes, "alias_copies": copies}

@@ -123,9 +123,8 @@ class LazyKernel(_core.LaunchBase):
 
     # -- the call path -------------------------------------------------------------
 
-    def run(self, *args, grid: Any, stream: Any = None, **kwargs) -> None:
-        """Launch with `grid` (tuple, int or callable of the meta dict) on `stream`."""
-        return self._run(grid, stream, args, kwargs)
+    # k.run(*args, grid=, stream=None, warmup=False, **kwargs), Triton's spelling
+    # of k[grid](...): _core.LaunchBase.run, the same C hot path.
 
     def resolve(self, *args, grid: Any = None, stream: Any = None, mode: str = "tune", **kwargs) -> "Resolved":
         """The winner for these arguments (persistent cache, else compile and tune

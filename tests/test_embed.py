@@ -3,6 +3,7 @@ runtime, typed launch stubs (export-cpp), the CMake package, and examples/cpp
 (configures, builds, links; its runs report the missing GPU cleanly and the
 ahead-of-time program never loads Python). Real cubins throughout: the
 kernels are compiled for sm_90 with Triton, as on a machine with a GPU."""
+import math
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ if str(EXAMPLE) not in sys.path:
     sys.path.insert(0, str(EXAMPLE))
 import example_kernels  # noqa: E402
 
-from kernels import basic  # noqa: E402
+from kernels import annotated, basic  # noqa: E402
 
 CMAKE = shutil.which("cmake")
 needs_cmake = pytest.mark.skipif(CMAKE is None, reason="needs cmake (pip install cmake)")
@@ -84,6 +85,15 @@ def compile_variant(kernel, source: str, args: tuple, kwargs: dict, *, meta: dic
 
 def ptr(addr: int = 1 << 20) -> PointerArg:
     return PointerArg(addr, "fp32")
+
+
+def cpp_arg(v) -> str:
+    """A Python scalar as a C++ expression of the same lt::Arg kind (a bool, an integer, a double)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"int64_t({v})"
+    return (("-" if v < 0 else "") + "HUGE_VAL") if math.isinf(v) else v.hex()  # hex: the exact double
 
 
 def compiled_example_bundle(d: Path, n: int = N) -> Path:
@@ -425,3 +435,166 @@ def test_cpp_launch_without_gpu_is_an_error(api_output):
 def test_cpp_meta_and_constants(api_output):
     assert api_output["meta"] == ["128 1 'x'"]
     assert api_output["constants"] == ["2.0 None False -3"]
+
+
+# -- annotated scalars (n: tl.int64, x: tl.float16): Triton's types and specialization -------------
+
+STORE = "kernels.annotated:store_scalars"
+SCALE16 = "kernels.annotated:scale_fp16_kernel"
+STORE_SIG = "*fp32,*fp64,fp16,bf16,fp32,fp64,i64"
+# (h: fp16, b: bf16, f: fp32, d: fp64, n: i64): ints and bools for the float parameters, the int
+# annotated n == 1, % 16 and given a bool, fp16 values next to its largest
+ANNOTATED_ROWS = [(1.5, 1.5, 1.5, 1.5, 7), (3, 7, 2**40, -2, 7), (True, False, True, True, True),
+                  (1.0, 1.0, 1.0, 1.0, 1), (1.0, 1.0, 1.0, 1.0, 32), (1.0, 1.0, 1.0, 1.0, 0),
+                  (1.0, 1.0, 1.0, 1.0, False), (65519.99, -1e300, 1e300, 1.0, 3), (-math.inf, 1.0, 1.0, 1.0, 3)]
+FP16_OVERFLOW = [65520.0, -65520.0, 70000, 2.0**100]  # round beyond 65504: Triton's launcher raises OverflowError
+PROBE = "kernels.annotated:scalar_probe"
+PROBE_SIG = "i32,i32,i32,i64,i64,u8,u1,fp16,bf16,fp32,fp64"
+# scalar_probe(plain, nospec, noalign, i64, noalign_i64, u8, b1: tl.int1, h, bf, f, d), in PROBE_SIG's types
+PROBE_ROWS = [(1,) * 11, (32,) * 11, (33,) * 11, (0,) * 11, (5, 5, 5, True, False, True, True, True, False, True, True)]
+
+
+def store_args(row) -> tuple:
+    return (ptr(), PointerArg(1 << 20, "fp64"), *row)
+
+
+def python_signature(kernel, args) -> str:
+    """The specialized signature bundle.py records for a call (e.g. "*fp32:16,fp16,i64:16")."""
+    params = bundle.describe(kernel)["params"]
+    types = [bundle.arg_type(p, v, p["name"]) for p, v in zip(params, args)]
+    return bundle.signature_text(types, [bundle.arg_spec(p, v) for p, v in zip(params, args)])
+
+
+@pytest.fixture(scope="module")
+def annotated_bundle(tmp_path_factory) -> Path:
+    """Winners recorded from ints for the float parameters (and n == 1, alpha = 3 in the key)."""
+    d = tmp_path_factory.mktemp("annotated-bundle")
+    bundle.write_variant(d, *compile_variant(annotated.store_scalars, STORE, store_args((3, 7, 2, 2**53 + 1, 1)), {}))
+    cfg = annotated.scale_fp16_kernel.configs[0]
+    bundle.write_variant(d, *compile_variant(annotated.scale_fp16_kernel, SCALE16, (ptr(), ptr(), 3, 100),
+                                             cfg.all_kwargs(), meta=dict(cfg.kwargs)))
+    bundle.write_variant(d, *compile_variant(annotated.scalar_probe, PROBE, PROBE_ROWS[1], {}))
+    return d
+
+
+def test_annotated_scalars_are_recorded_in_their_types(annotated_bundle):
+    (v,) = bundle.Bundle(annotated_bundle).variants(STORE)
+    assert v["signature"] == "*fp32:16,*fp64:16,fp16,bf16,fp32,fp64,i64"  # n == 1 stays a parameter
+    assert v["is_param"] == [True] * 7
+    (s,) = bundle.Bundle(annotated_bundle).variants(SCALE16)
+    assert s["signature"] == "*fp32:16,*fp32:16,fp16,i32" and s["meta"] == {"BLOCK": 128}
+    assert s["key_values"] == {"alpha": 3.0} and isinstance(s["key_values"]["alpha"], float)  # keyed as converted
+
+
+@pytest.mark.parametrize("row", PROBE_ROWS + [(True,) * 11, (False,) * 11,
+                                              (2**40, 48, 2**40, 2**40, 2**40, 255, 1, 2.5, 2.5, 2.5, 2.5)])
+def test_bundle_specialization_matches_tritons_binder(row):
+    from lazytriton.compiler import Binder
+    from lazytriton.spec import describe
+    from triton.backends.compiler import GPUTarget
+
+    desc = bundle.describe(annotated.scalar_probe)
+    bound = Binder(describe(annotated.scalar_probe), GPUTarget("cuda", 90, 32)).bind(row, {})
+    for i, (p, v) in enumerate(zip(desc["params"], row)):
+        spec, what = bundle.arg_spec(p, v), (p["name"], v)
+        if bound.signature[p["name"]] == "constexpr":  # Triton folded it: == 1
+            assert spec == "1", what
+            continue
+        assert bundle.arg_type(p, v, "x") == bound.signature[p["name"]], what
+        assert spec == ("16" if ["tt.divisibility", 16] in bound.attrs.get((i,), []) else ""), what
+
+
+def test_annotated_int_is_refused_a_float():
+    p = {"name": "n", "annotation": "i64", "specialize": True, "align": True}
+    with pytest.raises(TypeError, match=r"kernel k, argument n: a float \(2.5\) cannot be passed as i64"):
+        bundle.arg_type(p, 2.5, "kernel k, argument n")
+
+
+ANNOTATED_TEST = r"""
+#include <lazytriton/bundle.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+// One line per check: its specialization, or "error: " and the error's message.
+void report(const char* label, const std::function<std::string()>& f) {
+  try {
+    std::printf("%s: %s\n", label, f().c_str());
+  } catch (const lt::Error& e) {
+    std::printf("%s: error: %s\n", label, e.what());
+  }
+}
+
+int main(int argc, char** argv) {
+  lt::Bundle b = lt::Bundle::open(argv[1]);
+  float* p = reinterpret_cast<float*>(uintptr_t(1) << 20);
+  double* q = reinterpret_cast<double*>(uintptr_t(1) << 20);
+  lt::BundleKernel k = b.kernel("store_scalars", "STORE_SIG");
+  lt::BundleKernel probe = b.kernel("scalar_probe", "PROBE_SIG");
+  ROWS
+  report("pointer for float", [&] { return k.specialization({p, q, p, 1.0, 1.0, 1.0, 3}); });
+  report("float for int", [&] { return k.specialization({p, q, 1.0, 1.0, 1.0, 1.0, 3.0}); });
+  report("unannotated type",
+         [&] { return b.kernel("store_scalars", "*fp32,*fp64,fp32,bf16,fp32,fp64,i64").signature(); });
+  report("int class", [&] { return b.kernel("store_scalars", "*fp32,*fp64,fp16,bf16,fp32,fp64,i32").signature(); });
+  lt::BundleKernel s = b.kernel("kernels.annotated:scale_fp16_kernel", "*fp32,*fp32,fp16,i32");
+  report("keyed", [&] { return s.specialization({p, p, 3, 100}); });
+}
+"""
+
+
+def specialization_check(label: str, kernel: str, args) -> str:
+    """A report() line of ANNOTATED_TEST: `kernel`.specialization of the C++ expressions `args`."""
+    return f'report("{label}", [&] {{ return {kernel}.specialization({{{", ".join(args)}}}); }});'
+
+
+@pytest.fixture(scope="module")
+def annotated_output(tmp_path_factory, annotated_bundle) -> dict:
+    if CMAKE is None:
+        pytest.skip("needs cmake (pip install cmake)")
+    src = tmp_path_factory.mktemp("annotated-src")
+    checks = [specialization_check(f"row{i}", "k", ["p", "q", *map(cpp_arg, r)]) for i, r in enumerate(ANNOTATED_ROWS)]
+    checks += [specialization_check(f"overflow{i}", "k", ["p", "q", cpp_arg(h), "1.0", "1.0", "1.0", "3"])
+               for i, h in enumerate(FP16_OVERFLOW)]
+    checks += [specialization_check(f"probe{i}", "probe", map(cpp_arg, r)) for i, r in enumerate(PROBE_ROWS)]
+    calls = "\n  ".join(checks)
+    text = ANNOTATED_TEST.replace("STORE_SIG", STORE_SIG).replace("PROBE_SIG", PROBE_SIG).replace("ROWS", calls)
+    (src / "api_test.cc").write_text(text)
+    (src / "CMakeLists.txt").write_text(API_CMAKE)
+    cmake_build(src, src / "build")
+    out = run(src / "build" / "api_test", annotated_bundle)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return dict(line.split(": ", 1) for line in out.stdout.splitlines())
+
+
+@pytest.mark.parametrize("i", range(len(ANNOTATED_ROWS)))
+def test_cpp_annotated_scalars_specialize_as_python_records_them(annotated_output, i):
+    # the C++ side picks the variant Python would have recorded for these values
+    assert annotated_output[f"row{i}"] == python_signature(annotated.store_scalars, store_args(ANNOTATED_ROWS[i]))
+
+
+@pytest.mark.parametrize("i", range(len(PROBE_ROWS)))
+def test_cpp_specialization_matches_tritons_binder(annotated_output, i):
+    # python_signature agrees with Triton's binder on these rows (test_bundle_specialization_matches_tritons_binder)
+    assert annotated_output[f"probe{i}"] == python_signature(annotated.scalar_probe, PROBE_ROWS[i])
+
+
+@pytest.mark.parametrize("i", range(len(FP16_OVERFLOW)))
+def test_cpp_fp16_overflow_names_kernel_and_argument(annotated_output, i):
+    assert annotated_output[f"overflow{i}"] == (
+        f"error: kernel store_scalars: argument h: {FP16_OVERFLOW[i]} does not fit fp16 "
+        "(it rounds beyond 65504; Triton's launcher raises OverflowError)")
+
+
+@pytest.mark.parametrize("label,message", [
+    ("pointer for float", "error: kernel store_scalars: argument h: expects a number (fp16), got a device pointer"),
+    ("float for int", "error: kernel store_scalars: argument n: expects an integer (i64), got a float"),
+    ("unannotated type",
+     "error: kernel store_scalars: argument h: annotated fp16 in the kernel, but the signature says fp32"),
+    ("int class", "error: kernel store_scalars: argument n: annotated i64 in the kernel, but the signature says i32"),
+    ("keyed", "*fp32:16,*fp32:16,fp16,i32"),
+])
+def test_cpp_annotated_scalar_checks(annotated_output, label, message):
+    assert annotated_output[label] == message

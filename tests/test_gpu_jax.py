@@ -85,6 +85,36 @@ def test_in_place_alias_is_x_plus_one_after_tuning(cache_dir, donate):
     np.testing.assert_array_equal(out2, np.arange(n) + 2.0)
 
 
+def test_declared_alias_that_xla_did_not_share_starts_as_a_copy(cache_dir, monkeypatch):
+    # XLA normally honours a declared alias (copying the input first when it
+    # must); upstream crashed when it did not. Lowering the same call without
+    # XLA's aliasing makes the output a separate buffer the handler must
+    # initialize from the input before the kernel writes half of it.
+    real = jax.ffi.ffi_call
+
+    def no_xla_aliasing(*args, input_output_aliases=None, **kw):
+        assert input_output_aliases == {0: 0}
+        return real(*args, **kw)
+
+    monkeypatch.setattr(jax.ffi, "ffi_call", no_xla_aliasing)
+    n = 10_001
+
+    def inc_even(x):
+        return ltj.triton_call(x, n, kernel=jaxk.inc_even_kernel, out_shape=x, grid=cdiv_grid(n),
+                               input_output_aliases={0: 0})
+
+    x = jax.random.normal(jax.random.key(3), (n,), jnp.float32)
+    orig = np.asarray(x).copy()
+    want = orig.copy()
+    want[::2] += 1
+    copies = ltj.handler_stats()["alias_copies"]
+    f = jax.jit(inc_even)
+    for _ in range(3):  # tuned, then launched (or replayed)
+        np.testing.assert_array_equal(f(x), want)
+    assert ltj.handler_stats()["alias_copies"] > copies
+    np.testing.assert_array_equal(x, orig)  # the input itself is untouched
+
+
 def test_two_outputs_one_aliased(cache_dir):
     n = 4096
 

@@ -155,3 +155,21 @@ def test_zero_grid_launches_nothing(cache_dir):
     k[(0,)](x, x, out, 16, BLOCK=16)
     cp.cuda.runtime.deviceSynchronize()
     assert (out.get() == 7.0).all()
+
+
+def test_torch_tensors_launch_and_cpu_tensors_are_refused(cache_dir):
+    torch = pytest.importorskip("torch")
+    k = lazytriton.kernel(basic.add_kernel)
+    n = 4096
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.full((n,), float("nan"), device="cuda")
+    s = torch.cuda.current_stream().cuda_stream
+    k[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024, stream=s)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + y)
+    # A host tensor has a data_ptr() too: launching on it would fault the context.
+    with pytest.raises(TypeError, match=r"add_kernel.*argument y.*tensor is on cpu.*move it to the GPU"):
+        k[(triton.cdiv(n, 1024),)](x, y.cpu(), out, n, BLOCK=1024, stream=s)
+    k[(triton.cdiv(n, 1024),)](y, x, out, n, BLOCK=1024, stream=s)  # the context is fine
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + y)

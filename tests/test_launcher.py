@@ -165,6 +165,30 @@ def test_defaults_plan(no_cupy):
     assert stub.calls[4:8] == stub.calls[:4] and stub.calls[8:] == stub.calls[:4]
 
 
+def test_run_is_the_same_c_path(no_cupy):
+    stub = Stub()
+    k = kernel_with(stub, fn=axpy_kernel)
+    spy = k._run = Spy(k, forward=True)
+    assert "run" not in rt.LazyKernel.__dict__  # _core.LaunchBase.run
+    for _ in range(2):
+        k.run(X, OUT, 16, grid=GRID)
+        k.run(X, OUT, 16, grid=GRID, stream=7, warmup=False)
+        k.run(X, OUT, 16, 3.0, grid=(2,), BLOCK=64, stream=8)
+    assert len(spy.calls) == 2  # the first of each keyword set: Python hands out its plan
+    assert [(c[1], c[2], c[3]) for c in stub.calls[:3]] == [
+        (GRID, 0, (X, OUT, 16, 2.0, 128)), (GRID, 7, (X, OUT, 16, 2.0, 128)), ((2,), 8, (X, OUT, 16, 3.0, 64))]
+    assert stub.calls[3:] == stub.calls[:3]
+    grid_fn = lambda meta: (meta["n"] // meta["BLOCK"],)  # noqa: E731
+    k.run(X, OUT, 16, grid=grid_fn)
+    assert stub.calls[-1][1] is grid_fn
+    with pytest.raises(TypeError, match="missing required keyword argument: 'grid'"):
+        k.run(X, OUT, 16)
+    with pytest.raises(NotImplementedError, match="axpy_kernel: run.warmup=True. is not supported"):
+        k.run(X, OUT, 16, grid=GRID, warmup=True)
+    with pytest.raises(TypeError, match="stream must be an int CUstream"):
+        k.run(X, OUT, 16, grid=GRID, stream="s")
+
+
 def test_calls_python_binds_every_time_stay_in_python():
     stub = Stub()
     k = kernel_with(stub)
@@ -280,6 +304,7 @@ def test_reference_counts_exact():
             launch(X, OUT, 16, BLOCK=block, stream=stream)  # keyword plan
             k[GRID](X, OUT, 16)  # defaults plan
             launch(X, OUT, 16, BLOCK=block, stream=types.SimpleNamespace(ptr=3))
+            k.run(X, OUT, 16, alpha, block, grid=GRID, stream=stream, warmup=False)  # k.run's keyword split
 
     run(10)
     before = _refcounts(objs)
@@ -309,6 +334,8 @@ def test_no_memory_growth():
             k[GRID](X, OUT, 16, BLOCK=64)
             k[GRID](X, OUT, n=16, **{"BLOCK": 64})
             k[(i % 3 + 1,)](X, OUT, 16)
+            k.run(X, OUT, 16, grid=GRID, stream=i, warmup=False)
+            k.run(X, OUT, 16, grid=(i % 3 + 1,), BLOCK=64)
 
     run(100)
     tracemalloc.start()

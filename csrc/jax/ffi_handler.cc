@@ -43,6 +43,7 @@ PyObject* g_resolver = nullptr;
 std::mutex g_sites_mu;
 std::map<std::string, std::shared_ptr<lt::CallSite>> g_sites;
 std::atomic<uint64_t> g_executes{0};  // replayed command buffers do not call execute
+std::atomic<uint64_t> g_alias_copies{0};
 
 struct CallContext {
   const SiteState* state;
@@ -125,9 +126,11 @@ void copy_unshared_aliases(const SiteState& s, const uint64_t* bufs, const uint6
                            lt::cu::CUstream stream) {
   for (size_t i = 0; i + 1 < s.aliases.size(); i += 2) {
     size_t in = size_t(s.aliases[i]), out = n_in + size_t(s.aliases[i + 1]);
-    if (bufs[in] != bufs[out] && sizes[out])
+    if (bufs[in] != bufs[out] && sizes[out]) {
       lt::check(lt::driver().cuMemcpyDtoDAsync(bufs[out], bufs[in], std::min(sizes[in], sizes[out]), stream),
                 "lazytriton: copying an unshared alias (cuMemcpyDtoDAsync)");
+      g_alias_copies.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -208,15 +211,15 @@ PyObject* site_count(PyObject*, PyObject*) {
   std::lock_guard<std::mutex> lock(g_sites_mu);
   size_t resolved = 0;
   for (auto& [_, s] : g_sites) resolved += s->table().size();
-  return Py_BuildValue("(nnK)", Py_ssize_t(g_sites.size()), Py_ssize_t(resolved),
-                       (unsigned long long)g_executes.load());
+  return Py_BuildValue("(nnKK)", Py_ssize_t(g_sites.size()), Py_ssize_t(resolved),
+                       (unsigned long long)g_executes.load(), (unsigned long long)g_alias_copies.load());
 }
 
 PyMethodDef kMethods[] = {
     {"handlers", handlers, METH_NOARGS, "The FFI stage handlers, as PyCapsules."},
     {"state_type", state_type, METH_NOARGS, "The per-site state type, for jax.ffi.register_ffi_type."},
     {"set_resolver", set_resolver, METH_O, "The Python callable that resolves an unresolved site."},
-    {"site_count", site_count, METH_NOARGS, "(call sites seen, resolved launches, executions of the handler)."},
+    {"site_count", site_count, METH_NOARGS, "(call sites seen, resolved launches, executions of the handler, unshared aliases copied)."},
     {nullptr, nullptr, 0, nullptr}};
 }  // namespace
 

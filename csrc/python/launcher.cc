@@ -46,6 +46,21 @@ struct Plan {
   }
 };
 
+// How k.run's keywords split: where grid= and warmup= are, and the names left
+// for the Launch. Made once per kwnames tuple (a constant per call site), so
+// the leftovers are the same tuple every call and their plan is found by identity.
+struct RunSplit {
+  PyObject* kwnames = nullptr;  // owned
+  PyObject* kept = nullptr;     // owned; nullptr when no keyword is left
+  Py_ssize_t grid = -1, warmup = -1;
+  std::vector<Py_ssize_t> kept_at;  // index in kwnames of each kept name
+
+  ~RunSplit() {
+    Py_XDECREF(kwnames);
+    Py_XDECREF(kept);
+  }
+};
+
 struct LaunchBase {
   PyObject_HEAD
   PyObject* stubs;              // list of generated stubs' launch functions
@@ -56,6 +71,7 @@ struct LaunchBase {
   PyObject* cached;             // Launch for the last int / tuple-of-ints grid
   int n_plans;                  // plans are only added, and freed with the object
   Plan* plans[kMaxPlans];
+  RunSplit* run_split;          // k.run's last keyword split
 };
 
 struct Launch {
@@ -413,6 +429,10 @@ int base_traverse(PyObject* o, visitproc visit, void* arg) {
     Py_VISIT(self->plans[i]->kwnames);
     Py_VISIT(self->plans[i]->defaults);
   }
+  if (self->run_split) {
+    Py_VISIT(self->run_split->kwnames);
+    Py_VISIT(self->run_split->kept);
+  }
   return 0;
 }
 
@@ -428,6 +448,8 @@ int base_clear(PyObject* o) {
     self->plans[self->n_plans] = nullptr;
     delete p;
   }
+  delete self->run_split;
+  self->run_split = nullptr;
   return 0;
 }
 
@@ -459,6 +481,92 @@ PyObject* base_subscript(PyObject* o, PyObject* grid) {
 }
 
 PyMappingMethods base_mapping = {nullptr, base_subscript, nullptr};
+
+// k.run(*args, grid=..., stream=None, warmup=False, **kwargs), the signature of
+// Triton's JITFunction.run: k[grid](*args, stream=..., **kwargs) without the
+// Python frame. grid= and warmup= are taken out of the keywords; what is left
+// goes to the Launch's vectorcall, so both spellings share one hot path.
+RunSplit* make_split(PyObject* kwnames) {
+  auto* sp = new RunSplit;
+  sp->kwnames = Py_NewRef(kwnames);
+  std::vector<PyObject*> kept;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); ++i) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
+    if (PyUnicode_CompareWithASCIIString(name, "grid") == 0) {
+      sp->grid = i;
+    } else if (PyUnicode_CompareWithASCIIString(name, "warmup") == 0) {
+      sp->warmup = i;
+    } else {
+      sp->kept_at.push_back(i);
+      kept.push_back(name);
+    }
+  }
+  if (!kept.empty() && !(sp->kept = tuple_of(kept.data(), Py_ssize_t(kept.size())))) {
+    delete sp;
+    return nullptr;
+  }
+  return sp;
+}
+
+PyObject* base_run(PyObject* o, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  auto* self = reinterpret_cast<LaunchBase*>(o);
+  if (!kwnames) {
+    PyErr_SetString(PyExc_TypeError, "run() missing required keyword argument: 'grid'");
+    return nullptr;
+  }
+  if (!self->run_split || self->run_split->kwnames != kwnames) {
+    RunSplit* sp = make_split(kwnames);
+    if (!sp) return nullptr;
+    delete self->run_split;
+    self->run_split = sp;
+  }
+  // Everything read from the split before any Python runs (which may replace it).
+  const RunSplit& sp = *self->run_split;
+  if (sp.grid < 0) {
+    PyErr_SetString(PyExc_TypeError, "run() missing required keyword argument: 'grid'");
+    return nullptr;
+  }
+  PyObject* grid = args[nargs + sp.grid];
+  PyObject* warmup = sp.warmup >= 0 ? args[nargs + sp.warmup] : nullptr;
+  PyObject* names = Py_XNewRef(sp.kept);
+  std::vector<PyObject*> heap;
+  PyObject* inline_stack[32];
+  PyObject** stack = inline_stack;
+  size_t total = size_t(nargs) + sp.kept_at.size();
+  if (total > 32) {
+    heap.resize(total);
+    stack = heap.data();
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) stack[i] = args[i];
+  for (size_t j = 0; j < sp.kept_at.size(); ++j) stack[nargs + j] = args[nargs + sp.kept_at[j]];
+
+  if (warmup) {
+    int truth = PyObject_IsTrue(warmup);
+    if (truth != 0) {
+      if (truth > 0) {
+        PyObject* kname = PyObject_GetAttrString(o, "name");
+        if (!kname) PyErr_Clear();
+        PyErr_Format(PyExc_NotImplementedError, "kernel %S: run(warmup=True) is not supported: lazytriton "
+                     "compiles and tunes on the first real call (k.resolve(...) does it without launching)",
+                     kname ? kname : Py_None);
+        Py_XDECREF(kname);
+      }
+      Py_XDECREF(names);
+      return nullptr;
+    }
+  }
+  PyObject* launch = base_subscript(o, grid);
+  PyObject* r = launch ? launch_vectorcall(launch, stack, size_t(nargs), names) : nullptr;
+  Py_XDECREF(launch);
+  Py_XDECREF(names);
+  return r;
+}
+
+PyMethodDef base_methods[] = {
+    {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(base_run)), METH_FASTCALL | METH_KEYWORDS,
+     "run(*args, grid, stream=None, warmup=False, **kwargs): launch, as k[grid](*args, stream=stream, **kwargs)."},
+    {nullptr, nullptr, 0, nullptr},
+};
 
 // Object fields, read and written as attributes by LazyKernel's Python code.
 template <size_t Offset>
@@ -534,6 +642,7 @@ bool ready_types() {
   b->tp_clear = base_clear;
   b->tp_as_mapping = &base_mapping;
   b->tp_getset = base_getset;
+  b->tp_methods = base_methods;
   if (PyType_Ready(b) < 0) return false;
 
   PyTypeObject* l = &LaunchType;

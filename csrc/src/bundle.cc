@@ -13,6 +13,7 @@
 
 #include "bundle_json.h"
 #include "lazytriton/lazy_kernel.h"
+#include "lazytriton/scalar_bits.h"
 
 namespace lt {
 
@@ -408,7 +409,7 @@ struct RtArg {
   Ty ty = Ty::kI32;
   std::string type;  // as in the signature ("*fp32", "i32")
   int dtype = kNoDtype;  // pointers
-  bool annotated = false;  // int type fixed by annotation (else Triton's value class)
+  bool annotated = false;  // type fixed by the kernel's annotation (else Triton's class of the value)
   bool specialize = true, align = true;
   int key_word = -1;  // index into the call key, if the value selects the binary
 };
@@ -426,35 +427,6 @@ struct ResolveCtx {
   cu::CUstream stream;
   const GridFn* grid;
 };
-
-uint16_t to_fp16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
-  int exp = int((x >> 23) & 0xff) - 127 + 15;
-  if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (mant ? 0x200 : 0));
-  if (exp >= 31) return uint16_t(sign | 0x7c00);
-  if (exp <= 0) {
-    if (exp < -10) return uint16_t(sign);
-    mant |= 0x800000;
-    uint32_t shift = uint32_t(14 - exp);
-    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) ++h;
-    return uint16_t(sign | h);
-  }
-  uint32_t h = sign | (uint32_t(exp) << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
-  return uint16_t(h);
-}
-
-uint16_t to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if (std::isnan(f)) return uint16_t((x >> 16) | 0x40);
-  x += 0x7fff + ((x >> 16) & 1);  // round to nearest even
-  return uint16_t(x >> 16);
-}
 
 const char* arg_kind_name(Arg::Kind k) {
   switch (k) {
@@ -547,7 +519,9 @@ struct BundleKernel::Impl {
   void read(const Arg* a, size_t n, Call& c) const;
   void pack(size_t i, const Arg& a, Call& c) const;
   void pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const;
-  void pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const;
+  void pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const;
+  double real_of(const RtArg& r, const Arg& a) const;
+  double pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const;
   // The entry for c.key (context set): the table's, else resolved once.
   const Entry* entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const;
   std::string call_spec(const Call& c) const;
@@ -731,7 +705,14 @@ BundleKernel Bundle::kernel(const std::string& name, const std::string& signatur
 
 // ---- the call path ------------------------------------------------------------
 
+// An int parameter: unannotated, Triton's class of the value; annotated, any
+// value in its type, or a bool (0 or 1, specialized on nothing, as Triton's
+// binder treats it). Only an unannotated 1 is folded into a constexpr.
 void BundleKernel::Impl::pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const {
+  if (r.annotated && a.kind() == Arg::kBool) {
+    *slot = a.bits();
+    return;
+  }
   if (a.kind() != Arg::kInteger) fail_arg(r, "expects an integer (" + r.type + "), got " + arg_kind_name(a.kind()));
   if (!r.annotated && int_class(a) != r.ty) {
     Ty c = int_class(a);
@@ -741,28 +722,56 @@ void BundleKernel::Impl::pack_int(const RtArg& r, const Arg& a, uint64_t* slot, 
   if (r.annotated && !int_fits(a, r.ty)) fail_arg(r, arg_value_text(a) + " does not fit " + r.type);
   uint64_t v = a.bits();
   std::memcpy(slot, &v, int_bytes(r.ty));  // little-endian: the low bytes are the narrow value
-  if (r.specialize) *bits = uint64_t(v == 1) | uint64_t(v % 16 == 0) << 1;  // as the Python stubs key it
+  bool fold = r.specialize && !r.annotated;  // == 1: a constexpr
+  bool div = r.specialize && r.align;  // % 16: tt.divisibility, unless do_not_specialize(_on_alignment)
+  *bits = uint64_t(fold && v == 1) | uint64_t(div && v % 16 == 0) << 1;  // as the Python stubs key it
 }
 
-void BundleKernel::Impl::pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const {
-  if (a.kind() != Arg::kFloat) fail_arg(r, "expects a float (" + r.type + "), got " + arg_kind_name(a.kind()));
-  double d = a.real();
+// A bool parameter; annotated tl.int1, an int too (as v != 0), as the stubs take it.
+void BundleKernel::Impl::pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const {
+  if (a.kind() != Arg::kBool && !(r.annotated && a.kind() == Arg::kInteger))
+    fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));
+  if (a.big()) fail_arg(r, arg_value_text(a) + " does not fit 64 bits");
+  *slot = a.bits() != 0;
+}
+
+// A float parameter's value as Triton's launcher reads it (PyFloat_AsDouble):
+// a float; for an annotated parameter an int or a bool too.
+double BundleKernel::Impl::real_of(const RtArg& r, const Arg& a) const {
+  if (a.kind() == Arg::kFloat) return a.real();
+  if (!r.annotated || a.kind() == Arg::kPointer)
+    fail_arg(r, std::string(r.annotated ? "expects a number (" : "expects a float (") + r.type + "), got " +
+                    arg_kind_name(a.kind()));
+  return a.big() ? double(a.bits()) : double(a.integer());  // a bool's bits are 0 or 1
+}
+
+// Packs a float parameter in its type, as Triton's launcher does
+// (scalar_bits.h); returns the double it was converted from (the key value).
+double BundleKernel::Impl::pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const {
+  double d = real_of(r, a);
   if (r.ty == Ty::kFp64) {
     std::memcpy(slot, &d, 8);
   } else if (r.ty == Ty::kFp32) {
     float f = float(d);
     std::memcpy(slot, &f, 4);
+  } else if (r.ty == Ty::kBf16) {
+    uint16_t h = bf16_bits(d);
+    std::memcpy(slot, &h, 2);
   } else {
-    uint16_t h = r.ty == Ty::kFp16 ? to_fp16(float(d)) : to_bf16(float(d));
+    uint16_t h;
+    if (!fp16_bits(d, &h))
+      fail_arg(r, (a.kind() == Arg::kFloat ? Constant(d).repr() : arg_value_text(a)) +
+                      " does not fit fp16 (it rounds beyond 65504; Triton's launcher raises OverflowError)");
     std::memcpy(slot, &h, 2);
   }
+  return d;
 }
 
 void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
   const RtArg& r = args[i];
   uint64_t* slot = &c.slots[i];
   *slot = 0;
-  uint64_t bits = 0;
+  uint64_t bits = 0, word = a.bits();  // word: the key value (a float's as converted, a double)
   if (r.ty == Ty::kPtr) {
     if (a.kind() != Arg::kPointer)
       fail_arg(r, std::string("expects a device pointer (") + r.type + "), got " + arg_kind_name(a.kind()) +
@@ -774,18 +783,13 @@ void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
   } else if (is_int(r.ty)) {
     pack_int(r, a, slot, &bits);
   } else if (r.ty == Ty::kU1) {
-    if (a.kind() != Arg::kBool) fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));
-    *slot = a.bits();
+    pack_flag(r, a, slot);
   } else {
-    pack_float(r, a, slot);
+    double d = pack_float(r, a, slot);
+    std::memcpy(&word, &d, 8);
   }
   c.key[1 + (2 * i) / 64] |= bits << ((2 * i) % 64);
-  if (r.key_word >= 0) {
-    double d = a.real();
-    uint64_t word = a.kind() == Arg::kFloat ? 0 : a.bits();
-    if (a.kind() == Arg::kFloat) std::memcpy(&word, &d, 8);
-    c.key[r.key_word] = word;
-  }
+  if (r.key_word >= 0) c.key[r.key_word] = word;
 }
 
 void BundleKernel::Impl::read(const Arg* a, size_t n, Call& c) const {

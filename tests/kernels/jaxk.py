@@ -29,6 +29,16 @@ def inc_inplace_kernel(x, n, out, BLOCK: tl.constexpr):
 
 @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1024)], key=["n"])
 @triton.jit
+def inc_even_kernel(x, n, out, BLOCK: tl.constexpr):
+    # Writes only the even elements of `out` (which aliases `x`): the odd ones
+    # must keep x's values.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = (offs < n) & (offs % 2 == 0)
+    tl.store(out + offs, tl.load(x + offs, mask=m) + 1, mask=m)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1024)], key=["n"])
+@triton.jit
 def sum_diff_kernel(x, y, n, s, d, BLOCK: tl.constexpr):
     # `s` aliases `x` (accumulates), `d` is a fresh output.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

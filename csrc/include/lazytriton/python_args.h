@@ -10,12 +10,20 @@
 #include <string>
 
 #include "lazytriton/lazy_kernel.h"
+#include "lazytriton/scalar_bits.h"
 
 namespace lt::pyargs {
 
 // How to read the device pointer of an array-like type; decided once per
 // Python type by lazytriton.arrays.pointer_strategy.
-enum Strategy : int { kNotArray = 0, kDataPtrMethod = 1, kDataDotPtr = 2, kCudaArrayInterface = 3, kDLPack = 4 };
+enum Strategy : int {
+  kNotArray = 0,
+  kDataPtrMethod = 1,
+  kDataDotPtr = 2,
+  kCudaArrayInterface = 3,
+  kDLPack = 4,
+  kTorch = 5,  // data_ptr() once is_cuda is True: a host tensor has a data_ptr() too
+};
 
 // Attribute names, interned once: PyObject_GetAttrString would build a new
 // string object on every launch.
@@ -27,6 +35,7 @@ struct Names {
   PyObject* ptr = name("ptr");
   PyObject* cai = name("__cuda_array_interface__");
   PyObject* dlpack = name("__dlpack__");
+  PyObject* is_cuda = name("is_cuda");
 };
 inline const Names& names() {
   static Names n;
@@ -120,6 +129,16 @@ inline bool pointer_of(PyObject* obj, int strategy, uint64_t* ptr) {
   PyObject* v = nullptr;
   bool ok = false;
   switch (strategy) {
+    case kTorch: {
+      // A host tensor is "not this signature": Python's array_info then names the problem.
+      PyObject* on_gpu = PyObject_GetAttr(obj, names().is_cuda);
+      bool cuda = on_gpu == Py_True;
+      Py_XDECREF(on_gpu);
+      if (!cuda) break;
+      v = PyObject_CallMethodNoArgs(obj, names().data_ptr);
+      ok = read_u64(v, ptr);
+      break;
+    }
     case kDataPtrMethod:
       v = PyObject_CallMethodNoArgs(obj, names().data_ptr);
       ok = read_u64(v, ptr);
@@ -255,24 +274,10 @@ inline bool get_flag(PyObject* obj, int64_t* value) {
 }
 
 // Float parameters in their kernel types, packed exactly as Triton's launcher
-// packs them: fp16 rounded from the double (OverflowError past fp16's range:
-// false here, with no error set), bf16 the top half of the fp32 (truncated).
-inline bool fp16_bits(double d, uint16_t* out) {
-#if PY_VERSION_HEX <= 0x030B00A1  // as Triton's launcher: private before 3.11
-  int r = _PyFloat_Pack2(d, reinterpret_cast<unsigned char*>(out), 1);
-#else
-  int r = PyFloat_Pack2(d, reinterpret_cast<char*>(out), 1);
-#endif
-  if (r < 0) return PyErr_Clear(), false;
-  return true;
-}
-
-inline uint16_t bf16_bits(double d) {
-  float f = float(d);
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t(u >> 16);
-}
+// packs them (fp16: false past fp16's range, where Triton raises OverflowError;
+// bf16: truncated): one implementation for the stubs and the C++ bundles.
+using lt::bf16_bits;
+using lt::fp16_bits;
 
 // Key of a constexpr object that is not None/bool/int/float: the index of its
 // value in lazytriton.arrays' per-process table (equal values, one index; the
