@@ -20,9 +20,11 @@ from typing import Any
 
 from . import bundle
 
+# Half-precision scalars are taken as double: converted once, from the double, as
+# Triton's launcher converts them (through float they could round twice).
 CPP_TYPES = {"i8": "int8_t", "i16": "int16_t", "i32": "int32_t", "i64": "int64_t", "u8": "uint8_t",
              "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t", "u1": "bool", "fp32": "float",
-             "fp64": "double", "fp16": "float", "bf16": "float"}
+             "fp64": "double", "fp16": "double", "bf16": "double"}
 _CPP_KEYWORDS = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
 char32_t class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
 decltype default delete do double dynamic_cast else enum explicit export extern false float for friend goto if

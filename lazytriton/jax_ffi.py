@@ -194,8 +194,8 @@ def scalar_bits(value: Any, t: str) -> int:
     if t in ("fp32", "fp16", "fp64"):
         fmt = {"fp32": ("<f", "<I"), "fp16": ("<e", "<H"), "fp64": ("<d", "<Q")}[t]
         return struct.unpack(fmt[1], struct.pack(fmt[0], value))[0]
-    if t in ("u1", "i1"):
-        return int(bool(value))
+    if t in ("u1", "i1"):  # the low byte, as Triton's launcher passes it (the kernel reads bit 0)
+        return int(value) & 0xFF
     bits = int(t.lstrip("iu"))
     return int(value) & ((1 << bits) - 1)
 

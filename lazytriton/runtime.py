@@ -352,7 +352,7 @@ class LazyKernel(_core.LaunchBase):
                                      f"(from {lo} to {hi})")
             div = not (p.do_not_specialize or p.do_not_specialize_on_alignment)
             return Slot("int", int_type=ann, annotated=True, specialize=False, divisibility=div, in_key=in_key)
-        if ann == "u1":  # tl.int1: a bool, or an int passed as 0 or 1
+        if ann == "u1":  # tl.int1: a bool, or an int passed as its low byte (as Triton does)
             if isinstance(v, int) and not -2**63 <= v < 2**63:
                 raise ValueError(f"{what}: integer {v} does not fit 64 bits")
             return Slot("bool", annotated=True, in_key=in_key)

@@ -147,8 +147,8 @@ def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
             value_word += 1
     elif s.kind == "bool":
         member = f"uint8_t s{i};"
-        if s.annotated:  # tl.int1: a bool, or an int taken as 0 or 1
-            out += [f"if (!get_flag({arg}, &v)) return false;", f"a.s{i} = uint8_t(v != 0);"]
+        if s.annotated:  # tl.int1: a bool, or an int passed as its low byte (Triton's launcher; the kernel reads bit 0)
+            out += [f"if (!get_flag({arg}, &v)) return false;", f"a.s{i} = uint8_t(v);"]
             key = "uint64_t(v)"
         else:
             out += [f"if (!get_bool({arg}, &b)) return false;", f"a.s{i} = b;"]

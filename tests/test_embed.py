@@ -205,6 +205,13 @@ def test_export_cpp_writes_typed_launch_functions():
     assert '{{"BLOCK", int64_t{1024}}, {"num_warps", int64_t{8}}}' in src and "void add(" in src
 
 
+def test_export_cpp_takes_half_scalars_as_double():
+    # Rounded once from the caller's double, as Triton's launcher does (via float it could round twice).
+    desc = bundle.describe(annotated.store_scalars, "kernels.annotated:store_scalars")
+    _, header, _ = export_cpp.generate(desc, STORE_SIG, {})
+    assert "double h, double b, float f, double d, int64_t n);" in header
+
+
 @pytest.mark.parametrize("sig,cx,err", [
     ("*fp32,*fp32,i32", {}, "has 3 types but the kernel takes 4 runtime arguments \\(x, out, alpha, n\\)"),
     ("*fp32,*fp32,fp32,i32", {"BLOCK": 64}, "BLOCK is chosen by its autotune configs"),

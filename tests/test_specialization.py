@@ -226,8 +226,8 @@ def triton_bytes(t: str, v) -> bytes:
         return bytes(ctypes.c_float(float(v)))  # C's double -> float: inf beyond fp32's range
     if t == "fp64":
         return struct.pack("<d", float(v))
-    if t == "u1":
-        return bytes([int(v)])
+    if t == "u1":  # Triton 3.6 parses it with "B" (the low byte); 3.9 as a u32 the kernel reads one byte of
+        return bytes([int(v) & 0xFF])
     return int(v).to_bytes(int(t[1:]) // 8, "little", signed=t[0] == "i")
 
 
@@ -236,7 +236,7 @@ def triton_bytes(t: str, v) -> bytes:
     ("f16", 2.5), ("f16", 0.1), ("f16", 3), ("f16", 65504.0), ("f16", 1e-8), ("f16", -math.inf), ("f16", False),
     ("bf16", 0.1), ("bf16", -3.3), ("bf16", 7), ("bf16", 1e300),
     ("f64", 1 / 3), ("f64", 2**60 + 1), ("f64", True),
-    ("b1", True), ("b1", False), ("b1", 1), ("b1", 0),
+    ("b1", True), ("b1", False), ("b1", 1), ("b1", 0), ("b1", 2), ("b1", 3), ("b1", 257),
     ("i64", -2**63), ("i64", 2**63 - 1), ("i64", True), ("u32", 2**32 - 1), ("i8", -128), ("i8", 127),
 ])
 def test_annotated_scalar_is_packed_as_triton_packs_it(cache_dir, name, value):

@@ -92,7 +92,7 @@ struct ArgPack {
     if (t == "u16") return put(v.cast<uint16_t>());
     if (t == "i8" || t == "i1") return put(v.cast<int8_t>());
     if (t == "u8") return put(uint8_t(v.cast<int>()));
-    if (t == "u1") return put(uint8_t(v.cast<int64_t>() != 0));  // 0 or 1, as the stubs pack it
+    if (t == "u1") return put(uint8_t(v.cast<int64_t>()));  // the low byte, as the stubs pack it
     if (t == "fp32") return put(v.cast<float>());
     if (t == "fp64") return put(v.cast<double>());
     if (t == "bf16") return put(pyargs::bf16_bits(v.cast<double>()));

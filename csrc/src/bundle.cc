@@ -732,7 +732,7 @@ void BundleKernel::Impl::pack_flag(const RtArg& r, const Arg& a, uint64_t* slot)
   if (a.kind() != Arg::kBool && !(r.annotated && a.kind() == Arg::kInteger))
     fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));
   if (a.big()) fail_arg(r, arg_value_text(a) + " does not fit 64 bits");
-  *slot = a.bits() != 0;
+  *slot = uint8_t(a.bits());  // the low byte, as Triton's launcher passes it (the kernel reads bit 0)
 }
 
 // A float parameter's value as Triton's launcher reads it (PyFloat_AsDouble):
