@@ -233,9 +233,8 @@ def chains(repeats: int) -> dict:
         if not ok:
             rows[name] = rs[0]
             continue
-        rows[name] = dict(min(ok, key=lambda r: abs(r["us_per_kernel"] - statistics.median(
-            x["us_per_kernel"] for x in ok))), spread=(min(x["us_per_kernel"] for x in ok),
-                                                    max(x["us_per_kernel"] for x in ok)))
+        ok.sort(key=lambda r: r["us_per_kernel"])
+        rows[name] = dict(ok[len(ok) // 2], spread=(ok[0]["us_per_kernel"], ok[-1]["us_per_kernel"]))
     return rows
 
 

@@ -510,22 +510,18 @@ RunSplit* make_split(PyObject* kwnames) {
 
 PyObject* base_run(PyObject* o, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   auto* self = reinterpret_cast<LaunchBase*>(o);
-  if (!kwnames) {
-    PyErr_SetString(PyExc_TypeError, "run() missing required keyword argument: 'grid'");
-    return nullptr;
-  }
-  if (!self->run_split || self->run_split->kwnames != kwnames) {
+  if (kwnames && (!self->run_split || self->run_split->kwnames != kwnames)) {
     RunSplit* sp = make_split(kwnames);
     if (!sp) return nullptr;
     delete self->run_split;
     self->run_split = sp;
   }
-  // Everything read from the split before any Python runs (which may replace it).
-  const RunSplit& sp = *self->run_split;
-  if (sp.grid < 0) {
+  if (!kwnames || self->run_split->grid < 0) {
     PyErr_SetString(PyExc_TypeError, "run() missing required keyword argument: 'grid'");
     return nullptr;
   }
+  // Everything read from the split before any Python runs (which may replace it).
+  const RunSplit& sp = *self->run_split;
   PyObject* grid = args[nargs + sp.grid];
   PyObject* warmup = sp.warmup >= 0 ? args[nargs + sp.warmup] : nullptr;
   PyObject* names = Py_XNewRef(sp.kept);

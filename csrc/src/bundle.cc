@@ -727,7 +727,7 @@ void BundleKernel::Impl::pack_int(const RtArg& r, const Arg& a, uint64_t* slot, 
   *bits = uint64_t(fold && v == 1) | uint64_t(div && v % 16 == 0) << 1;  // as the Python stubs key it
 }
 
-// A bool parameter; annotated tl.int1, an int too (as v != 0), as the stubs take it.
+// A bool parameter; annotated tl.int1, an int too (its low byte), as the stubs take it.
 void BundleKernel::Impl::pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const {
   if (a.kind() != Arg::kBool && !(r.annotated && a.kind() == Arg::kInteger))
     fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));

@@ -135,9 +135,7 @@ inline bool pointer_of(PyObject* obj, int strategy, uint64_t* ptr) {
       bool cuda = on_gpu == Py_True;
       Py_XDECREF(on_gpu);
       if (!cuda) break;
-      v = PyObject_CallMethodNoArgs(obj, names().data_ptr);
-      ok = read_u64(v, ptr);
-      break;
+      [[fallthrough]];
     }
     case kDataPtrMethod:
       v = PyObject_CallMethodNoArgs(obj, names().data_ptr);
