@@ -17,6 +17,7 @@ from .arrays import DeviceArray
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
+DESCRIPTOR_VERSION = 2  # the call-site descriptor lazytriton.jax writes
 STATE_TYPE = "lazytriton_site"
 
 _lock = threading.Lock()
@@ -99,6 +100,10 @@ class Site:
 
         self.d = d
         self.name = d["name"]
+        if d.get("v") != DESCRIPTOR_VERSION:
+            raise RuntimeError(f"{self.name}: this executable was lowered by another lazytriton version "
+                               f"(descriptor v{d.get('v')}, this one reads v{DESCRIPTOR_VERSION}); re-trace the "
+                               "function (or clear JAX's persistent compilation cache)")
         kernel = _kernels.get(d["kernel"]["id"]) or _import_kernel(d["kernel"])
         if keys.kernel_fingerprint(describe(kernel).fn) != d["kernel"]["fingerprint"]:
             raise RuntimeError(f"{self.name}: kernel {d['kernel']['name']} changed since this executable "
@@ -107,6 +112,8 @@ class Site:
 
     def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
         d = self.d
+        # One value per call parameter, positionally: exactly what the C++
+        # launches below pass, so tuning trials and replays see the same call.
         args = []
         for a in d["args"]:
             if "buffer" in a:
@@ -119,10 +126,22 @@ class Site:
             mode = "first" if os.environ.get("LAZYTRITON_CAPTURE_FALLBACK") == "first_config" else "record"
         log.info("%s: resolving on its first execution (%s)", self.name,
                  "stream capturing" if capturing else "tuning allowed")
-        res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **d["call_meta"])
+        if capturing:
+            # Compiling and loading a module are host work, not stream work, but a
+            # capture in thread-local mode (XLA's) refuses them unless relaxed.
+            previous = _core.exchange_capture_mode(_core.CAPTURE_MODE_RELAXED)
+            try:
+                res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **d["options"])
+            finally:
+                _core.exchange_capture_mode(previous)
+        else:
+            res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **d["options"])
+        if len(res.types) != len(d["args"]):
+            raise RuntimeError(f"{self.name}: internal error: the kernel was resolved for {len(res.types)} "
+                               f"arguments but the call site has {len(d['args'])}")
         cfg = self._config_of(res.meta)
         sources = []
-        for i, (a, t) in enumerate(zip(d["args"], res.types)):
+        for a, t in zip(d["args"], res.types):
             if t == "constexpr":
                 continue
             sources.append((a["buffer"], 0) if "buffer" in a else (-1, scalar_bits(a["scalar"], t)))

@@ -80,11 +80,23 @@ def tune(kernel_name: str, candidates: list[Candidate], names: list[str], values
     log.info("kernel %s: tuning %d configs on the call's buffers (saving %s)", kernel_name, len(ok),
              ", ".join(saved) or "nothing")
     snapshot = _core.Snapshot(stream, [arrays[n] for n in saved]) if saved else None
+    if snapshot is not None and snapshot.host_bytes:
+        log.info("kernel %s: device memory is short: %d bytes of the snapshot are in pinned host memory",
+                 kernel_name, snapshot.host_bytes)
     try:
         for c in ok:
             _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, snapshot, zero, options)
-    finally:
+    except BaseException:
+        # A faulted trial leaves a broken context: restoring fails too, and
+        # must not hide which config broke it.
+        try:
+            _finish(snapshot, zero, stream)
+        except _core.RuntimeFailure as exc:
+            log.warning("kernel %s: buffers not restored after the failed trial: %s", kernel_name, exc)
+        raise
+    else:
         _finish(snapshot, zero, stream)
+    finally:
         del snapshot  # frees the copies after the queued restore has run
     timed = [c for c in ok if c.error is None]
     if not timed:
@@ -105,7 +117,9 @@ def _time_one(kernel_name, c, names, values, arrays, grid, stream, snapshot, zer
         # Load-time refusals (resources) are per-candidate; a failed launch
         # (e.g. an illegal address) poisons the context and must surface.
         if "cuLaunchKernelEx" in str(exc) or "cuEventSynchronize" in str(exc):
-            raise
+            # Nothing is recorded: the caller sees which config broke the context.
+            raise _core.RuntimeFailure(f"kernel {kernel_name}: {c.label} failed in a tuning trial on the call's "
+                                       f"buffers, nothing was persisted: {exc}") from exc
         c.error = str(exc)
         log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
         return

@@ -367,3 +367,31 @@ def test_shard_map_on_two_gpus(cache_dir):
     np.testing.assert_array_equal(out, np.arange(2 * per) + 1.0)
     # Both devices are the same model: one resolution serves both.
     assert lazytriton.stats()["tunes"] + lazytriton.stats()["record_hits"] - before <= 1
+
+
+def test_transformer_engine_permute_with_keyword_cols_is_correct_on_every_execution(cache_dir):
+    """Issue 15's reproduction: an autotuned, index-driven row permutation with
+    `cols` passed as a keyword that the autotune key names, command buffers
+    on, new keys on every call. The tuning launch and the C++ launches used
+    to disagree about `cols` (wrong results, then CUDA_ERROR_INVALID_VALUE
+    while XLA recorded the command buffer)."""
+    from kernels import capture
+
+    rows, cols = 4096, 1024
+
+    @jax.jit
+    def step(keys, inp, y):
+        dst = jnp.argsort(jnp.argsort(keys)).astype(jnp.int32)
+        out = ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_shape=inp, grid=(rows,), cols=cols)
+        return out, y * 2.0
+
+    inp = jax.random.normal(jax.random.key(1), (rows, cols), jnp.float32)
+    y = jnp.arange(rows, dtype=jnp.float32)
+    for i in range(4):
+        keys = jax.random.uniform(jax.random.key(10 + i), (rows,))
+        out, y2 = step(keys, inp, y)
+        dst = np.argsort(np.argsort(np.asarray(keys), kind="stable"), kind="stable")
+        want = np.empty((rows, cols), np.float32)
+        want[dst] = np.asarray(inp)
+        np.testing.assert_array_equal(np.asarray(out), want)
+        np.testing.assert_array_equal(np.asarray(y2), np.arange(rows) * 2.0)

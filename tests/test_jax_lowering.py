@@ -12,6 +12,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton import jax as ltj  # noqa: E402
@@ -177,3 +178,44 @@ def test_scalar_bits_are_the_parameter_bytes(value, t):
                "fp64": np.float64, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}[t]
     raw = np.array(value, dtype=np_type).tobytes()
     assert jax_ffi.scalar_bits(value, t) == int.from_bytes(raw, "little")
+
+
+def test_keyword_operand_is_bound_by_parameter_name():
+    """The root of the command-buffer failure (issue 15): `cols=` names a
+    non-constexpr parameter that the autotune key reads. It is an operand,
+    described in its parameter's place, so the tuning launch and every C++
+    launch pass the same arguments."""
+    from kernels import capture
+
+    rows, cols = 64, 1024
+    f = lambda inp, dst: ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_shape=inp,  # noqa: E731
+                                         grid=(rows,), cols=cols)
+    d = descriptor(lower(f, jax.ShapeDtypeStruct((rows, cols), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32)))
+    assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, 2, cols]
+    assert len(d["configs"]) == 5 and d["options"] == {}
+    site = jax_ffi.Site(d)
+    assert [p.name for p in site.lazy._call_params] == ["inp", "dst", "out", "cols"]
+    assert site.lazy._n_call == len(d["args"])
+
+
+def test_keyword_operands_conflicts_and_meta_defaults():
+    from kernels import capture
+
+    m = n = k = 128
+    a = jax.ShapeDtypeStruct((m, k), jnp.float16)
+    mm = lambda a, b: ltj.triton_call(a, b, kernel=capture.device_tma_matmul,  # noqa: E731
+                                      out_shape=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                                      grid=lambda meta: (m // meta["BM"], n // meta["BN"]), M=m, N=n, K=k)
+    d = descriptor(lower(mm, a, a))
+    assert [x.get("buffer", x.get("scalar")) for x in d["args"]] == [0, 1, 2, m, n, k]
+    with pytest.raises(TypeError, match="given both positionally and as a keyword"):
+        lower(lambda x: ltj.triton_call(x, x, 1000, kernel=jaxk.add_kernel, out_shape=x, grid=(1,), BLOCK=16, n=5),
+              F32)
+
+    @triton.jit
+    def with_default(x, n, out, BLOCK: tl.constexpr = 128):
+        pass
+
+    d = descriptor(lower(lambda x: ltj.triton_call(x, 1000, kernel=with_default, out_shape=x,
+                                                   grid=lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)), F32))
+    assert d["args"][-1] == {"scalar": 128} and d["configs"][0]["grid"] == [8, 1, 1]

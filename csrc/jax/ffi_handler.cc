@@ -31,6 +31,11 @@ struct SiteState {
   std::shared_ptr<lt::CallSite> site;
   std::string descriptor;
   std::vector<int64_t> aliases;  // input, output, input, output, ...
+  // Scratch of this instruction's launches (kernels with global scratch, e.g.
+  // device-side TMA descriptors). Per instruction, not per site: two
+  // instructions of one command buffer may run concurrently. Freed with the
+  // executable, which also frees any graph recorded from it.
+  lt::ScratchArena scratch;
 };
 ffi::TypeId SiteState::id = {};
 
@@ -157,7 +162,7 @@ ffi::Error Execute(lt::cu::CUstream stream, int32_t device, SiteState* state, ff
     copy_unshared_aliases(*state, bufs, sizes, n_in, stream);
     g_executes.fetch_add(1, std::memory_order_relaxed);
     CallContext c{state, bufs, sizes, n, stream, device};
-    state->site->launch(ctx, stream, bufs, &c);
+    state->site->launch(ctx, stream, bufs, &c, &state->scratch);
   } catch (const std::exception& e) {
     return ffi::Error::Internal(e.what());
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "lazytriton/call_site.h"
 #include "lazytriton/python_args.h"
 #include "lazytriton/runtime.h"
 
@@ -163,6 +164,14 @@ PYBIND11_MODULE(_core, m) {
     without_gil([&] { check(driver().cuStreamSynchronize(as_stream(stream)), "cuStreamSynchronize"); });
   });
   m.def("is_capturing", [](uint64_t stream) { return stream_is_capturing(as_stream(stream)); });
+  m.def(
+      "exchange_capture_mode",
+      [](int mode) {
+        check(driver().cuThreadExchangeStreamCaptureMode(&mode), "cuThreadExchangeStreamCaptureMode");
+        return mode;
+      },
+      "Sets this thread's stream capture mode (CUstreamCaptureMode); returns the previous one.");
+  m.attr("CAPTURE_MODE_RELAXED") = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
   m.def("counters", [] {
     Counters& c = counters();
     py::dict d;
@@ -170,6 +179,7 @@ PYBIND11_MODULE(_core, m) {
     d["module_loads"] = c.module_loads.load();
     d["bench_launches"] = c.bench_launches.load();
     d["resolves"] = c.resolves.load();
+    d["scratch_allocs"] = c.scratch_allocs.load();
     return d;
   });
   m.def("check_fits", [](const py::dict& meta, int dev) { return check_fits(meta_from(meta), device_info(dev)); },
@@ -194,6 +204,19 @@ PYBIND11_MODULE(_core, m) {
              k.launch(as_stream(stream), g, pack.ptrs.data(), pack.ptrs.size());
            },
            py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"));
+
+  py::class_<ScratchArena, std::shared_ptr<ScratchArena>>(
+      m, "ScratchArena", "Scratch memory of one launch site, valid under graph capture (see kernel.h).")
+      .def(py::init<>())
+      .def_property_readonly("bytes_held", &ScratchArena::bytes_held);
+  // The fixed-layout launch the JAX handler makes (call_site.h), for tests and
+  // embedders that drive it from Python: buffer addresses in, no Python after.
+  m.def(
+      "launch_fixed",
+      [](const Entry& e, uint64_t stream, const std::vector<uint64_t>& buffers, ScratchArena* arena) {
+        launch_fixed(e, current_context(), as_stream(stream), buffers.data(), buffers.size(), arena);
+      },
+      py::arg("entry"), py::arg("stream"), py::arg("buffers"), py::arg("arena") = nullptr);
 
   py::class_<Entry, std::shared_ptr<Entry>>(m, "Entry")
       .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid,

@@ -14,7 +14,8 @@ void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key) {
     if (buffers[i] % 16 == 0) key[1 + i / 64] |= uint64_t(1) << (i % 64);
 }
 
-void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n) {
+void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n,
+                  ScratchArena* arena) {
   constexpr size_t kMax = 256;
   const size_t np = e.sources.size();
   if (np > kMax) throw Error("kernel " + e.kernel->meta().name + ": more than 256 parameters");
@@ -30,10 +31,11 @@ void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const 
   }
   for (const ZeroSpec& z : e.zero)
     if (z.bytes && size_t(z.buffer) < n) zero_buffer(stream, {buffers[z.buffer], z.bytes});
-  e.kernel->launch(ctx, stream, e.grid, params, np);
+  e.kernel->launch(ctx, stream, e.grid, params, np, arena);
 }
 
-void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx) {
+void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx,
+                      ScratchArena* arena) {
   // On the stack: this runs on every launch of a JAX custom call.
   constexpr size_t kInline = alignment_key_words(1024);
   uint64_t inline_key[kInline];
@@ -47,7 +49,7 @@ void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* bu
   alignment_key(buffers, n_buffers_, key);
   const Entry* e = table_.find(key, words);
   if (!e) e = table_.resolve(key, words, call_ctx);
-  launch_fixed(*e, ctx, stream, buffers, n_buffers_);
+  launch_fixed(*e, ctx, stream, buffers, n_buffers_, arena);
 }
 
 }  // namespace lt

@@ -1,5 +1,7 @@
 #include "lazytriton/kernel.h"
 
+#include <algorithm>
+#include <optional>
 #include <string>
 
 namespace lt {
@@ -14,21 +16,112 @@ constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 
 std::string kname(const LaunchMeta& m) { return "kernel " + m.name; }
 
-// Stream-ordered scratch: concurrent launches on different streams stay
-// apart, and the allocation is capturable into a CUDA graph.
-struct Scratch {
-  cu::CUdeviceptr raw = 0, aligned = 0;
-  Scratch(uint64_t per_cta, uint64_t align, Dim3 grid, const LaunchMeta& m, cu::CUstream stream) {
-    if (per_cta == 0) return;
-    uint64_t bytes = uint64_t(grid.x) * grid.y * grid.z * m.num_ctas * per_cta;
-    // cuMemAllocAsync aligns to at least 256 bytes; over-allocate beyond that.
-    if (align > 256) bytes += align;
-    check(driver().cuMemAllocAsync(&raw, bytes, stream), kname(m) + ": scratch cuMemAllocAsync");
-    aligned = align > 256 && raw % align ? raw + align - raw % align : raw;
+uint64_t round_up(uint64_t v, uint64_t align) { return align > 1 ? (v + align - 1) / align * align : v; }
+
+// Both scratch regions of one launch, carved from one allocation.
+struct ScratchLayout {
+  uint64_t global = 0, global_align = 1, profile = 0, profile_align = 1;
+
+  ScratchLayout(const LaunchMeta& m, Dim3 grid) {
+    uint64_t ctas = uint64_t(grid.x) * grid.y * grid.z * uint64_t(m.num_ctas);
+    global = ctas * m.global_scratch_size;
+    profile = ctas * m.profile_scratch_size;
+    global_align = std::max<uint64_t>(m.global_scratch_align, 1);
+    profile_align = std::max<uint64_t>(m.profile_scratch_align, 1);
   }
-  void free(cu::CUstream stream) {
-    if (raw) driver().cuMemFreeAsync(raw, stream);
+  bool empty() const { return global == 0 && profile == 0; }
+  // Enough for both regions wherever a (256-byte aligned) block starts.
+  uint64_t bytes() const {
+    return (global ? global + global_align : 0) + (profile ? profile + profile_align : 0);
   }
+  ScratchPtrs carve(cu::CUdeviceptr base) const {
+    ScratchPtrs s;
+    cu::CUdeviceptr at = base;
+    if (global) {
+      s.global = at = round_up(at, global_align);
+      at += global;
+    }
+    if (profile) s.profile = round_up(at, profile_align);
+    return s;
+  }
+};
+
+// cuMemAlloc in `ctx`, allowed while this thread's stream is being captured:
+// an allocation is no stream operation, but a capture in global or
+// thread-local mode refuses it unless the mode is relaxed around it.
+cu::CUdeviceptr alloc_outside_stream_order(cu::CUcontext ctx, uint64_t bytes, const std::string& what) {
+  const Driver& d = driver();
+  ContextGuard guard(ctx);
+  int mode = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
+  check(d.cuThreadExchangeStreamCaptureMode(&mode), what + ": cuThreadExchangeStreamCaptureMode");
+  cu::CUdeviceptr p = 0;
+  cu::CUresult r = d.cuMemAlloc(&p, bytes);
+  d.cuThreadExchangeStreamCaptureMode(&mode);  // restores the caller's mode
+  check(r, what + ": cuMemAlloc of " + std::to_string(bytes) + " bytes of scratch");
+  counters().scratch_allocs++;
+  return p;
+}
+
+// Per-stream scratch for launches outside capture: kernels on one stream run
+// in order, so one block per stream serves them all; it grows by doubling.
+// cuMemFree of a replaced block waits for work still using it.
+class StreamScratchPool {
+ public:
+  cu::CUdeviceptr get(cu::CUcontext ctx, cu::CUstream stream, uint64_t bytes, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++clock_;
+    for (Slot& s : slots_) {
+      if (s.ctx != ctx || s.stream != stream) continue;
+      s.used = clock_;
+      if (s.bytes >= bytes) return s.ptr;
+      free_block(s);
+      s.bytes = std::max(bytes, 2 * s.bytes);
+      s.ptr = alloc_outside_stream_order(ctx, s.bytes, what);
+      return s.ptr;
+    }
+    if (slots_.size() >= kMaxStreams) {  // streams come and go: drop the least recently used
+      auto lru = std::min_element(slots_.begin(), slots_.end(), [](const Slot& a, const Slot& b) { return a.used < b.used; });
+      free_block(*lru);
+      slots_.erase(lru);
+    }
+    slots_.push_back({ctx, stream, alloc_outside_stream_order(ctx, bytes, what), bytes, clock_});
+    return slots_.back().ptr;
+  }
+
+ private:
+  struct Slot {
+    cu::CUcontext ctx;
+    cu::CUstream stream;
+    cu::CUdeviceptr ptr;
+    uint64_t bytes, used;
+  };
+  static void free_block(const Slot& s) {
+    ContextGuard guard(s.ctx);
+    driver().cuMemFree(s.ptr);
+  }
+  static constexpr size_t kMaxStreams = 64;
+  std::mutex mu_;
+  std::vector<Slot> slots_;
+  uint64_t clock_ = 0;
+};
+
+StreamScratchPool& stream_pool() {
+  static auto* pool = new StreamScratchPool;  // never destroyed: the driver may be gone at exit
+  return *pool;
+}
+
+// A stream-ordered block, freed in stream order after the launch: what a
+// (top-level) graph capture records as allocation and free nodes, and what
+// keeps a kernel using programmatic dependent launch from overlapping a
+// predecessor that still reads the same memory.
+struct StreamOrderedBlock {
+  cu::CUdeviceptr ptr = 0;
+  cu::CUstream stream;
+  StreamOrderedBlock(uint64_t bytes, cu::CUstream s, const std::string& what) : stream(s) {
+    check(driver().cuMemAllocAsync(&ptr, bytes, stream), what + ": scratch cuMemAllocAsync");
+    counters().scratch_allocs++;
+  }
+  ~StreamOrderedBlock() { driver().cuMemFreeAsync(ptr, stream); }
 };
 }  // namespace
 
@@ -123,14 +216,58 @@ void Kernel::launch(cu::CUstream stream, Dim3 grid, void** params, size_t n) {
   launch(current_context(), stream, grid, params, n);
 }
 
-void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** params, size_t n) {
+ScratchArena::~ScratchArena() {
+  std::string why;
+  if (!driver_available(&why)) return;
+  for (const Block& b : blocks_) {
+    ContextGuard guard(b.ctx);
+    driver().cuMemFree(b.ptr);
+  }
+}
+
+cu::CUdeviceptr ScratchArena::get(cu::CUcontext ctx, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it)
+    if (it->ctx == ctx) {
+      if (it->bytes >= bytes) return it->ptr;
+      break;
+    }
+  blocks_.push_back({ctx, alloc_outside_stream_order(ctx, bytes, "scratch arena"), bytes});
+  return blocks_.back().ptr;
+}
+
+uint64_t ScratchArena::bytes_held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const Block& b : blocks_) total += b.bytes;
+  return total;
+}
+
+uint64_t Kernel::scratch_bytes(Dim3 grid) const { return ScratchLayout(meta(), grid).bytes(); }
+
+void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** params, size_t n,
+                    ScratchArena* arena) {
   if (grid.empty()) return;
   const LaunchMeta& m = meta();
   cu::CUfunction fn = function(ctx);
   const Driver& d = driver();
 
-  Scratch gscratch(m.global_scratch_size, m.global_scratch_align, grid, m, stream);
-  Scratch pscratch(m.profile_scratch_size, m.profile_scratch_align, grid, m, stream);
+  ScratchPtrs scratch;
+  std::optional<StreamOrderedBlock> ordered;
+  if (m.global_scratch_size || m.profile_scratch_size) {
+    ScratchLayout layout(m, grid);
+    if (!layout.empty()) {
+      cu::CUdeviceptr base;
+      if (arena) {
+        base = arena->get(ctx, layout.bytes());
+      } else if (m.pdl || stream_is_capturing(stream)) {
+        base = ordered.emplace(layout.bytes(), stream, kname(m)).ptr;
+      } else {
+        base = stream_pool().get(ctx, stream, layout.bytes(), kname(m));
+      }
+      scratch = layout.carve(base);
+    }
+  }
 
   constexpr size_t kInline = 64;
   void* inline_args[kInline + 2];
@@ -141,8 +278,8 @@ void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** pa
     args = heap_args.data();
   }
   for (size_t i = 0; i < n; ++i) args[i] = params[i];
-  args[n] = &gscratch.aligned;
-  args[n + 1] = &pscratch.aligned;
+  args[n] = &scratch.global;
+  args[n + 1] = &scratch.profile;
 
   cu::CUlaunchAttribute attrs[4] = {};
   unsigned nattrs = 0;
@@ -172,8 +309,6 @@ void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** pa
   cfg.attrs = attrs;
   cfg.numAttrs = nattrs;
   cu::CUresult r = d.cuLaunchKernelEx(&cfg, fn, args, nullptr);
-  gscratch.free(stream);
-  pscratch.free(stream);
   check(r, kname(m) + ": cuLaunchKernelEx");
   counters().launches.fetch_add(1, std::memory_order_relaxed);
 }

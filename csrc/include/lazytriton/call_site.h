@@ -18,8 +18,10 @@ constexpr size_t alignment_key_words(size_t n) { return 1 + (n + 63) / 64; }
 void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key);
 
 // Zeroes e.zero's buffers, then launches e.kernel with parameters taken from
-// e.sources (buffer addresses from `buffers`, scalars from the entry).
-void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n);
+// e.sources (buffer addresses from `buffers`, scalars from the entry); its
+// scratch, if any, from `arena` (see Kernel::launch).
+void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n,
+                  ScratchArena* arena = nullptr);
 
 class CallSite {
  public:
@@ -31,8 +33,10 @@ class CallSite {
   LazyKernel& table() { return table_; }
 
   // Launches on `stream` in `ctx`. An unresolved key is resolved first, once
-  // across threads, by the resolver (which gets `call_ctx`).
-  void launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx);
+  // across threads, by the resolver (which gets `call_ctx`). A caller whose
+  // launches may be captured into a graph passes the arena its scratch lives in.
+  void launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx,
+              ScratchArena* arena = nullptr);
 
  private:
   size_t n_buffers_;

@@ -49,6 +49,7 @@ constexpr int CU_FUNC_CACHE_PREFER_SHARED = 1;
 constexpr int CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1;
 constexpr unsigned CU_EVENT_DEFAULT = 0;
 constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;  // CUstreamCaptureMode
 
 // CUlaunchAttributeID
 enum LaunchAttrId : int {

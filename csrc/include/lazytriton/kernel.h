@@ -43,6 +43,39 @@ struct Dim3 {
 // otherwise the reason (used to skip tuning candidates and to refuse launches).
 std::string check_fits(const LaunchMeta& meta, const DeviceInfo& dev);
 
+// Scratch memory of one launch: Triton's global and profile scratch pointers.
+struct ScratchPtrs {
+  cu::CUdeviceptr global = 0, profile = 0;
+};
+
+// Scratch memory owned by one launch site whose launches may be recorded into
+// a CUDA graph and replayed later (the JAX handler keeps one per custom-call
+// instruction). A recorded graph holds the addresses, so blocks live as long
+// as the arena: a larger need adds a block and keeps the old ones. A block is
+// allocated outside any stream order (cuMemAlloc), also while the stream is
+// being captured (the thread's capture mode is relaxed for it): a
+// stream-ordered allocation inside a captured child graph is refused by CUDA.
+class ScratchArena {
+ public:
+  ScratchArena() = default;
+  ~ScratchArena();
+  ScratchArena(const ScratchArena&) = delete;
+  ScratchArena& operator=(const ScratchArena&) = delete;
+
+  // At least `bytes` bytes in `ctx`, aligned to 256 bytes.
+  cu::CUdeviceptr get(cu::CUcontext ctx, uint64_t bytes);
+  uint64_t bytes_held() const;
+
+ private:
+  struct Block {
+    cu::CUcontext ctx;
+    cu::CUdeviceptr ptr;
+    uint64_t bytes;
+  };
+  mutable std::mutex mu_;
+  std::vector<Block> blocks_;  // per context, the last one is the largest
+};
+
 class Kernel {
  public:
   explicit Kernel(std::shared_ptr<const KernelImage> image);
@@ -59,8 +92,15 @@ class Kernel {
   // Launches on `stream` in the current context. `params` holds the kernel's
   // runtime arguments (n of them); the two hidden scratch pointers Triton
   // appends are added here. A grid with a zero dimension launches nothing.
+  // Scratch, for kernels that need it, comes from `arena` when given, else
+  // from a per-stream pool (stream-ordered allocations when the stream is
+  // being captured or the kernel uses programmatic dependent launch).
   void launch(cu::CUstream stream, Dim3 grid, void** params, size_t n);
-  void launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** params, size_t n);
+  void launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** params, size_t n,
+              ScratchArena* arena = nullptr);
+
+  // Bytes of scratch one launch on `grid` needs (both regions, with their alignment).
+  uint64_t scratch_bytes(Dim3 grid) const;
 
  private:
   struct Loaded {
@@ -83,6 +123,7 @@ struct Counters {
   std::atomic<uint64_t> module_loads{0};
   std::atomic<uint64_t> bench_launches{0};
   std::atomic<uint64_t> resolves{0};
+  std::atomic<uint64_t> scratch_allocs{0};  // device allocations made for scratch (pool growth, arenas, async)
 };
 Counters& counters();
 
