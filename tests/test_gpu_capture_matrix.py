@@ -64,7 +64,12 @@ def test_matrix_row(tmp_path, cmdbuf, allocator, fallback, garbage, tool):
                       f"{' (' + x['skipped'] + ')' if x.get('skipped') else ''}"
                       f"  executions={x['executions']} trial launches per execution={x['bench_launches']}"
                       f"{'  ' + x.get('error', '') if not x['ok'] else ''}" for x in results)
-    print(f"\n[{cmdbuf=} {allocator=} {fallback=} {garbage=} {tool=}] rc={r.returncode}\n{table}")
+    report = f"\n[{cmdbuf=} {allocator=} {fallback=} {garbage=} {tool=}] rc={r.returncode}\n{table}"
+    print(report)
+    if os.environ.get("LAZYTRITON_MATRIX_REPORT"):  # collected across rows (and xdist workers)
+        with open(os.environ["LAZYTRITON_MATRIX_REPORT"], "a") as fh:
+            fh.write(report + ("\n  memcheck: " + next((ln for ln in out.splitlines() if "ERROR SUMMARY" in ln), "?")
+                               if tool == "memcheck" else "") + "\n")
     assert results and len(results) == 2 * 9, out[-6000:]
     failed = [x for x in results if not x["ok"]]
     assert not failed, "\n".join(f"{x['case']}/{x['mode']}: {x.get('error')}\n{x.get('trace', '')}" for x in failed)
