@@ -52,7 +52,9 @@ def test_matrix_row(tmp_path, cmdbuf, allocator, fallback, garbage, tool):
         env["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
     if fallback != "unset":
         env["LAZYTRITON_CAPTURE_FALLBACK"] = fallback
-    cmd = [sys.executable, str(WORKER)] + (["--garbage"] if garbage else [])
+    # Stable and changing addresses share call sites: the first mode tunes them.
+    modes = "stable,changing" if allocator == "bfc" else "changing,stable"
+    cmd = [sys.executable, str(WORKER), "--modes", modes] + (["--garbage"] if garbage else [])
     if tool == "memcheck":
         if shutil.which("compute-sanitizer") is None:
             pytest.skip("compute-sanitizer not installed")

@@ -163,17 +163,19 @@ def test_snapshots_fall_back_to_pinned_host_memory_when_the_device_is_full(cache
     n = 16 << 20  # 64 MiB written in place: saved around every trial
     x0 = rand(n)
     x = x0.copy()
+    cp.get_default_memory_pool().free_all_blocks()
     free, _ = cp.cuda.runtime.memGetInfo()
-    pool = cp.get_default_memory_pool()
-    hog = cp.empty(max(free - (128 << 20), 0), cp.uint8)  # leave less than the snapshot needs plus headroom
+    hog = cp.cuda.runtime.malloc(free - (160 << 20))  # leaves less than the snapshot plus lazytriton's headroom
     try:
+        cp.cuda.runtime.memset(hog, 0, free - (160 << 20))
+        left = cp.cuda.runtime.memGetInfo()[0]
+        assert left < (256 << 20), f"could not fill the device: {left} bytes still free"
         with caplog.at_level(logging.INFO, logger="lazytriton"):
             k[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, n)
             cp.cuda.runtime.deviceSynchronize()
     finally:
-        del hog
-        pool.free_all_blocks()
-    assert "pinned host memory" in caplog.text
+        cp.cuda.runtime.free(hog)
+    assert "pinned host memory" in caplog.text, caplog.text[-2000:]
     np.testing.assert_array_equal(x.get(), (x0 + 1).get())  # x + 1, never x + k
 
 

@@ -46,6 +46,7 @@ def faulty_kernel(x, n, out, BLOCK: tl.constexpr):
     # The BLOCK=512 config reads far outside `x`: a tuning trial faults.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
+    src = x
     if BLOCK == 512:
-        offs = offs + (1 << 40)
-    tl.store(out + offs, tl.load(x + offs, mask=m), mask=m)
+        src = x + (1 << 40)
+    tl.store(out + offs, tl.load(src + offs, mask=m), mask=m)
