@@ -174,14 +174,14 @@ def _flip(offset):
 def _reversion(version):
     def mutate(data):
         # A well-formed entry of another format version (valid checksum).
-        magic, _, kind, length, digest = lc._HEADER.unpack_from(data)
-        return lc._HEADER.pack(magic, version, kind, length, digest) + data[lc._HEADER.size:]
+        magic, _, kind, length, digest = lc.entries._HEADER.unpack_from(data)
+        return lc.entries._HEADER.pack(magic, version, kind, length, digest) + data[lc.entries._HEADER.size:]
     return mutate
 
 
 @pytest.mark.parametrize("mutate", [
     _flip(-1),  # last cubin byte
-    _flip(lc._HEADER.size + 8),  # JSON header
+    _flip(lc.entries._HEADER.size + 8),  # JSON header
     _flip(10),  # inside the stored checksum
     _flip(0),  # magic
     lambda d: d[:len(d) // 2],  # truncated payload
@@ -234,10 +234,10 @@ root, key = sys.argv[1:]
 c = lc.Cache(root, disk=True)
 
 def die_mid_write(tmp_path, written):
-    if written >= 2 * lc._WRITE_CHUNK:  # a few MiB in, far from the end
+    if written >= 2 * lc.files._WRITE_CHUNK:  # a few MiB in, far from the end
         os.kill(os.getpid(), signal.SIGKILL)
 
-lc._chunk_hook = die_mid_write
+lc.files._chunk_hook = die_mid_write
 c.store_binary(key, lc.CompiledBinary(name="big", cubin=os.urandom(8 << 20), metadata={"name": "big"}))
 print("not killed")
 """
@@ -256,7 +256,7 @@ def test_killed_writer_leaves_no_entry(tmp_path):
     final = cache._path(lc.KIND_BINARY, KEY_A)
     assert not final.exists()
     temps = [p for p in final.parent.iterdir() if p.name.endswith(".tmp")]
-    assert len(temps) == 1 and temps[0].stat().st_size >= 2 * lc._WRITE_CHUNK  # died mid-write
+    assert len(temps) == 1 and temps[0].stat().st_size >= 2 * lc.files._WRITE_CHUNK  # died mid-write
     assert cache.load_binary(KEY_A) is None
     assert [e.key for e in cache.entries()] == []  # temp files are not entries
 
