@@ -346,7 +346,8 @@ def describe_compile(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Ma
 
 
 def describe_tuning(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, configs: list,
-                    base_options: Mapping, target: Any, device_name: str, tune_key_values: tuple) -> dict:
+                    base_options: Mapping, target: Any, device_name: str, tune_key_values: tuple,
+                    driver_version: Any = None) -> dict:
     """The un-hashed document behind tuning_key (for `cache show`)."""
     parts = _call_parts(fn, signature, constexprs, attrs, target)
     parts.update(
@@ -358,6 +359,10 @@ def describe_tuning(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Map
         device_name=str(device_name),
         tune_key_values=canonical(list(tune_key_values)),
     )
+    if driver_version is not None:
+        # The CUDA driver's version (cuDriverGetVersion): hosts of a fleet, or of a
+        # shared cache directory, on different drivers never share a winner.
+        parts["driver_version"] = canonical(driver_version)
     return parts
 
 
@@ -368,11 +373,12 @@ def compile_key(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping
 
 
 def tuning_key(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, configs: list,
-               base_options: Mapping, target: Any, device_name: str, tune_key_values: tuple) -> str:
+               base_options: Mapping, target: Any, device_name: str, tune_key_values: tuple,
+               driver_version: Any = None) -> str:
     """Key of one tuning record."""
     return hash_parts(
         describe_tuning(fn, signature, constexprs, attrs, configs, base_options, target, device_name,
-                        tune_key_values))
+                        tune_key_values, driver_version))
 
 
 def describe(kind: str, *args: Any, **kwargs: Any) -> dict:

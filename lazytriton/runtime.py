@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _core, keys, stubgen
+from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, device_target
@@ -475,8 +476,18 @@ class Resolution:
         shape_sig = {n: sl.code() for n, sl in zip(self.shape.names, self.shape.slots)}
         self.portable_key = self.shape.portable_key(tuple(self.key), self.values + self.extras)
         tkey = keys.tuning_key(self.spec.fn, shape_sig, {}, {}, self.spec.configs, self.options, self.target,
-                               dev["name"], self.portable_key)
+                               dev["name"], self.portable_key, dev["driver_version"])
         cache, st = k.cache, settings()
+        agreement = distributed.agreement() if self.mode == "tune" else None
+        if agreement is not None:  # many processes (jax.distributed): one resolves, all launch its winner
+            return agreement.resolve(k.name, tkey, lambda: (self._here(cache, tkey, st), self.record.to_dict()),
+                                     lambda rec, origin: self._entry(self._tune(cache, tkey, self._candidates(),
+                                                                                True, agreed=(rec, origin))))
+        return self._here(cache, tkey, st)
+
+    def _here(self, cache: Cache, tkey: str, st):
+        """Resolve as a lone process: the cached winner, else compile and tune."""
+        k = self.k
         with cache.lock(tkey):
             hit = None if st.retune else self._from_record(cache, cache.load_record(tkey))
             if hit is not None:
@@ -528,12 +539,15 @@ class Resolution:
         log.info("kernel %s: using the tuned winner (config %d) from the cache: no compile, no tuning",
                  self.k.name, rec.winner_index)
         self.k.records.append(rec)
+        self.record = rec
         return self._make_entry(rec.winner, binary, launch["is_param"], launch["meta"])
 
-    def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool) -> Candidate:
+    def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool, agreed=None) -> Candidate:
         k = self.k
         pruned = cands
-        if self.spec.autotuned and len(cands) > 1:
+        if agreed is not None:  # (record, origin) of another process's winner: that config alone, no trials
+            pruned = [cands[agreed[0]["winner_index"]]]
+        elif self.spec.autotuned and len(cands) > 1:
             kept = self.spec.prune([c.config for c in cands], self.named, {})
             pruned = [c for c in cands if any(c.config is kc for kc in kept)]
             if len(pruned) < len(cands):
@@ -562,8 +576,11 @@ class Resolution:
             driver_version=self.dev["driver_version"],
             tune_key_values=keys.canonical(list(self.portable_key)),
             extra={"launch": self._launch_info(winner)} if _jsonable_meta(winner.extra["meta"]) else {})
+        if agreed is not None:
+            rec.extra["agreed"] = distributed.provenance(*agreed, rec.winner)
         cache.store_record(tkey, rec)
         k.records.append(rec)
+        self.record = rec
         return winner
 
     def _grid_of(self, c: Candidate):

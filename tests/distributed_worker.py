@@ -1,0 +1,185 @@
+"""One process of tests/test_distributed.py: joins a jax.distributed job on the
+CPU backend and drives lazytriton.distributed's protocol through JAX's real
+key-value store. "Tuning" is a stand-in that picks a rank-dependent winner (as
+timing noise would), so any disagreement shows.
+
+    python distributed_worker.py RANK N PORT OUTDIR
+"""
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax  # noqa: E402
+
+rank, n, port, outdir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=rank,
+                           initialization_timeout=60)
+from jax._src.distributed import global_state  # noqa: E402
+
+from lazytriton import distributed as ld  # noqa: E402
+
+client = global_state.client
+results: dict = {"rank": rank, "pid": os.getpid()}
+
+
+class Collect(logging.Handler):
+    """The lazytriton log lines of one scenario."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+log_lines = Collect()
+logging.getLogger("lazytriton").addHandler(log_lines)
+logging.getLogger("lazytriton").setLevel(logging.INFO)
+
+
+def barrier(name):
+    client.wait_at_barrier(f"test/{name}", 60_000)
+
+
+def tuner(name, delay=0.3, hang_after_claim=None, fail=False):
+    """local() and adopt() for one scenario, recording what ran."""
+    seen = {"local": 0, "adopt": 0}
+
+    def local():
+        seen["local"] += 1
+        if hang_after_claim is not None:
+            client.key_value_set(f"test/{name}/claimed", str(rank))  # tell the others to go now
+            time.sleep(hang_after_claim)
+        time.sleep(delay)
+        if fail:
+            raise RuntimeError(f"rank {rank}: every candidate config failed")
+        winner = 1 + rank % 3  # what this process would pick on its own
+        record = {"winner_index": winner, "winner": f"{winner:064x}", "created": f"rank{rank}",
+                  "candidates": [{"time_ms": 1.0 + i} for i in range(4)]}
+        return winner, record
+
+    def adopt(record, origin):
+        seen["adopt"] += 1
+        seen["origin"] = origin
+        return record["winner_index"]
+
+    return seen, local, adopt
+
+
+def scenario(name, key, agreement, call=True, **kw):
+    """Every rank (or those with call=True) resolves `key` once; records the outcome."""
+    barrier(name)
+    log_lines.lines = []
+    seen, local, adopt = tuner(name, **kw)
+    before = ld.stats()
+    out = {"called": call}
+    if call:
+        if kw.get("hang_after_claim") is None and name in WAIT_FOR_CLAIM:
+            client.blocking_key_value_get(f"test/{name}/claimed", 60_000)
+        t0 = time.monotonic()
+        try:
+            out["result"] = agreement.resolve("fake_kernel", key, local, adopt)
+        except RuntimeError as exc:
+            out["raised"] = str(exc)
+        out["elapsed"] = time.monotonic() - t0
+    after = ld.stats()
+    out.update(seen, stats={k: after[k] - before[k] for k in after}, logs=list(log_lines.lines))
+    results[name] = out
+    barrier(name + "/done")
+
+
+WAIT_FOR_CLAIM = {"hang", "fail", "fake_clock"}  # scenarios where one chosen rank claims first
+
+# Agreement is on by default in a jax.distributed job of several processes, off with LAZYTRITON_AGREE=0.
+default = ld.agreement()
+results["default"] = None if default is None else {"rank": default.rank, "processes": default.processes,
+                                                   "timeout_s": default.timeout_s,
+                                                   "store": type(default.store).__name__}
+os.environ["LAZYTRITON_AGREE"] = "0"
+results["opted_out"] = ld.agreement() is None
+os.environ["LAZYTRITON_AGREE"] = "1"
+
+store = ld.JaxStore()
+quick = ld.Agreement(store, rank, n, timeout_s=30.0, slice_s=0.5)
+
+# 1. Every rank needs the kernel: one resolves, all launch its winner.
+scenario("all", "a1" * 32, default)
+
+# 2. Ranks 0 and 2 never reach the kernel: nobody waits for them.
+scenario("some", "a2" * 32, quick, call=rank in (1, 3))
+
+# 3. Three threads per process (12 callers): one resolution in the whole job.
+barrier("threads")
+thread_out, thread_seen = [], []
+before = ld.stats()
+
+
+def one_thread():
+    seen, local, adopt = tuner("threads")
+    thread_out.append(quick.resolve("fake_kernel", "a3" * 32, local, adopt))
+    thread_seen.append(seen)
+
+
+threads = [threading.Thread(target=one_thread) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(60)
+after = ld.stats()
+results["threads"] = {"results": thread_out, "local": sum(s["local"] for s in thread_seen),
+                      "adopt": sum(s["adopt"] for s in thread_seen),
+                      "stats": {k: after[k] - before[k] for k in after}}
+barrier("threads/done")
+
+# 4. The claimant (rank 2) hangs past the waiters' timeout: they tune on their own.
+short = ld.Agreement(store, rank, n, timeout_s=1.5, slice_s=0.5)
+scenario("hang", "a4" * 32, short, hang_after_claim=4.0 if rank == 2 else None)
+
+# 5. The claimant (rank 1) fails: the waiters learn it at once and resolve on their own.
+scenario("fail", "a5" * 32, quick if rank != 1 else ld.Agreement(store, rank, n, timeout_s=60.0),
+         fail=rank == 1, hang_after_claim=0.0 if rank == 1 else None)
+
+
+# 6. A deterministic fake clock: each unanswered wait "lasts" 100 s; the 600 s timeout is
+#    reached after exactly 6 waits, in well under a real second per wait.
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+
+class SteppingStore:
+    """JAX's store, with the fake clock moved 100 s per wait that ends unanswered."""
+
+    def __init__(self, real, clock):
+        self.real, self.clock, self.waits = real, clock, 0
+
+    def claim(self, key, value):
+        return self.real.claim(key, value)
+
+    def set(self, key, value):
+        self.real.set(key, value)
+
+    def get(self, key, timeout_s):
+        value = self.real.get(key, timeout_s)
+        if value is None:
+            self.waits += 1
+            self.clock.t += 100.0
+        return value
+
+
+clock = Clock()
+stepping = SteppingStore(store, clock)
+fake = ld.Agreement(stepping, rank, n, timeout_s=600.0, clock=lambda: clock.t, slice_s=0.05)
+scenario("fake_clock", "a6" * 32, fake, hang_after_claim=3.0 if rank == 3 else None)
+results["fake_clock"]["waits"] = stepping.waits
+results["fake_clock"]["clock"] = clock.t
+
+with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+    json.dump(results, f)
+barrier("end")
+jax.distributed.shutdown()
