@@ -1,14 +1,20 @@
-"""`lazytriton cache ...` subcommands: list, show, clear, export, import."""
+"""`lazytriton cache ...` subcommands (list, show, clear, export, import) and
+`lazytriton pretune` (run a program, archive the tuned kernels it used)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, Optional
 
-from .cache import Cache
+from .cache import USED_KEYS_ENV, Cache
+from .cache.config import env_flag
 
 
 def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -176,3 +182,81 @@ def cmd_import(args: argparse.Namespace) -> int:
     where = cache.dir if cache.on_disk else "memory (cache directory not writable)"
     print(f"imported {count} entr{'y' if count == 1 else 'ies'} into {where}")
     return 0 if cache.on_disk else 1
+
+
+# --------------------------------------------------------------------------
+# pretune
+# --------------------------------------------------------------------------
+
+PRETUNE_HELP = """\
+Run a program once (for a training job: its first step) with lazytriton noting
+every tuning record it loads or tunes, then write an archive of exactly those
+records and their winners' binaries (no losing candidates). Ship the archive to
+every node (`lazytriton cache import ARCHIVE`) and no node compiles or tunes
+at job start. The nodes must match this one: same GPU model, CUDA driver,
+Triton and lazytriton versions (other entries are ignored there, never misused).
+
+  lazytriton pretune -o kernels.tar.gz -- python train.py --steps 1
+"""
+
+
+def add_pretune_command(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("pretune", help="run a program and archive the tuned kernels it used",
+                              description=PRETUNE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-o", "--output", required=True, help="the archive to write (.tar.gz)")
+    p.add_argument("--cache-dir", default=None,
+                   help="cache the program uses (default: $LAZYTRITON_CACHE_DIR or ~/.cache/lazytriton)")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="the command to run, after --")
+    p.set_defaults(func=cmd_pretune)
+    return p
+
+
+def _used_records(where: Path) -> list[str]:
+    keys = []
+    for path in sorted(where.glob("*.keys")):  # one file per process of the program
+        for line in path.read_text().splitlines():
+            kind, _, key = line.partition(" ")
+            if kind == "record" and key:
+                keys.append(key)
+    return list(dict.fromkeys(keys))
+
+
+def cmd_pretune(args: argparse.Namespace) -> int:
+    program = list(args.program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    if not program:
+        print("error: give the program to run after --, e.g. lazytriton pretune -o k.tar.gz -- python train.py",
+              file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if args.cache_dir:
+        env["LAZYTRITON_CACHE_DIR"] = args.cache_dir
+    if not env_flag("LAZYTRITON_CACHE", True):
+        print("pretune: ignoring LAZYTRITON_CACHE=0: the archive is made from the disk cache", file=sys.stderr)
+    env["LAZYTRITON_CACHE"] = "1"
+    with tempfile.TemporaryDirectory(prefix="lazytriton-pretune-") as used:
+        env[USED_KEYS_ENV] = used
+        try:
+            rc = subprocess.call(program, env=env)
+        except OSError as exc:
+            print(f"error: cannot run {program[0]}: {exc}", file=sys.stderr)
+            return 127
+        if rc != 0:
+            print(f"error: the program exited with status {rc}; no archive written", file=sys.stderr)
+            return rc if rc > 0 else 1
+        records = _used_records(Path(used))
+    cache = Cache(args.cache_dir, disk=True)
+    try:
+        count = cache.export(args.output, records=records)
+    except OSError as exc:
+        print(f"error: cannot write {args.output}: {exc}", file=sys.stderr)
+        return 1
+    print(f"pretune: the program used {len(records)} tuned kernel specialization(s); wrote {count} "
+          f"entr{'y' if count == 1 else 'ies'} to {args.output}")
+    if not records:
+        print("error: the program resolved no tuned kernel through lazytriton; the archive is empty",
+              file=sys.stderr)
+        return 1
+    print(f"on every node: lazytriton cache import {args.output}")
+    return 0

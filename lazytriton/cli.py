@@ -121,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run an autotuned kernel lazily and show what was tuned")
     demo.add_argument("--size", type=int, default=2048)
     demo.set_defaults(func=_demo)
-    from .cache_cli import add_cache_commands
+    from .cache_cli import add_cache_commands, add_pretune_command
 
     add_cache_commands(sub)
+    add_pretune_command(sub)
     _add_cpp_commands(sub)
     args = parser.parse_args(argv)
     if args.cmake_dir:

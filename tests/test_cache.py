@@ -644,3 +644,192 @@ def test_cli(cache, compiled, tmp_path, capsys):
     junk.write_bytes(b"x")
     assert _cli("cache", "--cache-dir", root, "import", str(junk)) == 1
     assert "error" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# Pre-tuning for a fleet: `lazytriton pretune -- PROGRAM`
+# --------------------------------------------------------------------------
+
+PROGRAM = """
+import sys
+from lazytriton.cache import Cache, CompiledBinary, TuningRecord
+c = Cache()  # the cache of the settings pretune passes down
+bin_ = lambda name: CompiledBinary(name=name, cubin=name.encode() * 64, metadata={"name": name})
+rec = lambda w: TuningRecord(kernel_name="k", winner=w, winner_index=0, device_name="dev",
+                             candidates=[{"config": {}, "compile_key": w, "time_ms": 1.0, "error": None}])
+# Tunes one specialization: two candidates compiled, "b" wins.
+c.store_binary("b" * 64, bin_("winner"))
+c.store_binary("e" * 64, bin_("loser"))
+c.store_record("1" * 64, rec("b" * 64))
+# Finds another one tuned by an earlier run.
+assert c.load_record("2" * 64) is not None
+assert c.load_record("7" * 64) is None  # a miss is not used
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _pretune(tmp_path, *argv):
+    return subprocess.run([sys.executable, "-m", "lazytriton", "pretune", *map(str, argv)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_pretune_archives_exactly_the_records_used_and_their_winners(tmp_path):
+    root = tmp_path / "cache"
+    earlier = Cache(root, disk=True)
+    earlier.store_binary("c" * 64, small_binary("earlier_winner"))
+    earlier.store_record("2" * 64, TuningRecord(
+        kernel_name="earlier", winner="c" * 64, winner_index=0, device_name="dev",
+        candidates=[{"config": {}, "compile_key": "c" * 64, "time_ms": 1.0, "error": None}]))
+    earlier.store_record("3" * 64, make_record(kernel_name="unrelated"))  # not used by the program
+    earlier.store_binary("d" * 64, small_binary("unrelated"))
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    archive = tmp_path / "kernels.tar.gz"
+
+    done = _pretune(tmp_path, "-o", archive, "--cache-dir", root, "--", sys.executable, program, 0)
+    assert done.returncode == 0, done.stderr
+    assert "used 2 tuned kernel specialization(s); wrote 4 entries" in done.stdout
+    with tarfile.open(archive) as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+    got = {(e["kind"], e["key"]) for e in manifest["entries"]}
+    assert got == {("record", "1" * 64), ("binary", "b" * 64), ("record", "2" * 64), ("binary", "c" * 64)}
+
+    node = Cache(tmp_path / "node", disk=True)  # another node of the fleet
+    assert node.import_(archive) == 4
+    assert node.load_record("1" * 64).winner == "b" * 64 and node.load_binary("b" * 64).name == "winner"
+    assert node.load_binary("e" * 64) is None and node.load_record("3" * 64) is None
+
+
+def test_pretune_fails_with_the_program(tmp_path):
+    archive = tmp_path / "kernels.tar.gz"
+    done = _pretune(tmp_path, "-o", archive, "--cache-dir", tmp_path / "c", "--", sys.executable, "-c",
+                    "import sys; sys.exit(3)")
+    assert done.returncode == 3 and "exited with status 3; no archive written" in done.stderr
+    assert not archive.exists()
+    done = _pretune(tmp_path, "-o", archive, "--", sys.executable, "-c", "pass")
+    assert done.returncode == 1 and "resolved no tuned kernel" in done.stderr
+    assert _pretune(tmp_path, "-o", archive).returncode == 2
+
+
+# --------------------------------------------------------------------------
+# A cache directory shared by many hosts (network filesystem)
+# --------------------------------------------------------------------------
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_lock_wait_is_bounded(tmp_path, monkeypatch, caplog):
+    # Another process holds the flock and never lets go (a hung client): the wait
+    # ends at LAZYTRITON_CACHE_LOCK_TIMEOUT and the work goes on without the lock.
+    cache = Cache(tmp_path / "cache", disk=True)
+    cache._ensure_dirs()
+    holder = run_script(tmp_path, HOLD_LOCK, cache._lock_path(KEY_A))
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        monkeypatch.setenv("LAZYTRITON_CACHE_LOCK_TIMEOUT", "0.5")
+        t0 = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="lazytriton.cache"):
+            with cache.lock(KEY_A):
+                cache.store_record(KEY_A, make_record())
+        assert 0.5 <= time.monotonic() - t0 < 5
+        assert "gave up waiting" in caplog.text and "LAZYTRITON_CACHE_LOCK_TIMEOUT" in caplog.text
+        assert cache.load_record(KEY_A) == make_record()
+        # With locks off (a filesystem whose flock hangs), nothing waits at all.
+        monkeypatch.setenv("LAZYTRITON_CACHE_LOCKS", "0")
+        t0 = time.monotonic()
+        with cache.lock(KEY_A):
+            pass
+        assert time.monotonic() - t0 < 0.2
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def test_filesystem_without_flock_is_not_an_error(cache, monkeypatch, caplog):
+    # What NFS without a lock manager answers (ENOLCK): one warning, work goes on.
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(lc.files, "_unsupported_warned", False)
+    with caplog.at_level(logging.WARNING, logger="lazytriton.cache"):
+        for key in (KEY_A, KEY_B):
+            with cache.lock(key):
+                cache.store_record(key, make_record())
+    warns = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warns) == 1 and "not supported" in warns[0].getMessage()
+    assert cache.load_record(KEY_B) == make_record()
+
+
+WRITER = """
+import sys
+from lazytriton.cache import Cache, TuningRecord
+root, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = Cache(root, disk=True)
+for i in range(n):
+    c.store_record("f" * 64, TuningRecord(kernel_name="k", winner="f" * 64, winner_index=0, device_name=who,
+                                          candidates=[{"config": {"i": i}, "compile_key": None,
+                                                       "time_ms": None, "error": "x" * 4096}]))
+"""
+
+READER = """
+import json, sys, time
+from lazytriton.cache import Cache
+root = sys.argv[1]
+c = Cache(root, disk=True)
+seen, reads = set(), 0
+end = time.monotonic() + 20
+while len(seen) < 2 and time.monotonic() < end:
+    rec = c.load_record("f" * 64)  # never a torn or foreign entry
+    if rec is not None:
+        reads += 1
+        assert rec.kernel_name == "k" and len(rec.candidates[0]["error"]) == 4096
+        seen.add(rec.device_name)
+print(json.dumps({"seen": sorted(seen), "reads": reads, "discarded": c.stats["discarded"]}))
+"""
+
+
+def test_concurrent_publishers_never_expose_a_partial_entry(tmp_path, monkeypatch):
+    # Two "hosts" publish the same key while a third reads, with file locks off
+    # (as on a filesystem without them): every read is one whole entry.
+    monkeypatch.setenv("LAZYTRITON_CACHE_LOCKS", "0")
+    root = tmp_path / "shared"
+    Cache(root, disk=True)._ensure_dirs()
+    writers = [run_script(tmp_path, WRITER, root, who, 300) for who in ("host1", "host2")]
+    reader = run_script(tmp_path, READER, root)
+    for p in writers:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    out, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err
+    got = json.loads(out)
+    assert got["reads"] > 0 and got["discarded"] == 0 and set(got["seen"]) <= {"host1", "host2"}
+    assert not [p for p in (root / f"v{FORMAT_VERSION}" / "records").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_tuning_keys_keep_gpu_models_drivers_and_versions_apart(monkeypatch):
+    # What lets hosts share one cache directory (or one pretune archive) safely.
+    from lazytriton import keys
+
+    def key(**change):
+        parts = dict(fn=add_kernel, signature={"X": "*fp32", "Y": "*fp32", "OUT": "*fp32", "n": "i32"},
+                     constexprs={}, attrs={}, configs=[], base_options={}, target=GPUTarget("cuda", 90, 32),
+                     device_name="NVIDIA H100 80GB HBM3", tune_key_values=(1024,), driver_version=12080)
+        return keys.tuning_key(**{**parts, **change})
+
+    base = key()
+    assert key() == base
+    assert key(device_name="NVIDIA H200") != base
+    assert key(driver_version=12090) != base
+    assert key(target=GPUTarget("cuda", 100, 32)) != base
+    monkeypatch.setattr(keys, "triton_version", lambda: "0.0.1")
+    assert key() != base
