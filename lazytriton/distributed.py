@@ -243,7 +243,7 @@ def use(store: Optional[Store], *, rank: int = 0, processes: int = 2, timeout_s:
     `Store`), as process ``rank`` of ``processes``; ``use(None)`` goes back to
     the default (JAX's store when jax.distributed runs more than one process).
 
-    For example, over a torch.distributed store::
+    For example, over a torch.distributed store (a sketch: torch is not in the tests)::
 
         class TorchStore:
             def __init__(self, s): self.s = s
