@@ -83,8 +83,8 @@ _used_seen: set[str] = set()
 
 def note_used_record(key: str) -> None:
     """With $LAZYTRITON_USED_KEYS set to a directory, append each tuning record
-    this process loads or stores to a file of its own there, written at once:
-    a program killed after its first step has still said what it used."""
+    this process loads or stores to a file of its own there, written at once
+    (line-buffered): a process that ends in os._exit has still said what it used."""
     global _used_file
     where = os.environ.get(USED_KEYS_ENV)
     if not where:
