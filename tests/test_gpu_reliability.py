@@ -38,7 +38,8 @@ def records(cache_dir: Path) -> list:
 
 
 FAULT = """
-import sys
+import sys, faulthandler
+faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where
 sys.path.insert(0, {tests!r})
 import cupy as cp, triton, lazytriton
 from kernels import capture
@@ -56,7 +57,7 @@ print("NO ERROR")
 
 
 def test_fault_in_a_trial_names_kernel_and_config_and_persists_nothing(cache_dir):
-    r = run_script(FAULT.format(tests=str(TESTS)), {"LAZYTRITON_CACHE_DIR": str(cache_dir)})
+    r = run_script(FAULT.format(tests=str(TESTS)), {"LAZYTRITON_CACHE_DIR": str(cache_dir)}, timeout=150)
     assert r.returncode == 3, (r.stdout[-2000:], r.stderr[-3000:])  # a Python exception, not an abort
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RAISED"))
     assert "faulty_kernel" in line and "BLOCK: 512" in line and "tuning trial" in line, line
