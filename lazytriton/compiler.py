@@ -1,6 +1,7 @@
 """Specialization and compilation of candidate configs, exactly as Triton does
 it: Triton's own binder specializes the arguments, triton.compile builds each
-candidate for the device's target, in parallel, skipping those that fail."""
+candidate for the device's target, in parallel worker processes
+(compile_pool), skipping those that fail."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -8,13 +9,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
+from . import compile_pool
 from .cache import CompiledBinary
 from .spec import KernelSpec
 
@@ -93,6 +95,16 @@ def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate]
                 max_workers: int | None = None) -> None:
     """Fills each candidate's binary or error. `load(c)`/`store(c, binary)` consult
     a persistent cache. Failures are logged and kept, never raised here."""
+    for _ in compile_stream(spec, target, candidates, load, store, max_workers):
+        pass
+
+
+def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
+                   max_workers: int | None = None) -> Iterator[Candidate]:
+    """Compiles the candidates that `load` does not find, in parallel (worker
+    processes: compile_pool; else threads), and yields every candidate as soon
+    as it has its binary or its error, so that tuning can start on the first.
+    max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles on threads."""
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -100,30 +112,82 @@ def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate]
             todo.append(c)
         else:
             log.debug("kernel %s: %s loaded from cache", spec.name, c.label)
+    for c in candidates:
+        if c.binary is not None:
+            yield c
     if not todo:
         return
-    workers = max_workers or min(len(todo), os.cpu_count() or 1)
-    log.info("kernel %s: compiling %d candidate(s) for sm_%s with %d worker(s)", spec.name, len(todo),
-             target.arch, workers)
+    t0 = time.perf_counter()
+    pool = compile_pool.get_pool() if max_workers is None else None
+    jobs = {id(c): compile_pool.worker_job(spec, target, c.bound) for c in todo} if pool else {}
+    remote = [c for c in todo if jobs.get(id(c)) is not None]
+    local = [c for c in todo if jobs.get(id(c)) is None]
+    if remote:
+        log.info("kernel %s: compiling %d candidate(s) for sm_%s in %d worker process(es)", spec.name, len(remote),
+                 target.arch, min(pool.workers, len(remote)))
+    if local:
+        addr = compile_pool.kernel_address(spec.fn)
+        why = "" if not pool else (" (defined in __main__ or in a function: not importable by a worker process)"
+                                   if addr is None else " (arguments not picklable)")
+        log.info("kernel %s: compiling %d candidate(s) for sm_%s in this process%s", spec.name, len(local),
+                 target.arch, why)
+    futures: dict[cf.Future, Candidate] = {pool.submit(jobs[id(c)]): c for c in remote}
+    threads = None
+    if local:
+        workers = max_workers or min(len(local), os.cpu_count() or 1)
+        threads = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lazytriton-compile")
+        futures.update({threads.submit(_compile_here, spec, target, c): c for c in local})
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                c = futures[fut]
+                retry = _settle(spec, target, c, fut)
+                if retry:  # the worker could not import it: compile here
+                    threads = threads or cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytriton-compile")
+                    nf = threads.submit(_compile_here, spec, target, c)
+                    futures[nf] = c
+                    pending.add(nf)
+                    continue
+                _report(spec, c, store)
+                yield c
+    finally:
+        if threads is not None:
+            threads.shutdown(wait=True, cancel_futures=True)
+    ok = sum(c.binary is not None for c in todo)
+    log.info("kernel %s: %d of %d candidate(s) compiled in %.2fs", spec.name, ok, len(todo), time.perf_counter() - t0)
 
-    def job(c: Candidate):
-        t0 = time.perf_counter()
-        try:
-            c.binary = compile_one(spec, target, c.bound)
-        except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
-            c.error = _reason(exc)
-        c.compile_s = time.perf_counter() - t0
-        return c
 
-    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lazytriton-compile") as pool:
-        for c in pool.map(job, todo):
-            if c.error:
-                log.warning("kernel %s: %s skipped: %s", spec.name, c.label, c.error)
-            else:
-                log.info("kernel %s: compiled %s in %.2fs (shared=%s B, num_warps=%s)", spec.name, c.label,
-                         c.compile_s, c.binary.metadata.get("shared"), c.binary.metadata.get("num_warps"))
-                if store:
-                    store(c, c.binary)
+def _compile_here(spec: KernelSpec, target: GPUTarget, c: Candidate):
+    t0 = time.perf_counter()
+    return compile_one(spec, target, c.bound), time.perf_counter() - t0
+
+
+def _settle(spec: KernelSpec, target: GPUTarget, c: Candidate, fut: cf.Future) -> bool:
+    """Records a finished compile on `c`; True: compile it in this process instead."""
+    try:
+        c.binary, c.compile_s = fut.result()
+    except compile_pool.WorkerUnavailable as exc:
+        log.info("kernel %s: %s: %s; compiling it in this process", spec.name, c.label, exc)
+        return True
+    except compile_pool.WorkerCrashed as exc:
+        c.error = f"{exc}"
+    except compile_pool.CompileFailed as exc:
+        c.error = str(exc)
+    except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
+        c.error = _reason(exc)
+    return False
+
+
+def _report(spec: KernelSpec, c: Candidate, store) -> None:
+    if c.error:
+        log.warning("kernel %s: %s skipped: %s", spec.name, c.label, c.error)
+        return
+    log.info("kernel %s: compiled %s in %.2fs (shared=%s B, num_warps=%s)", spec.name, c.label, c.compile_s,
+             c.binary.metadata.get("shared"), c.binary.metadata.get("num_warps"))
+    if store:
+        store(c, c.binary)
 
 
 class AllCandidatesFailed(RuntimeError):

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import _core, keys, stubgen
+from . import _core, compile_pool, keys, stubgen
 from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
@@ -84,6 +84,7 @@ class LazyKernel(_core.LaunchBase):
         self._call_params = [p for p in self.spec.params if p.name not in supplied]
         self._n_call = len(self._call_params)
         self._core = _core.LazyKernel(self.name, self._resolve)
+        compile_pool.start()  # warm by the first call that compiles (nothing is compiled here)
         self._handle = self._core.handle
         self._stubs: list = []
         self._shapes: dict[str, Any] = {}
@@ -137,7 +138,7 @@ class LazyKernel(_core.LaunchBase):
         s = stream if type(stream) is int else self._stream(stream)
         launch = self._stub_for(args)
         shape = self._shapes[launch]
-        key = stubgen.load_stub(shape).key(args)
+        key = stubgen.stub_now(shape).key(args)
         if key is None:
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
@@ -246,11 +247,19 @@ class LazyKernel(_core.LaunchBase):
         shape = self._shape(args)
         self._check_launchable(shape, args)
         with self._lock:
-            module = stubgen.load_stub(shape)
+            # No compiler on this path: the table-driven stub serves until the
+            # generated one is built in the background (stubgen.stub_now).
+            module = stubgen.stub_now(shape, lambda built: self._use_built_stub(shape, built))
             self._shapes[module.launch] = shape
             if module.launch not in self._stubs:
-                self._stubs.insert(0, module.launch)
+                self._stubs = [module.launch, *self._stubs]
         return module.launch
+
+    def _use_built_stub(self, shape: Shape, built) -> None:
+        """The generated stub replaces the table-driven one of its shape."""
+        with self._lock:
+            self._shapes[built.launch] = shape
+            self._stubs = [built.launch if self._shapes.get(launch) == shape else launch for launch in self._stubs]
 
     def _record_heuristic_reads(self, args: tuple) -> None:
         self._needs_probe = False

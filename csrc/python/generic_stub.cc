@@ -1,0 +1,292 @@
+// lazytriton._generic_stub: the launch stub of any argument shape, read from a
+// table at run time instead of generated and compiled per shape. It serves a
+// shape's first calls while its generated stub (lazytriton.stubgen) builds in
+// the background, so no compiler runs on the critical path of a first call.
+// Same interface and same bytes as a generated stub: launch(handle, grid,
+// stream, args), key(args), params(args), key_words; the generated stub stays
+// the steady-state path (straight-line code, no table walk).
+//
+// Slot table (built by stubgen.Shape.table(), one tuple per argument):
+//   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
+//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr
+//   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h
+//   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
+// Plain CPython API (no pybind11), like the generated stubs.
+#include <Python.h>
+
+#include <cstring>
+#include <vector>
+
+#include "lazytriton/python_args.h"
+
+using namespace lt;
+using namespace lt::pyargs;
+
+namespace {
+
+enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4 };
+enum FloatCode { kFp16 = 0, kBf16 = 1, kFp32 = 2, kFp64 = 3 };
+
+struct SlotSpec {
+  int kind, dtype, int_code;
+  bool annotated, specialize, in_key, divisibility;
+  int float_code;
+  size_t size;  // bytes of the kernel parameter
+};
+
+size_t fixed_size(int code) {
+  switch (code) {
+    case kFixI8: case kFixU8: return 1;
+    case kFixI16: case kFixU16: return 2;
+    case kFixI32: case kFixU32: return 4;
+    default: return 8;
+  }
+}
+
+struct Stub {
+  PyObject_HEAD
+  std::vector<SlotSpec>* slots;
+  PyObject** names;  // interned argument names, for grid callables
+  Py_ssize_t n;
+  size_t key_words;
+  uint64_t shape_word;
+};
+
+// One call's values: 8 bytes per argument (a parameter reads its low bytes,
+// little-endian) and the key.
+struct Read {
+  std::vector<uint64_t> key;
+  std::vector<uint64_t> cell;
+};
+
+// False: not this shape (no Python error set). Mirrors stubgen._arg_code.
+bool read(const Stub* s, PyObject* args, Read& r) {
+  if (!s->slots || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != s->n) return false;
+  r.key.assign(s->key_words, 0);
+  r.cell.assign(size_t(s->n), 0);
+  r.key[s->key_words - 1] = s->shape_word;
+  size_t vw = (2 * size_t(s->n) + 63) / 64;
+  for (Py_ssize_t i = 0; i < s->n; ++i) {
+    const SlotSpec& sl = (*s->slots)[size_t(i)];
+    PyObject* arg = PyTuple_GET_ITEM(args, i);
+    uint64_t& bits = r.key[size_t(2 * i) / 64];
+    const int sh = int((2 * i) % 64);
+    void* cell = &r.cell[size_t(i)];
+    int64_t v = 0;
+    double d = 0;
+    bool b = false;
+    switch (sl.kind) {
+      case kPtr: {
+        uint64_t p;
+        if (!get_pointer(arg, sl.dtype, &p)) return false;
+        std::memcpy(cell, &p, 8);
+        if (sl.specialize) bits |= uint64_t(p % 16 == 0) << sh;
+        break;
+      }
+      case kInt: {
+        bool is_bool = false;
+        if (sl.annotated) {
+          if (!get_int_fixed(arg, FixedInt(sl.int_code), &v, &is_bool)) return false;
+        } else if (!get_int(arg, IntClass(sl.int_code), &v)) {
+          return false;
+        }
+        std::memcpy(cell, &v, 8);  // the low bytes: the C conversion the generated stub makes
+        uint64_t k = 0;
+        if (sl.specialize) k |= uint64_t(!is_bool && v == 1);
+        if (sl.divisibility) k |= uint64_t(!is_bool && v % 16 == 0) << 1;
+        bits |= k << sh;
+        if (sl.in_key) r.key[vw++] = uint64_t(v);
+        break;
+      }
+      case kFloat: {
+        if (!(sl.annotated ? get_real(arg, &d) : get_float(arg, &d))) return false;
+        if (sl.float_code == kFp16) {
+          uint16_t h;
+          if (!fp16_bits(d, &h)) return false;
+          std::memcpy(cell, &h, 2);
+        } else if (sl.float_code == kBf16) {
+          uint16_t h = bf16_bits(d);
+          std::memcpy(cell, &h, 2);
+        } else if (sl.float_code == kFp32) {
+          float f = float(d);
+          std::memcpy(cell, &f, 4);
+        } else {
+          std::memcpy(cell, &d, 8);
+        }
+        if (sl.in_key) std::memcpy(&r.key[vw++], &d, 8);
+        break;
+      }
+      case kBool: {
+        uint64_t k;
+        if (sl.annotated) {
+          if (!get_flag(arg, &v)) return false;
+          uint8_t u = uint8_t(v);
+          std::memcpy(cell, &u, 1);
+          k = uint64_t(v);
+        } else {
+          if (!get_bool(arg, &b)) return false;
+          uint8_t u = b;
+          std::memcpy(cell, &u, 1);
+          k = b;
+        }
+        if (sl.in_key) r.key[vw++] = k;
+        break;
+      }
+      default:  // constexpr
+        constexpr_key(arg, &r.key[vw]);
+        vw += 2;
+    }
+  }
+  return true;
+}
+
+PyObject* key_tuple(const Read& r) {
+  PyObject* t = PyTuple_New(Py_ssize_t(r.key.size()));
+  for (size_t i = 0; t && i < r.key.size(); ++i) PyTuple_SET_ITEM(t, i, PyLong_FromUnsignedLongLong(r.key[i]));
+  return t;
+}
+
+PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
+  auto* s = reinterpret_cast<Stub*>(self);
+  if (argc != 4) {
+    PyErr_SetString(PyExc_TypeError, "launch(handle, grid, stream, args)");
+    return nullptr;
+  }
+  auto* kernel = reinterpret_cast<LazyKernel*>(PyLong_AsVoidPtr(argv[0]));
+  PyObject* grid = argv[1];
+  auto stream = reinterpret_cast<cu::CUstream>(PyLong_AsVoidPtr(argv[2]));
+  PyObject* args = argv[3];
+  if (PyErr_Occurred()) return nullptr;
+  Read r;
+  if (!read(s, args, r)) Py_RETURN_NONE;
+  const Entry* e = kernel->find(r.key.data(), r.key.size());
+  if (!e) return key_tuple(r);
+  std::vector<void*> params;
+  params.reserve(size_t(s->n) + 1);
+  for (Py_ssize_t i = 0; i < s->n; ++i)
+    if (e->is_param[size_t(i)]) params.push_back(&r.cell[size_t(i)]);
+  Dim3 g;
+  if (!eval_grid(grid, *e, s->names, args, s->n, &g, kernel->name().c_str())) return nullptr;
+  try {
+    e->kernel->launch(stream, g, params.data(), params.size());
+  } catch (const std::exception& ex) {
+    return raise(ex, kernel->name().c_str());
+  }
+  Py_RETURN_TRUE;
+}
+
+PyObject* stub_key(PyObject* self, PyObject* args) {
+  Read r;
+  if (!read(reinterpret_cast<Stub*>(self), args, r)) Py_RETURN_NONE;
+  return key_tuple(r);
+}
+
+PyObject* stub_params(PyObject* self, PyObject* args) {
+  auto* s = reinterpret_cast<Stub*>(self);
+  Read r;
+  if (!read(s, args, r)) Py_RETURN_NONE;
+  PyObject* t = PyTuple_New(s->n);
+  if (!t) return nullptr;
+  for (Py_ssize_t i = 0; i < s->n; ++i) {
+    const SlotSpec& sl = (*s->slots)[size_t(i)];
+    PyObject* item = sl.kind == kConstexpr
+                         ? Py_NewRef(Py_None)
+                         : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&r.cell[size_t(i)]),
+                                                     Py_ssize_t(sl.size));
+    if (!item) return Py_DECREF(t), nullptr;
+    PyTuple_SET_ITEM(t, i, item);
+  }
+  return t;
+}
+
+int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* s = reinterpret_cast<Stub*>(self);
+  PyObject *names, *table;
+  unsigned long long shape_word;
+  Py_ssize_t key_words;
+  if (!PyArg_ParseTuple(args, "O!O!nK", &PyTuple_Type, &names, &PyTuple_Type, &table, &key_words, &shape_word))
+    return -1;
+  Py_ssize_t n = PyTuple_GET_SIZE(names);
+  if (PyTuple_GET_SIZE(table) != n || key_words < 1) {
+    PyErr_SetString(PyExc_ValueError, "Stub(names, table, key_words, shape_word): one table row per name");
+    return -1;
+  }
+  auto slots = new std::vector<SlotSpec>(size_t(n));
+  auto** interned = new PyObject*[size_t(n) + 1]();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    SlotSpec& sl = (*slots)[size_t(i)];
+    int annotated, specialize, in_key, divisibility;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &sl.kind, &sl.dtype, &sl.int_code, &annotated,
+                          &specialize, &in_key, &divisibility, &sl.float_code)) {
+      delete slots;
+      for (Py_ssize_t j = 0; j < i; ++j) Py_XDECREF(interned[j]);
+      delete[] interned;
+      return -1;
+    }
+    sl.annotated = annotated, sl.specialize = specialize, sl.in_key = in_key, sl.divisibility = divisibility;
+    sl.size = sl.kind == kPtr ? 8
+              : sl.kind == kInt ? (sl.annotated ? fixed_size(sl.int_code) : sl.int_code == kI32 ? 4 : 8)
+              : sl.kind == kFloat ? (sl.float_code <= kBf16 ? 2 : sl.float_code == kFp32 ? 4 : 8)
+              : sl.kind == kBool ? 1 : 8;
+    PyObject* nm = PyTuple_GET_ITEM(names, i);
+    Py_INCREF(nm);
+    PyUnicode_InternInPlace(&nm);
+    interned[i] = nm;
+  }
+  s->slots = slots;
+  s->names = interned;
+  s->n = n;
+  s->key_words = size_t(key_words);
+  s->shape_word = shape_word;
+  return 0;
+}
+
+void stub_dealloc(PyObject* self) {
+  auto* s = reinterpret_cast<Stub*>(self);
+  delete s->slots;
+  if (s->names) {
+    for (Py_ssize_t i = 0; i < s->n; ++i) Py_XDECREF(s->names[i]);
+    delete[] s->names;
+  }
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyMethodDef kMethods[] = {
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(stub_launch)), METH_FASTCALL,
+     "launch(handle, grid, stream, args) -> True (launched), the call key (unresolved) or None (another shape)."},
+    {"key", stub_key, METH_O, "The call key of these arguments, or None (another shape)."},
+    {"params", stub_params, METH_O, "The kernel parameter bytes of these arguments, or None (another shape)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyObject* stub_key_words(PyObject* self, void*) {
+  return PyLong_FromSize_t(reinterpret_cast<Stub*>(self)->key_words);
+}
+
+PyGetSetDef kGetSet[] = {{"key_words", stub_key_words, nullptr, "Words in a call key.", nullptr},
+                         {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject StubType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_generic_stub", "Table-driven launch stubs.", -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__generic_stub() {
+  StubType.tp_name = "lazytriton._generic_stub.Stub";
+  StubType.tp_basicsize = sizeof(Stub);
+  StubType.tp_flags = Py_TPFLAGS_DEFAULT;
+  StubType.tp_doc = "Stub(names, table, key_words, shape_word): a launch stub read from a slot table.";
+  StubType.tp_new = PyType_GenericNew;
+  StubType.tp_init = stub_init;
+  StubType.tp_dealloc = stub_dealloc;
+  StubType.tp_methods = kMethods;
+  StubType.tp_getset = kGetSet;
+  if (PyType_Ready(&StubType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&kModule);
+  if (!m) return nullptr;
+  if (PyModule_AddObjectRef(m, "Stub", reinterpret_cast<PyObject*>(&StubType)) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

@@ -1,0 +1,119 @@
+"""Candidates compile in worker processes (lazytriton.compile_pool), really in
+parallel, with Triton on the CPU (sm_90 needs no GPU). Kernels a worker cannot
+import by name compile in the caller's process; a worker that crashes fails its
+candidate with an error naming the kernel and the config, and nothing hangs."""
+import logging
+import os
+import signal
+
+import pytest
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+from lazytriton import compile_pool
+from lazytriton.arrays import DeviceArray
+from lazytriton.compiler import Binder, Candidate, compile_all, compile_stream
+from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
+from lazytriton.spec import describe
+
+TARGET = GPUTarget("cuda", 90, 32)
+P = DeviceArray(0x7F0000000000, "fp16", 1 << 24)
+
+
+def demo_candidates(configs=DEMO_CONFIGS, kernel=demo_matmul):
+    spec = describe(kernel)
+    binder = Binder(spec, TARGET)
+    args = (P, P, P, 2048, 2048, 2048, 2048, 1, 2048, 1, 2048, 1)
+    return spec, [Candidate(i, c, binder.bind(args, c.all_kwargs())) for i, c in enumerate(configs)]
+
+
+@pytest.fixture
+def fresh_triton_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    return tmp_path
+
+
+def test_demo_configs_compile_in_worker_processes(fresh_triton_cache, caplog):
+    spec, cands = demo_candidates(DEMO_CONFIGS[:4])
+    with caplog.at_level(logging.INFO, logger="lazytriton"):
+        compile_all(spec, TARGET, cands)
+    assert all(c.binary is not None and c.binary.cubin[:4] == b"\x7fELF" for c in cands), [c.error for c in cands]
+    assert "in 2 worker process(es)" in caplog.text or "worker process(es)" in caplog.text
+    # Same bytes as compiling in this process (threads), and Triton's cache was filled by the workers.
+    _, local = demo_candidates(DEMO_CONFIGS[:1])
+    compile_all(spec, TARGET, local, max_workers=1)
+    assert local[0].binary.cubin == cands[0].binary.cubin
+    assert any(fresh_triton_cache.joinpath("triton").rglob("*.cubin"))
+
+
+def test_stream_yields_each_candidate_once(fresh_triton_cache):
+    spec, cands = demo_candidates(DEMO_CONFIGS[:3])
+    seen = [c.index for c in compile_stream(spec, TARGET, cands)]
+    assert sorted(seen) == [0, 1, 2]
+
+
+def test_kernel_defined_in_a_function_compiles_in_process(fresh_triton_cache, caplog):
+    @triton.autotune(configs=[triton.Config({"B": 64}), triton.Config({"B": 128})], key=["n"])
+    @triton.jit
+    def local_kernel(x, n, B: tl.constexpr):
+        o = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(x + o, tl.load(x + o, mask=o < n) * 2, mask=o < n)
+
+    spec = describe(local_kernel)
+    assert compile_pool.kernel_address(spec.fn) is None
+    binder = Binder(spec, TARGET)
+    cands = [Candidate(i, c, binder.bind((P, 4096), c.all_kwargs())) for i, c in enumerate(spec.configs)]
+    with caplog.at_level(logging.INFO, logger="lazytriton"):
+        compile_all(spec, TARGET, cands)
+    assert all(c.binary is not None for c in cands)
+    assert "in this process (defined in __main__ or in a function" in caplog.text
+
+
+def test_compile_errors_are_per_candidate(fresh_triton_cache):
+    from test_compile import partly_bad_kernel
+
+    spec = describe(partly_bad_kernel)
+    binder = Binder(spec, TARGET)
+    cands = [Candidate(i, c, binder.bind((P, 4096), c.all_kwargs())) for i, c in enumerate(spec.configs)]
+    compile_all(spec, TARGET, cands)
+    assert cands[0].binary is not None
+    assert cands[1].error and cands[2].error and cands[1].binary is None
+
+
+def test_a_crashing_worker_fails_its_candidate_only(fresh_triton_cache, monkeypatch):
+    """A worker killed mid-compile (as a segfault in the compiler would) names
+    the kernel's config in the error; the others compile; nothing hangs."""
+    pool = compile_pool.CompilePool(2)
+    spec, cands = demo_candidates(DEMO_CONFIGS[:2])
+    job = compile_pool.worker_job(spec, TARGET, cands[0].bound)
+    crash = dict(job, module="os", qualname="abort")  # importing it works; it is not a kernel
+    fut = pool.submit(crash)
+    with pytest.raises(compile_pool.WorkerUnavailable):
+        fut.result(timeout=120)
+    # A real process death: the child for candidate 0 is SIGKILLed before compiling.
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    orig = compile_pool.worker_job
+    monkeypatch.setattr(compile_pool, "worker_job",
+                        lambda s, t, b: dict(orig(s, t, b), crash_for_test=b is cands[0].bound))
+    compile_all(spec, TARGET, cands)
+    assert cands[0].binary is None and "compile worker process killed by SIGKILL" in cands[0].error
+    assert cands[1].binary is not None
+    pool.close()
+
+
+def test_dead_server_fails_pending_jobs_and_restarts(fresh_triton_cache):
+    pool = compile_pool.CompilePool(1)
+    spec, cands = demo_candidates(DEMO_CONFIGS[:1])
+    pool.start()
+    os.kill(pool._proc.pid, signal.SIGKILL)
+    fut = pool.submit(compile_pool.worker_job(spec, TARGET, cands[0].bound))
+    # Either it went to the dead server (an error) or to a restarted one (a binary): never a hang.
+    try:
+        binary, _ = fut.result(timeout=120)
+        assert binary.cubin
+    except compile_pool.WorkerCrashed as exc:
+        assert "compile server" in str(exc)
+    binary, _ = pool.submit(compile_pool.worker_job(spec, TARGET, cands[0].bound)).result(timeout=120)
+    assert binary.cubin
+    pool.close()
