@@ -5,8 +5,10 @@ are restored (and zeroed) once more, so the caller's result is exactly one
 launch of the winner on the original data."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,17 +19,34 @@ from .ir_analysis import written_pointer_args
 log = logging.getLogger("lazytriton.tuner")
 
 
+def _env_flush() -> bool | None:
+    v = os.environ.get("LAZYTRITON_FLUSH_L2", "").strip()
+    return None if v in ("", "auto") else bool(int(v))
+
+
 @dataclass
 class TuneOptions:
     warmup: int = 2
-    target_ms: float = 25.0
+    target_ms: float = 25.0  # timed budget per candidate in the first pass
     min_reps: int = 5
     max_reps: int = 100
-    flush_l2: bool = bool(int(os.environ.get("LAZYTRITON_FLUSH_L2", "0")))
+    # None: flush L2 before every timed launch when the call's buffers fit in
+    # L2 (else a trial would time cache hits left by the previous one);
+    # LAZYTRITON_FLUSH_L2=0/1 forces it.
+    flush_l2: bool | None = dataclasses.field(default_factory=_env_flush)
+    # Second pass: the candidates within `retime_within` of the first pass's
+    # best (at most `retime_top`) are re-timed in `retime_rounds` interleaved
+    # rounds, so that clock and thermal drift hit them alike; each one's time is
+    # the median of its round medians.
+    retime_within: float = 0.15
+    retime_top: int = 4
+    retime_rounds: int = 7
+    retime_target_ms: float = 10.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self, flush_l2: bool | None = None) -> dict:
+        flush = self.flush_l2 if flush_l2 is None else flush_l2
         return dict(warmup=self.warmup, target_ms=self.target_ms, min_reps=self.min_reps,
-                    max_reps=self.max_reps, flush_l2=self.flush_l2)
+                    max_reps=self.max_reps, flush_l2=bool(flush))
 
 
 @dataclass
@@ -83,9 +102,12 @@ def tune(kernel_name: str, candidates: list[Candidate], names: list[str], values
     if snapshot is not None and snapshot.host_bytes:
         log.info("kernel %s: device memory is short: %d bytes of the snapshot are in pinned host memory",
                  kernel_name, snapshot.host_bytes)
+    options = _resolved_options(options, arrays, device)
     try:
         for c in ok:
             _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, snapshot, zero, options)
+        _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, grid_of, stream, snapshot,
+                zero, options)
     except BaseException:
         # A faulted trial leaves a broken context: restoring fails too, and
         # must not hide which config broke it.
@@ -125,6 +147,47 @@ def _time_one(kernel_name, c, names, values, arrays, grid, stream, snapshot, zer
         return
     c.extra.update(time_ms=r["median_ms"], min_ms=r["min_ms"], reps=r["reps"])
     log.info("kernel %s: %s: %.4f ms (median of %d)", kernel_name, c.label, r["median_ms"], r["reps"])
+
+
+def _resolved_options(options: TuneOptions, arrays: dict, device: int) -> TuneOptions:
+    """`options` with flush_l2 decided: on when the call's buffers fit in L2."""
+    if options.flush_l2 is not None:
+        return options
+    total = sum(nbytes for _, nbytes in arrays.values())
+    try:
+        l2 = int(_core.device_info(device).get("l2_bytes", 0))
+    except Exception:
+        l2 = 0
+    return dataclasses.replace(options, flush_l2=bool(l2) and 0 < total <= l2)
+
+
+def _retime(kernel_name, timed, names, values, arrays, grid_of, stream, snapshot, zero, options) -> None:
+    """Re-times the close contenders in interleaved rounds (see TuneOptions)."""
+    if len(timed) < 2 or options.retime_rounds <= 0:
+        return
+    best = min(c.extra["time_ms"] for c in timed)
+    close = sorted((c for c in timed if c.extra["time_ms"] <= best * (1 + options.retime_within)),
+                   key=lambda c: c.extra["time_ms"])[:max(2, options.retime_top)]
+    if len(close) < 2:
+        return
+    quick = dataclasses.replace(options, warmup=1, target_ms=options.retime_target_ms)
+    rounds: dict[int, list[float]] = {id(c): [] for c in close}
+    first = {id(c): c.extra["time_ms"] for c in close}
+    for r in range(options.retime_rounds):
+        # Alternate the order, so that no candidate always follows the same one.
+        for c in (close if r % 2 == 0 else close[::-1]):
+            if c.error is not None:
+                continue
+            _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, snapshot, zero, quick)
+            if c.error is None:
+                rounds[id(c)].append(c.extra["time_ms"])
+    for c in close:
+        if rounds[id(c)]:
+            c.extra.update(time_ms=statistics.median(rounds[id(c)]), first_pass_ms=first[id(c)],
+                           rounds=len(rounds[id(c)]))
+    log.info("kernel %s: re-timed %d close candidates in %d interleaved rounds: %s", kernel_name, len(close),
+             options.retime_rounds,
+             ", ".join(f"{c.index}: {first[id(c)]:.4f} -> {c.extra['time_ms']:.4f}" for c in close))
 
 
 def _finish(snapshot, zero, stream: int) -> None:
