@@ -157,6 +157,7 @@ def test_device_side_descriptors_take_scratch_from_a_pool(cache_dir):
     np.testing.assert_allclose(c.astype(cp.float32).get(), ref.get(), rtol=2e-2, atol=5e-2)
 
 
+@pytest.mark.exclusive_gpu  # fills the device: run it alone (pytest -m exclusive_gpu), never beside other GPU tests
 def test_snapshots_fall_back_to_pinned_host_memory_when_the_device_is_full(cache_dir, caplog):
     import logging
 
