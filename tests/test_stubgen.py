@@ -92,6 +92,8 @@ def stub_cache(tmp_path_factory):
     d = tmp_path_factory.mktemp("ltcache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAZYTRITON_CACHE_DIR", str(d))
+        # Another test module may have loaded this shape's stub from its own cache.
+        mp.delitem(stubgen._loaded, f"lt_stub_{ALL_KINDS.digest()}", raising=False)
         module = stubgen.load_stub(ALL_KINDS)
     return d, module
 
