@@ -31,6 +31,7 @@ from .spec import KernelSpecError, describe
 __all__ = ["triton_call", "handler_stats"]
 
 handler_stats = jax_ffi.handler_stats
+jax_ffi.prepare_in_background()
 
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "debug")
 

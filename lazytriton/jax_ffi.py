@@ -40,6 +40,31 @@ def handler_module():
     return _module
 
 
+def prepare_in_background() -> None:
+    """Builds (or loads) the handler on a daemon thread, so that a first
+    execution does not wait for a compiler: called when lazytriton.jax is
+    imported, where JAX has a CUDA plugin (checked without starting a backend)."""
+    import importlib.util
+
+    def installed(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ImportError:
+            return False
+
+    if _module is not None or not any(installed(p) for p in _CUDA_PLUGINS):
+        return
+
+    def build():
+        try:
+            handler_module()
+        except Exception as exc:  # noqa: BLE001  (the first execution builds again and raises)
+            log.debug("building the XLA FFI handler in the background failed: %s", exc)
+
+    threading.Thread(target=build, name="lazytriton-ffi-build", daemon=True).start()
+
+
+_CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 _cuda = None
 
 
