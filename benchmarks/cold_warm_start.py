@@ -73,13 +73,14 @@ print(json.dumps({"first_call_s": time.perf_counter() - t_ready}))
 
 JAX_CALL = r"""
 import jax, jax.numpy as jnp, numpy as np, triton
-from tuning_kernels import matmul_out_last
+from lazytriton.demo_kernels import demo_matmul
 M = N = K = 2048
 a = jnp.asarray(np.random.default_rng(0).standard_normal((M, K)), jnp.float16)
 b = jnp.asarray(np.random.default_rng(1).standard_normal((K, N)), jnp.float16)
 a.block_until_ready(); b.block_until_ready()
 def mm(a, b):
-    return triton_call(a, b, M, N, K, K, 1, N, 1, N, 1, kernel=matmul_out_last,
+    # Scalars by name, so the output fills `c` (jax-triton 0.4 binding).
+    return triton_call(a, b, M=M, N=N, K=K, sam=K, sak=1, sbk=N, sbn=1, scm=N, scn=1, kernel=demo_matmul,
                        out_shape=jax.ShapeDtypeStruct((M, N), jnp.float16),
                        grid=lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"])))
 f = jax.jit(mm)

@@ -517,7 +517,9 @@ class Resolution:
         cands = []
         for i, cfg in enumerate(self.spec.configs or [None]):
             meta = self.k._meta_kwargs(cfg, self.named, self.options)
-            c = Candidate(i, cfg, binder.bind(self.bind_values, meta))
+            # By name: a parameter its configs set may sit between call parameters
+            # (softmax(x, y, n, ROWS, BLOCK) with ROWS in the configs).
+            c = Candidate(i, cfg, binder.bind((), {**dict(zip(self.names, self.bind_values)), **meta}))
             c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES}
             cands.append(c)
         return cands
