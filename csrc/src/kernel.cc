@@ -243,8 +243,6 @@ uint64_t ScratchArena::bytes_held() const {
   return total;
 }
 
-uint64_t Kernel::scratch_bytes(Dim3 grid) const { return ScratchLayout(meta(), grid).bytes(); }
-
 void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** params, size_t n,
                     ScratchArena* arena) {
   if (grid.empty()) return;

@@ -99,9 +99,6 @@ class Kernel {
   void launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** params, size_t n,
               ScratchArena* arena = nullptr);
 
-  // Bytes of scratch one launch on `grid` needs (both regions, with their alignment).
-  uint64_t scratch_bytes(Dim3 grid) const;
-
  private:
   struct Loaded {
     cu::CUcontext ctx;
