@@ -19,29 +19,20 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import lazytriton  # noqa: E402
 from lazytriton import _core  # noqa: E402
+from lazytriton.bench.timing import interleaved  # noqa: E402
 
 BATCH, ROUNDS = 200, 60
 
 
 def measure(paths: dict, sync) -> dict:
-    """Median us/launch of each path, rounds interleaved so that drift in clocks
-    or load hits every path alike. A path is fn(batch) -> seconds or None
-    (None: timed here with the host clock)."""
-    samples = {name: [] for name in paths}
-    for _ in range(ROUNDS):
-        for name, fn in paths.items():
-            sync()
-            t0 = time.perf_counter()
-            inner = fn(BATCH)
-            dt = inner if inner is not None else time.perf_counter() - t0
-            samples[name].append(dt / BATCH * 1e6)
+    """Median us/launch of each path (the harness's interleaved loop)."""
+    samples = interleaved(paths, sync, rounds=ROUNDS, batch=BATCH)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

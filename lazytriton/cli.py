@@ -125,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
 
     add_cache_commands(sub)
     add_pretune_command(sub)
+    from .bench import cli as bench_cli
+
+    bench = sub.add_parser("bench", help="benchmark lazytriton beside Triton, torch and the floors; "
+                                         "writes results.json, report.md and plots")
+    bench_cli.add_arguments(bench)
+    bench.set_defaults(func=bench_cli.run)
     _add_cpp_commands(sub)
     args = parser.parse_args(argv)
     if args.cmake_dir:
