@@ -151,6 +151,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                     pending.add(nf)
                     continue
                 _report(spec, c, store)
+                c.extra["ready_s"] = time.perf_counter() - t0
                 yield c
     finally:
         if threads is not None:

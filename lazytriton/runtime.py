@@ -8,11 +8,13 @@ through the stub straight to cuLaunchKernelEx.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import struct
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ from . import _core, compile_pool, keys, stubgen
 from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
-from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, device_target
+from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, compile_stream, device_target
 from .spec import KernelSpec, ReadRecorder, describe
 from .stubgen import Shape, Slot
 from .tuner import TuneOptions, tune
@@ -45,6 +47,16 @@ def default_cache() -> Cache:
 def stats() -> dict:
     """Counters of this process: Python-side work and the C++ launch counters."""
     return {**_stats, **_core.counters()}
+
+
+_timings: list[dict] = []
+
+
+def timings() -> list[dict]:
+    """Per compile-and-tune resolution of this process: kernel, candidates,
+    compiled_s (when the last candidate was ready), tuned_s (compile and tune,
+    overlapped), at (time.perf_counter() when it ended). For benchmarks."""
+    return list(_timings)
 
 
 def stream_handle(stream: Any) -> int:
@@ -136,9 +148,12 @@ class LazyKernel(_core.LaunchBase):
         run on the stream); "first" (no tuning: the first config, not persisted)."""
         args = self._bind_call(args, kwargs)
         s = stream if type(stream) is int else self._stream(stream)
-        launch = self._stub_for(args)
-        shape = self._shapes[launch]
-        key = stubgen.stub_now(shape).key(args)
+        # The call key from the generated stub if it is built, else from the
+        # table-driven one (same key): callers of resolve launch from C++ (the
+        # JAX handler, embedders), so no stub build is started for them.
+        shape = self._shape(args)
+        self._check_launchable(shape, args)
+        key = stubgen.stub_if_built(shape).key(args)
         if key is None:
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
@@ -457,6 +472,7 @@ class Resolution:
                  mode: str = "tune"):
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
         self.spec = k.spec
+        self.device = None  # run() asks the driver
         self.values = args[:k._n_call]
         self.extras = args[k._n_call:]
         self.names = [p.name for p in k._call_params]
@@ -571,13 +587,19 @@ class Resolution:
             _stats["compiles"] += 1
             cache.store_binary(ckeys[id(c)], binary)
 
-        compile_all(self.spec, self.target, pruned, load=lambda c: cache.load_binary(ckeys[id(c)]), store=store)
-        if all(c.binary is None for c in pruned):
-            raise AllCandidatesFailed(k.name, pruned)
+        # Trials start as soon as two candidates are compiled, while the others
+        # still compile (tune() reads the stream).
+        t0 = time.perf_counter()
+        ready = compile_stream(self.spec, self.target, pruned, load=lambda c: cache.load_binary(ckeys[id(c)]),
+                               store=store)
+        with contextlib.closing(ready):
+            winner = tune(k.name, ready, self.names, self.values, self.arrays, self._grid_of, self.stream,
+                          self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options,
+                          scratch=k.scratch_args)
         _stats["tunes"] += int(len(pruned) > 1)
-        winner = tune(k.name, pruned, self.names, self.values, self.arrays, self._grid_of, self.stream,
-                      self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options,
-                      scratch=k.scratch_args)
+        _timings.append({"kernel": k.name, "candidates": len(pruned),
+                         "compiled_s": max((c.extra.get("ready_s", 0.0) for c in pruned), default=0.0),
+                         "tuned_s": time.perf_counter() - t0, "at": time.perf_counter()})
         rec = TuningRecord(
             kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
             candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},

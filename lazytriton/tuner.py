@@ -10,7 +10,7 @@ import logging
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import _core
 from .compiler import AllCandidatesFailed, Candidate
@@ -78,54 +78,98 @@ def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict,
     return sorted(n for n in out if n in arrays)
 
 
-def tune(kernel_name: str, candidates: list[Candidate], names: list[str], values: tuple, arrays: dict,
+class _Saved:
+    """The snapshot of the buffers the candidates timed so far may write,
+    grown as candidates arrive (tuning starts before every candidate is
+    compiled). A buffer first needed by a later candidate was written by no
+    earlier trial (their TTIR says so), so it still holds the caller's data:
+    the current snapshot is restored, then one snapshot of the larger set is
+    taken. reset_to_zero buffers are zeroed around every trial anyway."""
+
+    def __init__(self, kernel_name: str, names: list[str], arrays: dict, restore_value: list[str],
+                 scratch: frozenset, stream: int):
+        self.kernel_name, self.names, self.arrays = kernel_name, names, arrays
+        self.restore_value, self.scratch, self.stream = restore_value, scratch, stream
+        self.names_saved: list[str] = []
+        self.snapshot = None
+
+    def cover(self, c: Candidate) -> None:
+        need = [n for n in written_buffers([c], self.names, self.arrays, self.restore_value) if n not in self.scratch]
+        more = [n for n in need if n not in self.names_saved]
+        if not more:
+            return
+        if self.snapshot is not None:
+            self.snapshot.restore(self.stream)  # every saved buffer back to the caller's data first
+        self.names_saved = sorted(set(self.names_saved) | set(more))
+        log.info("kernel %s: saving %s for the trials%s", self.kernel_name, ", ".join(self.names_saved),
+                 f" ({c.label} writes {', '.join(more)})" if self.snapshot is not None else "")
+        self.snapshot = _core.Snapshot(self.stream, [self.arrays[n] for n in self.names_saved])
+        if self.snapshot.host_bytes:
+            log.info("kernel %s: device memory is short: %d bytes of the snapshot are in pinned host memory",
+                     self.kernel_name, self.snapshot.host_bytes)
+
+
+def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], values: tuple, arrays: dict,
          grid_of: Callable[[Candidate], Any], stream: int, device: int, reset_to_zero: list[str],
          restore_value: list[str], options: TuneOptions, scratch: frozenset = frozenset()) -> Candidate:
-    """Times every compiled candidate on the real arguments; returns the fastest."""
-    ok = [c for c in candidates if c.binary is not None]
-    for c in ok:
-        why = _core.check_fits(c.binary.metadata, device)
-        if why:
-            c.error = f"does not fit the device: {why}"
-            log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
-    ok = [c for c in ok if c.error is None]
-    if not ok:
-        raise AllCandidatesFailed(kernel_name, candidates)
+    """Times every compiled candidate on the real arguments; returns the fastest.
+    `candidates` may be a stream (compiler.compile_stream): trials start as soon
+    as two candidates are ready, while the others still compile. A lone
+    candidate that compiles is never timed."""
+    seen: list[Candidate] = []
+    ok: list[Candidate] = []
     zero = [arrays[n] for n in reset_to_zero if n in arrays]
-    if len(ok) == 1:
-        _finish(None, zero, stream)
-        return ok[0]
-    saved = [n for n in written_buffers(ok, names, arrays, restore_value) if n not in scratch]
-    log.info("kernel %s: tuning %d configs on the call's buffers (saving %s)", kernel_name, len(ok),
-             ", ".join(saved) or "nothing")
-    snapshot = _core.Snapshot(stream, [arrays[n] for n in saved]) if saved else None
-    if snapshot is not None and snapshot.host_bytes:
-        log.info("kernel %s: device memory is short: %d bytes of the snapshot are in pinned host memory",
-                 kernel_name, snapshot.host_bytes)
-    options = _resolved_options(options, arrays, device)
+    saved = _Saved(kernel_name, names, arrays, restore_value, scratch, stream)
+    resolved: list[TuneOptions] = []  # decided at the first trial (none: no device query)
+
+    def trial(c: Candidate) -> None:
+        if not resolved:
+            resolved.append(_resolved_options(options, arrays, device))
+        saved.cover(c)
+        _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, saved.snapshot, zero, resolved[0])
+
     try:
-        for c in ok:
-            _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, snapshot, zero, options)
-        _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, grid_of, stream, snapshot,
-                zero, options)
+        for c in candidates:
+            seen.append(c)
+            if c.binary is None:
+                continue
+            why = _core.check_fits(c.binary.metadata, device)
+            if why:
+                c.error = f"does not fit the device: {why}"
+                log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
+                continue
+            ok.append(c)
+            if len(ok) == 2:
+                log.info("kernel %s: tuning on the call's buffers, starting as candidates compile", kernel_name)
+                trial(ok[0])
+            if len(ok) >= 2:
+                trial(c)
+        if len(ok) > 1:
+            _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, grid_of, stream,
+                    saved, zero, resolved[0])
     except BaseException:
         # A faulted trial leaves a broken context: restoring fails too, and
         # must not hide which config broke it.
         try:
-            _finish(snapshot, zero, stream)
+            _finish(saved.snapshot, zero, stream)
         except _core.RuntimeFailure as exc:
             log.warning("kernel %s: buffers not restored after the failed trial: %s", kernel_name, exc)
+        saved.snapshot = None
         raise
     else:
-        _finish(snapshot, zero, stream)
+        _finish(saved.snapshot, zero, stream)
     finally:
-        del snapshot  # frees the copies after the queued restore has run
+        saved.snapshot = None  # frees the copies after the queued restore has run
+    if not ok:
+        raise AllCandidatesFailed(kernel_name, seen)
+    if len(ok) == 1:
+        return ok[0]
     timed = [c for c in ok if c.error is None]
     if not timed:
-        raise AllCandidatesFailed(kernel_name, candidates)
+        raise AllCandidatesFailed(kernel_name, seen)
     best = min(timed, key=lambda c: c.extra["time_ms"])
     log.info("kernel %s: winner %s at %.4f ms (%s)", kernel_name, best.label, best.extra["time_ms"],
-             ", ".join(f"{c.index}: {c.extra['time_ms']:.4f}" for c in timed))
+             ", ".join(f"{c.index}: {c.extra['time_ms']:.4f}" for c in sorted(timed, key=lambda c: c.index)))
     return best
 
 
@@ -161,7 +205,7 @@ def _resolved_options(options: TuneOptions, arrays: dict, device: int) -> TuneOp
     return dataclasses.replace(options, flush_l2=bool(l2) and 0 < total <= l2)
 
 
-def _retime(kernel_name, timed, names, values, arrays, grid_of, stream, snapshot, zero, options) -> None:
+def _retime(kernel_name, timed, names, values, arrays, grid_of, stream, saved, zero, options) -> None:
     """Re-times the close contenders in interleaved rounds (see TuneOptions)."""
     if len(timed) < 2 or options.retime_rounds <= 0:
         return
@@ -178,7 +222,7 @@ def _retime(kernel_name, timed, names, values, arrays, grid_of, stream, snapshot
         for c in (close if r % 2 == 0 else close[::-1]):
             if c.error is not None:
                 continue
-            _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, snapshot, zero, quick)
+            _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, saved.snapshot, zero, quick)
             if c.error is None:
                 rounds[id(c)].append(c.extra["time_ms"])
     for c in close:

@@ -1,0 +1,78 @@
+"""Tuning starts while candidates still compile (compile_stream feeds tune):
+every trial still starts from the caller's data, also when a candidate that
+arrives later writes a buffer that the earlier ones do not (the snapshot grows
+then), and the result is one launch of the winner on the original data."""
+import numpy as np
+import pytest
+import triton
+
+import lazytriton
+from lazytriton import _core
+from lazytriton.compiler import Binder, Candidate, compile_all, device_target
+from lazytriton.spec import describe
+from lazytriton.tuner import TuneOptions, tune
+
+from kernels import overlap
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+N = 1 << 20
+
+
+def buffers():
+    rng = np.random.default_rng(0)
+    x = cp.asarray(rng.standard_normal(N).astype(np.float32))
+    out = cp.asarray(rng.standard_normal(N).astype(np.float32))
+    side = cp.asarray(rng.standard_normal(N).astype(np.float32))
+    return x, out, side
+
+
+def expected(x0, out0, side0, winner_meta):
+    return (out0 + x0).get(), (side0 + (1.0 if winner_meta["SIDE"] else 0.0)).get()
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [2, 0, 3, 1], [1, 3]])
+def test_later_candidate_writing_more_buffers_is_covered(cache_dir, order):
+    x, out, side = buffers()
+    x0, out0, side0 = x.copy(), out.copy(), side.copy()
+    spec = describe(overlap.accumulate_side)
+    dev = _core.device_info(_core.current_device())
+    target = device_target(dev["capability"])
+    binder = Binder(spec, target)
+    names = ["x", "out", "side", "n"]
+    from lazytriton.arrays import PointerArg, array_info
+
+    arrays, bind_vals = {}, []
+    for name, v in zip(names, (x, out, side, N)):
+        if name == "n":
+            bind_vals.append(v)
+            continue
+        info = array_info(v, name)
+        arrays[name] = (info.ptr, info.nbytes)
+        bind_vals.append(PointerArg(info.ptr, info.dtype))
+    cands = [Candidate(i, c, binder.bind(tuple(bind_vals), c.all_kwargs())) for i, c in enumerate(spec.configs)]
+    compile_all(spec, target, cands)
+    stream = cp.cuda.get_current_stream().ptr
+    winner = tune(spec.name, iter([cands[i] for i in order]), names, (x, out, side, N), arrays,
+                  lambda c: (triton.cdiv(N, c.config.kwargs["B"]),), stream, _core.current_device(), [], [],
+                  TuneOptions(target_ms=2.0, retime_rounds=3))
+    assert all(cands[i].extra.get("time_ms") for i in order), [cands[i].error for i in order]
+    # The caller's buffers are back to the original data (the winner has not run).
+    cp.cuda.runtime.deviceSynchronize()
+    np.testing.assert_array_equal(out.get(), out0.get())
+    np.testing.assert_array_equal(side.get(), side0.get())
+    assert winner.index in order
+
+
+def test_first_call_equals_one_launch_of_the_winner(cache_dir):
+    k = lazytriton.kernel(overlap.accumulate_side)
+    x, out, side = buffers()
+    x0, out0, side0 = x.copy(), out.copy(), side.copy()
+    k[lambda m: (triton.cdiv(N, m["B"]),)](x, out, side, N)
+    cp.cuda.runtime.deviceSynchronize()
+    rec = k.records[-1]
+    assert sum(c["time_ms"] is not None for c in rec.candidates) == 4, rec.candidates
+    want_out, want_side = expected(x0, out0, side0, overlap.SIDE_CONFIGS[rec.winner_index].kwargs)
+    np.testing.assert_array_equal(out.get(), want_out)
+    np.testing.assert_array_equal(side.get(), want_side)
