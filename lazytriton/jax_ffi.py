@@ -25,25 +25,71 @@ _module = None
 _registered = False
 
 
+_handler_info: dict = {}  # how the handler became ready: "how", "seconds", "ready_at" (perf_counter)
+
+
 def handler_module():
-    """The built handler module (compiling it the first time on this toolchain)."""
+    """The handler module: the one prebuilt at install time for the jaxlib in
+    use, else built (first time on this toolchain) or loaded from the cache."""
     global _module
     if _module is None:
+        import time
+
         import jax
         import jaxlib
 
-        src = paths.jax_handler_source().read_text()
-        tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
+        t0 = time.perf_counter()
         name = "lt_jax_ffi"
-        _module = stubgen.load_module(name, lambda: src, "the XLA FFI handler",
-                                      extra_flags=(f"-I{jax.ffi.include_dir()}", f"-DLT_MODULE_NAME={name}"), tag=tag)
+        src = paths.jax_handler_source().read_text()
+        _module, how = _prebuilt_handler(name, src, jaxlib.__version__), "prebuilt"
+        if _module is None:
+            tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
+            built = stubgen._built_path(name, tag).exists()
+            _module = stubgen.load_module(name, lambda: src, "the XLA FFI handler",
+                                          extra_flags=(f"-I{jax.ffi.include_dir()}", f"-DLT_MODULE_NAME={name}"),
+                                          tag=tag)
+            how = "cached" if built else "built"
+        now = time.perf_counter()
+        _handler_info.update(how=how, seconds=now - t0, ready_at=now)
+        log.debug("XLA FFI handler %s in %.2fs", how, now - t0)
     return _module
 
 
+def _prebuilt_handler(name: str, src: str, jaxlib_version: str):
+    """The handler built with the package (CMakeLists.txt), if it was built
+    against this jaxlib and this source; else None."""
+    lib = paths.runtime_library().parent
+    try:
+        info = json.loads((lib / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if info.get("jaxlib") != jaxlib_version or info.get("source_sha256") != hashlib.sha256(src.encode()).hexdigest():
+        log.debug("the prebuilt XLA FFI handler is for jaxlib %s (%s installed): building one", info.get("jaxlib"),
+                  jaxlib_version)
+        return None
+    import sysconfig
+
+    so = lib / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not so.exists():
+        return None
+    with stubgen._lock:  # one import per process, as stubgen.load_module does
+        module = stubgen._loaded.get(name)
+        if module is None:
+            module = stubgen._loaded[name] = stubgen._import(name, so)
+    return module
+
+
+def handler_info() -> dict:
+    """How the handler became ready in this process (prebuilt, cached, built),
+    how long that took and when (time.perf_counter()); empty before. For benchmarks."""
+    return dict(_handler_info)
+
+
 def prepare_in_background() -> None:
-    """Builds (or loads) the handler on a daemon thread, so that a first
-    execution does not wait for a compiler: called when lazytriton.jax is
-    imported, where JAX has a CUDA plugin (checked without starting a backend)."""
+    """Where JAX has a CUDA plugin (checked without starting a backend), gets
+    a first execution's slow path under way when lazytriton.jax is imported:
+    the compile server starts warming up, and the handler is built (or
+    loaded) on a daemon thread, so that neither waits on the critical path."""
     import importlib.util
 
     def installed(name: str) -> bool:
@@ -52,7 +98,12 @@ def prepare_in_background() -> None:
         except ImportError:
             return False
 
-    if _module is not None or not any(installed(p) for p in _CUDA_PLUGINS):
+    if not any(installed(p) for p in _CUDA_PLUGINS):
+        return
+    from . import compile_pool
+
+    compile_pool.start()  # idempotent; a Site's LazyKernel is made only at first execution
+    if _module is not None:
         return
 
     def build():
