@@ -17,7 +17,8 @@ from .arrays import DeviceArray
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
-DESCRIPTOR_VERSION = 2  # the call-site descriptor lazytriton.jax writes
+DESCRIPTOR_VERSION = 3  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
+# output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute)
 STATE_TYPE = "lazytriton_site"
 
 _lock = threading.Lock()
@@ -184,6 +185,12 @@ class Site:
         if keys.kernel_fingerprint(describe(kernel).fn) != d["kernel"]["fingerprint"]:
             raise RuntimeError(f"{self.name}: kernel {d['kernel']['name']} changed since this executable "
                                "was lowered; re-trace the function")
+        # Callable constexprs (@triton.jit functions) travel by name: resolve them once.
+        for a in d["args"]:
+            if "scalar" in a:
+                a["scalar"] = _decode(a["scalar"])
+        for c in d["configs"]:
+            c["kwargs"] = {k: _decode(v) for k, v in c["kwargs"].items()}
         self.lazy = _site_kernel(kernel, d, LazyKernel)
 
     def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
@@ -261,6 +268,17 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
 
 
 _CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, dict) and "$jit" in v:
+        ref = v["$jit"]
+        fn = _kernels.get(ref["id"]) or _import_kernel(ref)
+        if keys.kernel_fingerprint(fn) != ref["fingerprint"]:
+            raise RuntimeError(f"@triton.jit function {ref['name']} (a constexpr value) changed since this "
+                               "executable was lowered; re-trace the function")
+        return fn
+    return v
 
 
 def _import_kernel(ident: dict) -> Any:

@@ -60,7 +60,7 @@ class Permute(Case):
 
     def fn(self, keys, inp, y):
         dst = jnp.argsort(jnp.argsort(keys)).astype(jnp.int32)
-        out = ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_shape=inp, grid=(self.rows,), cols=self.cols)
+        out = ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_type=inp, grid=(self.rows,), cols=self.cols)
         return out, y * 2.0
 
     def ref(self, keys, inp, y):
@@ -79,7 +79,7 @@ class Scatter(Case):
 
     def fn(self, src, keys):
         idx = jnp.argsort(keys).astype(jnp.int32)
-        return ltj.triton_call(src, idx, self.n, kernel=jaxk.scatter_kernel, out_shape=src, grid=cdiv_grid(self.n))
+        return ltj.triton_call(src, idx, self.n, kernel=jaxk.scatter_kernel, out_type=src, grid=cdiv_grid(self.n))
 
     def ref(self, src, keys):
         out = np.empty_like(src)
@@ -97,7 +97,7 @@ class InPlace(Case):
         return (jax.random.normal(key, (self.n,)),)
 
     def fn(self, x):
-        return ltj.triton_call(x, self.n, kernel=jaxk.inc_inplace_kernel, out_shape=x, grid=cdiv_grid(self.n),
+        return ltj.triton_call(x, self.n, kernel=jaxk.inc_inplace_kernel, out_type=x, grid=cdiv_grid(self.n),
                                input_output_aliases={0: 0})
 
     def ref(self, x):
@@ -112,7 +112,7 @@ class UnsharedAlias(Case):
         return (jax.random.normal(key, (self.n,)),)
 
     def fn(self, x):
-        return ltj.triton_call(x, self.n, kernel=jaxk.inc_even_kernel, out_shape=x, grid=cdiv_grid(self.n),
+        return ltj.triton_call(x, self.n, kernel=jaxk.inc_even_kernel, out_type=x, grid=cdiv_grid(self.n),
                                input_output_aliases={0: 0})
 
     def ref(self, x):
@@ -122,12 +122,12 @@ class UnsharedAlias(Case):
 
     @contextlib.contextmanager
     def tracing(self):
-        real = jax.ffi.ffi_call
-        jax.ffi.ffi_call = lambda *a, input_output_aliases=None, **kw: real(*a, **kw)
+        real = jax.ffi.ffi_lowering  # lazytriton.jax lowers through it: drop XLA's aliasing
+        jax.ffi.ffi_lowering = lambda *a, operand_output_aliases=None, **kw: real(*a, **kw)
         try:
             yield
         finally:
-            jax.ffi.ffi_call = real
+            jax.ffi.ffi_lowering = real
 
 
 class Zeroed(Case):
@@ -138,7 +138,7 @@ class Zeroed(Case):
         return (jax.random.uniform(key, (self.n,)),)
 
     def fn(self, x):
-        return ltj.triton_call(x, self.n, kernel=jaxk.total_kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.float32),
+        return ltj.triton_call(x, self.n, kernel=jaxk.total_kernel, out_type=jax.ShapeDtypeStruct((1,), jnp.float32),
                                grid=cdiv_grid(self.n), zeroed_outputs=(0,))
 
     def ref(self, x):
@@ -153,7 +153,7 @@ class TwoOutputs(Case):
         return jax.random.normal(k1, (self.n,)), jax.random.normal(k2, (self.n,))
 
     def fn(self, x, y):
-        return ltj.triton_call(x, y, self.n, kernel=jaxk.sum_diff_kernel, out_shape=(x, x), grid=cdiv_grid(self.n),
+        return ltj.triton_call(x, y, self.n, kernel=jaxk.sum_diff_inplace_kernel, out_type=(x, x), grid=cdiv_grid(self.n),
                                input_output_aliases={0: 0})
 
     def ref(self, x, y):
@@ -174,7 +174,7 @@ class Scratch(Case):
     def fn(self, a, b):
         m, n = self.m, self.n
         return ltj.triton_call(a, b, kernel=capture.device_tma_matmul,
-                               out_shape=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                               out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
                                grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])),
                                M=m, N=n, K=self.k)
 
@@ -190,7 +190,7 @@ class Chain(Case):
 
     def fn(self, x):
         for _ in range(32):
-            x = ltj.triton_call(x, self.n, kernel=jaxk.add_one_kernel, out_shape=x, grid=cdiv_grid(self.n), BLOCK=1024)
+            x = ltj.triton_call(x, self.n, kernel=jaxk.add_one_kernel, out_type=x, grid=cdiv_grid(self.n), BLOCK=1024)
         return x
 
     def ref(self, x):

@@ -33,7 +33,7 @@ def cdiv_grid(n):
 
 def add(x, y, block=256):
     n = x.size
-    return ltj.triton_call(x, y, n, kernel=jaxk.add_kernel, out_shape=x, grid=cdiv_grid(n), BLOCK=block)
+    return ltj.triton_call(x, y, n, kernel=jaxk.add_kernel, out_type=x, grid=cdiv_grid(n), BLOCK=block)
 
 
 def test_add_resolves_once_then_replays_without_the_handler(cache_dir):
@@ -57,7 +57,7 @@ def test_autotuned_matmul_matches_reference(cache_dir):
 
     def mm(a, b):
         return ltj.triton_call(a, b, m, n, k, k, 1, n, 1, n, 1, kernel=jaxk.matmul_kernel,
-                               out_shape=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                               out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
                                grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])))
 
     ka, kb = jax.random.split(jax.random.key(0))
@@ -74,7 +74,7 @@ def test_in_place_alias_is_x_plus_one_after_tuning(cache_dir, donate):
     n = 100_003
 
     def inc(x):
-        return ltj.triton_call(x, n, kernel=jaxk.inc_inplace_kernel, out_shape=x, grid=cdiv_grid(n),
+        return ltj.triton_call(x, n, kernel=jaxk.inc_inplace_kernel, out_type=x, grid=cdiv_grid(n),
                                input_output_aliases={0: 0})
 
     f = jax.jit(inc, donate_argnums=(0,) if donate else ())
@@ -90,17 +90,17 @@ def test_declared_alias_that_xla_did_not_share_starts_as_a_copy(cache_dir, monke
     # must); upstream crashed when it did not. Lowering the same call without
     # XLA's aliasing makes the output a separate buffer the handler must
     # initialize from the input before the kernel writes half of it.
-    real = jax.ffi.ffi_call
+    real = jax.ffi.ffi_lowering
 
-    def no_xla_aliasing(*args, input_output_aliases=None, **kw):
-        assert input_output_aliases == {0: 0}
+    def no_xla_aliasing(*args, operand_output_aliases=None, **kw):
+        assert operand_output_aliases == {0: 0}
         return real(*args, **kw)
 
-    monkeypatch.setattr(jax.ffi, "ffi_call", no_xla_aliasing)
+    monkeypatch.setattr(jax.ffi, "ffi_lowering", no_xla_aliasing)
     n = 10_001
 
     def inc_even(x):
-        return ltj.triton_call(x, n, kernel=jaxk.inc_even_kernel, out_shape=x, grid=cdiv_grid(n),
+        return ltj.triton_call(x, n, kernel=jaxk.inc_even_kernel, out_type=x, grid=cdiv_grid(n),
                                input_output_aliases={0: 0})
 
     x = jax.random.normal(jax.random.key(3), (n,), jnp.float32)
@@ -119,7 +119,7 @@ def test_two_outputs_one_aliased(cache_dir):
     n = 4096
 
     def sd(x, y):
-        return ltj.triton_call(x, y, n, kernel=jaxk.sum_diff_kernel, out_shape=(x, x), grid=cdiv_grid(n),
+        return ltj.triton_call(x, y, n, kernel=jaxk.sum_diff_inplace_kernel, out_type=(x, x), grid=cdiv_grid(n),
                                input_output_aliases={0: 0})
 
     x = jnp.arange(n, dtype=jnp.float32)
@@ -133,7 +133,7 @@ def test_zeroed_output_is_zeroed_before_every_launch(cache_dir):
     n = 50_000
 
     def total(x):
-        return ltj.triton_call(x, n, kernel=jaxk.total_kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.float32),
+        return ltj.triton_call(x, n, kernel=jaxk.total_kernel, out_type=jax.ShapeDtypeStruct((1,), jnp.float32),
                                grid=cdiv_grid(n), zeroed_outputs=(0,))
 
     f = jax.jit(total)
@@ -146,7 +146,7 @@ def test_scalars_autotune_and_heuristics(cache_dir):
     n = 4096
 
     def axpb(x, flag):
-        return ltj.triton_call(x, 2.5, 1, flag, n, kernel=jaxk.axpb_kernel, out_shape=x, grid=cdiv_grid(n))
+        return ltj.triton_call(x, 2.5, 1, flag, n, kernel=jaxk.axpb_kernel, out_type=x, grid=cdiv_grid(n))
 
     x = jnp.arange(n, dtype=jnp.float32)
     np.testing.assert_allclose(jax.jit(axpb, static_argnums=1)(x, False), np.arange(n) * 2.5 + 1)
@@ -159,7 +159,7 @@ def test_pytree_outputs_and_custom_vjp(cache_dir):
     def two(x, y):
         # Outputs follow the flattened pytree order: s, then d.
         shapes = {"s": x, "t": [jax.ShapeDtypeStruct(x.shape, x.dtype)]}
-        return ltj.triton_call(x, y, n, kernel=jaxk.sum_diff_kernel, out_shape=shapes, grid=cdiv_grid(n))
+        return ltj.triton_call(x, y, n, kernel=jaxk.sum_diff_kernel, out_type=shapes, grid=cdiv_grid(n))
 
     x = jnp.arange(n, dtype=jnp.float32)
     y = jnp.ones(n, jnp.float32)
@@ -190,7 +190,7 @@ def test_chain_of_32_kernels_captured_and_correct(cache_dir):
 
     def chain(x):
         for _ in range(32):
-            x = ltj.triton_call(x, n, kernel=jaxk.add_one_kernel, out_shape=x, grid=cdiv_grid(n), BLOCK=1024)
+            x = ltj.triton_call(x, n, kernel=jaxk.add_one_kernel, out_type=x, grid=cdiv_grid(n), BLOCK=1024)
         return x
 
     f = jax.jit(chain)
@@ -214,7 +214,7 @@ n = 1 << 16
 @jax.jit
 def permute(src, key):
     idx = jnp.argsort(jax.random.uniform(key, (n,))).astype(jnp.int32)  # produced in this jit
-    dst = ltj.triton_call(src, idx, n, kernel=jaxk.scatter_kernel, out_shape=src,
+    dst = ltj.triton_call(src, idx, n, kernel=jaxk.scatter_kernel, out_type=src,
                           grid=lambda m: (triton.cdiv(n, m["BLOCK"]),))
     return dst, idx
 
@@ -263,7 +263,7 @@ import lazytriton
 from lazytriton import jax as ltj
 from kernels import jaxk
 n = 3000
-f = jax.jit(lambda x: ltj.triton_call(x, 2.0, 3, False, n, kernel=jaxk.axpb_kernel, out_shape=x,
+f = jax.jit(lambda x: ltj.triton_call(x, 2.0, 3, False, n, kernel=jaxk.axpb_kernel, out_type=x,
                                      grid=lambda m: (triton.cdiv(n, m["BLOCK"]),)))
 x = jnp.arange(n, dtype=jnp.float32)
 out = f(x)
@@ -292,7 +292,7 @@ def test_first_calls_from_many_threads(cache_dir):
     n = 70_001
 
     def inc(x):
-        return ltj.triton_call(x, n, kernel=jaxk.inc_inplace_kernel, out_shape=x, grid=cdiv_grid(n),
+        return ltj.triton_call(x, n, kernel=jaxk.inc_inplace_kernel, out_type=x, grid=cdiv_grid(n),
                                input_output_aliases={0: 0})
 
     f = jax.jit(inc)
@@ -318,7 +318,7 @@ def test_first_calls_from_many_threads(cache_dir):
 
 def test_compile_error_surfaces_as_an_xla_error_naming_the_kernel(cache_dir):
     n = 128
-    f = jax.jit(lambda x: ltj.triton_call(x, n, kernel=jaxk.bad_kernel, out_shape=x, grid=(1,), BLOCK=128))
+    f = jax.jit(lambda x: ltj.triton_call(x, n, kernel=jaxk.bad_kernel, out_type=x, grid=(1,), BLOCK=128))
     with pytest.raises(Exception, match="bad_kernel"):
         f(jnp.zeros(n, jnp.float32)).block_until_ready()
 
@@ -340,7 +340,7 @@ def test_unresolved_kernel_never_tunes_under_capture(cache_dir):
         s.begin_capture()
         try:
             with pytest.raises(CaptureError, match="never compiles or tunes under capture"):
-                k.resolve(arr, n, arr, grid=cdiv_grid(n), stream=s.ptr, mode="record")
+                k.resolve(arr, n, grid=cdiv_grid(n), stream=s.ptr, mode="record")
         finally:
             s.end_capture()
     assert lazytriton.stats()["bench_launches"] == bench_before
@@ -382,7 +382,7 @@ def test_transformer_engine_permute_with_keyword_cols_is_correct_on_every_execut
     @jax.jit
     def step(keys, inp, y):
         dst = jnp.argsort(jnp.argsort(keys)).astype(jnp.int32)
-        out = ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_shape=inp, grid=(rows,), cols=cols)
+        out = ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_type=inp, grid=(rows,), cols=cols)
         return out, y * 2.0
 
     inp = jax.random.normal(jax.random.key(1), (rows, cols), jnp.float32)

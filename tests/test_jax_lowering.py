@@ -37,7 +37,7 @@ def mm(a, b):
     m, k = a.shape
     n = b.shape[1]
     return ltj.triton_call(a, b, m, n, k, k, 1, n, 1, n, 1, kernel=jaxk.matmul_kernel,
-                           out_shape=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                           out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
                            grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])))
 
 
@@ -60,7 +60,7 @@ def test_lowering_an_8_config_matmul_compiles_nothing(cache_dir):
 
 def test_meta_parameters_prune_configs_as_jax_triton_does():
     def f(x):
-        return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_shape=x,
+        return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_type=x, input_output_aliases={0: 0},
                                grid=lambda m: (triton.cdiv(1000, m["BLOCK"]),), BLOCK=512)
 
     d = descriptor(lower(f, F32))
@@ -70,7 +70,7 @@ def test_meta_parameters_prune_configs_as_jax_triton_does():
 
 def test_aliases_zeroed_outputs_and_heuristics_are_described():
     def f(x, y):
-        return ltj.triton_call(x, y, 1000, kernel=jaxk.sum_diff_kernel, out_shape=(x, x),
+        return ltj.triton_call(x, y, 1000, kernel=jaxk.sum_diff_inplace_kernel, out_type=(x, x),
                                grid=lambda m: (triton.cdiv(1000, m["BLOCK"]),),
                                input_output_aliases={0: 0}, zeroed_outputs=lambda m: [1] if m["BLOCK"] > 500 else [])
 
@@ -81,7 +81,7 @@ def test_aliases_zeroed_outputs_and_heuristics_are_described():
     assert "output_operand_aliases" in text
 
     def g(x):
-        return ltj.triton_call(x, 2.0, 3, True, 1024, kernel=jaxk.axpb_kernel, out_shape=x,
+        return ltj.triton_call(x, 2.0, 3, True, 1024, kernel=jaxk.axpb_kernel, out_type=x,
                                grid=lambda m: (1024 // m["BLOCK"],) if m["EVEN"] else (0,))
 
     d = descriptor(lower(g, jax.ShapeDtypeStruct((1024,), jnp.float32)))
@@ -96,7 +96,7 @@ def test_descriptor_is_deterministic_across_processes():
     code = ("import sys; sys.path.insert(0, %r)\n"
             "import jax, jax.numpy as jnp, triton\n"
             "from lazytriton import jax as ltj\nfrom kernels import jaxk\n"
-            "f = lambda x: ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_shape=x, "
+            "f = lambda x: ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_type=x, "
             "grid=lambda m: (triton.cdiv(1000, m['BLOCK']),), input_output_aliases={0: 0})\n"
             "print(jax.jit(f).trace(jax.ShapeDtypeStruct((1000,), jnp.float32))"
             ".lower(lowering_platforms=('cuda',)).as_text())\n") % str(Path(__file__).parent)
@@ -108,7 +108,7 @@ def test_descriptor_is_deterministic_across_processes():
 
 def test_vmap_lowers_to_a_sequential_loop_and_grad_says_what_to_do():
     def add(x, y):
-        return ltj.triton_call(x, y, 1000, kernel=jaxk.add_kernel, out_shape=x, grid=(4,), BLOCK=256)
+        return ltj.triton_call(x, y, 1000, kernel=jaxk.add_kernel, out_type=x, grid=(4,), BLOCK=256)
 
     text = lower(jax.vmap(add), jax.ShapeDtypeStruct((3, 1000), jnp.float32),
                  jax.ShapeDtypeStruct((3, 1000), jnp.float32))
@@ -125,7 +125,7 @@ def test_vmap_lowers_to_a_sequential_loop_and_grad_says_what_to_do():
     (dict(grid=(1,), BLOCK=object()), "meta-parameters and scalars must be"),
 ])
 def test_bad_calls_name_the_kernel(kwargs, match):
-    kw = dict(kernel=jaxk.add_kernel, out_shape=F32)
+    kw = dict(kernel=jaxk.add_kernel, out_type=F32)
     kw.setdefault("BLOCK", 256)
     kw.update(kwargs)
     with pytest.raises((ValueError, TypeError), match=match) as exc:
@@ -136,12 +136,12 @@ def test_bad_calls_name_the_kernel(kwargs, match):
 def test_unsupported_dtype_and_too_many_arguments():
     c64 = jax.ShapeDtypeStruct((10,), jnp.complex64)
     with pytest.raises(TypeError, match="add_kernel.*complex64"):
-        lower(lambda x: ltj.triton_call(x, x, 10, kernel=jaxk.add_kernel, out_shape=x, grid=(1,), BLOCK=16), c64)
-    with pytest.raises(TypeError, match="add_kernel: 5 arguments.*takes 4"):
-        lower(lambda x: ltj.triton_call(x, x, x, 10, kernel=jaxk.add_kernel, out_shape=x, grid=(1,), BLOCK=16),
+        lower(lambda x: ltj.triton_call(x, x, 10, kernel=jaxk.add_kernel, out_type=x, grid=(1,), BLOCK=16), c64)
+    with pytest.raises(ValueError, match="add_kernel: out_type has 1 unaliased outputs, but 0 kernel parameters"):
+        lower(lambda x: ltj.triton_call(x, x, x, 10, kernel=jaxk.add_kernel, out_type=x, grid=(1,), BLOCK=16),
               F32)
     with pytest.raises(TypeError, match="BLOCK is a tl.constexpr but receives an array"):
-        lower(lambda x: ltj.triton_call(x, x, 10, kernel=jaxk.add_kernel, out_shape=(x, x), grid=(1,)), F32)
+        lower(lambda x: ltj.triton_call(x, x, 10, kernel=jaxk.add_kernel, out_type=(x, x), grid=(1,)), F32)
 
 
 def test_handler_builds_and_registers_without_a_gpu(cache_dir):
@@ -153,7 +153,7 @@ def test_handler_builds_and_registers_without_a_gpu(cache_dir):
 
 def test_site_rebuilt_from_descriptor_imports_module_level_kernels():
     def f(x):
-        return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_shape=x, grid=(1,),
+        return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_type=x, grid=(1,),
                                input_output_aliases={0: 0})
 
     d = descriptor(lower(f, F32))
@@ -188,7 +188,7 @@ def test_keyword_operand_is_bound_by_parameter_name():
     from kernels import capture
 
     rows, cols = 64, 1024
-    f = lambda inp, dst: ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_shape=inp,  # noqa: E731
+    f = lambda inp, dst: ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_type=inp,  # noqa: E731
                                          grid=(rows,), cols=cols)
     d = descriptor(lower(f, jax.ShapeDtypeStruct((rows, cols), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32)))
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, 2, cols]
@@ -204,18 +204,18 @@ def test_keyword_operands_conflicts_and_meta_defaults():
     m = n = k = 128
     a = jax.ShapeDtypeStruct((m, k), jnp.float16)
     mm = lambda a, b: ltj.triton_call(a, b, kernel=capture.device_tma_matmul,  # noqa: E731
-                                      out_shape=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                                      out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
                                       grid=lambda meta: (m // meta["BM"], n // meta["BN"]), M=m, N=n, K=k)
     d = descriptor(lower(mm, a, a))
     assert [x.get("buffer", x.get("scalar")) for x in d["args"]] == [0, 1, 2, m, n, k]
     with pytest.raises(TypeError, match="given both positionally and as a keyword"):
-        lower(lambda x: ltj.triton_call(x, x, 1000, kernel=jaxk.add_kernel, out_shape=x, grid=(1,), BLOCK=16, n=5),
+        lower(lambda x: ltj.triton_call(x, x, 1000, kernel=jaxk.add_kernel, out_type=x, grid=(1,), BLOCK=16, n=5),
               F32)
 
     @triton.jit
     def with_default(x, n, out, BLOCK: tl.constexpr = 128):
         pass
 
-    d = descriptor(lower(lambda x: ltj.triton_call(x, 1000, kernel=with_default, out_shape=x,
+    d = descriptor(lower(lambda x: ltj.triton_call(x, 1000, kernel=with_default, out_type=x,
                                                    grid=lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)), F32))
     assert d["args"][-1] == {"scalar": 128} and d["configs"][0]["grid"] == [8, 1, 1]

@@ -105,8 +105,9 @@ std::shared_ptr<const lt::Entry> resolve_in_python(const CallContext& c) {
   return entry;
 }
 
+// cost_estimate_json is for XLA and profilers (jax-triton's attribute), not read here.
 ffi::ErrorOr<std::unique_ptr<SiteState>> Instantiate(std::string_view descriptor, ffi::Span<const int64_t> aliases,
-                                                     int64_t n_buffers) {
+                                                     int64_t n_buffers, std::string_view /*cost_estimate_json*/) {
   auto state = std::make_unique<SiteState>();
   state->descriptor = std::string(descriptor);
   // aliases: [count, input, output, input, output, ...] (never empty: an
@@ -175,7 +176,8 @@ XLA_FFI_DEFINE_HANDLER(lt_instantiate, Instantiate,
                        ffi::Ffi::BindInstantiate()
                            .Attr<std::string_view>("descriptor")
                            .Attr<ffi::Span<const int64_t>>("aliases")
-                           .Attr<int64_t>("n_buffers"));
+                           .Attr<int64_t>("n_buffers")
+                           .Attr<std::string_view>("cost_estimate_json"));
 
 XLA_FFI_DEFINE_HANDLER(lt_execute, Execute,
                        ffi::Ffi::Bind()

@@ -1,4 +1,5 @@
-"""Kernels in jax-triton's calling convention: inputs, then one pointer per output."""
+"""Kernels in jax-triton's calling convention: inputs, then one pointer per output
+(jax-triton 0.4: an input aliased to an output has no output pointer; the kernel writes the input)."""
 import triton
 import triton.language as tl
 
@@ -20,33 +21,45 @@ def add_one_kernel(x, n, out, BLOCK: tl.constexpr):
 @triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 512, 2048) for w in (2, 4)],
                  key=["n"])
 @triton.jit
-def inc_inplace_kernel(x, n, out, BLOCK: tl.constexpr):
-    # `out` aliases `x`: tuning runs it many times, the result must be x + 1.
+def inc_inplace_kernel(x, n, BLOCK: tl.constexpr):
+    # `x` is updated in place (aliased to the output): tuning runs it many times, the result must be x + 1.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(out + offs, tl.load(x + offs, mask=m) + 1, mask=m)
+    tl.store(x + offs, tl.load(x + offs, mask=m) + 1, mask=m)
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1024)], key=["n"])
 @triton.jit
-def inc_even_kernel(x, n, out, BLOCK: tl.constexpr):
-    # Writes only the even elements of `out` (which aliases `x`): the odd ones
+def inc_even_kernel(x, n, BLOCK: tl.constexpr):
+    # Writes only the even elements of `x` (aliased to the output): the odd ones
     # must keep x's values.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = (offs < n) & (offs % 2 == 0)
-    tl.store(out + offs, tl.load(x + offs, mask=m) + 1, mask=m)
+    tl.store(x + offs, tl.load(x + offs, mask=m) + 1, mask=m)
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1024)], key=["n"])
 @triton.jit
 def sum_diff_kernel(x, y, n, s, d, BLOCK: tl.constexpr):
-    # `s` aliases `x` (accumulates), `d` is a fresh output.
+    # Two fresh outputs: s = x + y, d = x - y.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     a = tl.load(x + offs, mask=m)
     b = tl.load(y + offs, mask=m)
     tl.store(d + offs, a - b, mask=m)
     tl.store(s + offs, a + b, mask=m)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1024)], key=["n"])
+@triton.jit
+def sum_diff_inplace_kernel(x, y, n, d, BLOCK: tl.constexpr):
+    # `x` accumulates x + y in place (aliased to output 0), `d` is a fresh output.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    a = tl.load(x + offs, mask=m)
+    b = tl.load(y + offs, mask=m)
+    tl.store(d + offs, a - b, mask=m)
+    tl.store(x + offs, a + b, mask=m)
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (64, 256, 1024)], key=["n"])
