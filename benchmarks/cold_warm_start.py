@@ -4,14 +4,16 @@ row in a fresh process with fresh caches, side by side in one run:
 - Triton's own @triton.autotune (serial compile + tune), cold;
 - lazytriton standalone: cold, then warm (persisted winner, new process), and
   what the warm first call adds over a steady call;
-- JAX: lazytriton's triton_call under jax.jit, cold first execution; jax-triton
-  (when importable): lowering + first execution;
+- JAX: lazytriton's triton_call under jax.jit, cold first execution (with the
+  FFI handler prebuilt at install, and built at run time as from an isolated
+  wheel); jax-triton (when importable); each split into lowering, XLA compile
+  and first execution (imports and backend start reported, not timed);
 - tuning quality: the config lazytriton chose vs the exhaustive best (every
   config timed with triton.testing.do_bench: L2 flushed, medians) at 4096^3,
   1024x1024x8192, 8192x256x4096 and on an autotuned softmax, with the tuning
   time it cost (compile cache warm).
 
-    python benchmarks/cold_warm_start.py [--skip-quality] [--skip-jax]
+    python benchmarks/cold_warm_start.py [--skip-quality] [--skip-jax] [--skip-standalone]
 Progress goes to stderr; the table to stdout.
 """
 from __future__ import annotations
@@ -71,9 +73,12 @@ torch.cuda.synchronize()
 print(json.dumps({"first_call_s": time.perf_counter() - t_ready}))
 """
 
+# The JAX rows, split: imports, backend start (first arrays), trace + lowering,
+# XLA compile, first execution (lazytriton: compile the candidates, tune, run).
 JAX_CALL = r"""
 import jax, jax.numpy as jnp, numpy as np, triton
 from lazytriton.demo_kernels import demo_matmul
+t_import = time.perf_counter()
 M = N = K = 2048
 a = jnp.asarray(np.random.default_rng(0).standard_normal((M, K)), jnp.float16)
 b = jnp.asarray(np.random.default_rng(1).standard_normal((K, N)), jnp.float16)
@@ -87,13 +92,27 @@ f = jax.jit(mm)
 t_ready = time.perf_counter()
 lowered = f.lower(a, b)
 t_lower = time.perf_counter()
-out = lowered.compile()(a, b); out.block_until_ready()
+compiled = lowered.compile()
+t_compile = time.perf_counter()
+out = compiled(a, b); out.block_until_ready()
 t_first = time.perf_counter()
 err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - a.astype(jnp.float32) @ b.astype(jnp.float32))))
-print(json.dumps({"lower_s": t_lower - t_ready, "first_call_s": t_first - t_ready, "max_err": err}))
+r = {"import_s": t_import - t_start, "backend_s": t_ready - t_import, "lower_s": t_lower - t_ready,
+     "xla_compile_s": t_compile - t_lower, "execute_s": t_first - t_compile, "first_call_s": t_first - t_ready,
+     "max_err": err}
 """
-JAX_LAZY = PRELUDE + "import lazytriton.jax\nfrom lazytriton.jax import triton_call\n" + JAX_CALL
-JAX_TRITON = PRELUDE + "from jax_triton import triton_call\n" + JAX_CALL
+JAX_LAZY = PRELUDE + "import lazytriton.jax\nfrom lazytriton.jax import triton_call\n" + JAX_CALL + r"""
+from lazytriton import jax_ffi, runtime
+h = jax_ffi.handler_info()
+# The handler: how it became ready, and when, from the first arrays being ready (> 0: lowering waited for it).
+r["handler"] = {"how": h.get("how"), "seconds": h.get("seconds"),
+                "ready_after_s": h["ready_at"] - t_ready if "ready_at" in h else None}
+# Compile and tune of the first execution (overlapped): last candidate ready, tuning done.
+r["resolutions"] = [dict(t, ended_after_s=t.pop("at") - t_compile) for t in runtime.timings()]
+r["torch_imported"] = "torch" in sys.modules
+print(json.dumps(r))
+"""
+JAX_TRITON = PRELUDE + "from jax_triton import triton_call\n" + JAX_CALL + "\nprint(json.dumps(r))\n"
 
 # Chosen vs exhaustive best: lazytriton tunes (compile cache warm: the tuning
 # time is what it costs); every config is then timed with do_bench.
@@ -174,15 +193,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--skip-jax", action="store_true")
+    ap.add_argument("--skip-standalone", action="store_true", help="no Triton and lazytriton standalone rows")
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        triton_r = run(TRITON, fresh_env(d, "triton"), what="Triton's @triton.autotune, cold")
-        env = fresh_env(d, "lazy")
-        cold = run(LAZY, env, what="lazytriton standalone, cold")
-        warm = run(LAZY, env, what="lazytriton standalone, warm (new process)")
-        jax_r = jt_r = None
+        triton_r = cold = warm = None
+        if not opts.skip_standalone:
+            triton_r = run(TRITON, fresh_env(d, "triton"), what="Triton's @triton.autotune, cold")
+            env = fresh_env(d, "lazy")
+            cold = run(LAZY, env, what="lazytriton standalone, cold")
+            warm = run(LAZY, env, what="lazytriton standalone, warm (new process)")
+        jax_r = jax_rb = jt_r = None
         if not opts.skip_jax and importable("jax"):
             jax_r = run(JAX_LAZY, fresh_env(d, "jax"), what="lazytriton.jax triton_call, cold first execution")
+            # As from a wheel built in isolation: no prebuilt FFI handler, built on import in the background.
+            jax_rb = run(JAX_LAZY, dict(fresh_env(d, "jaxb"), LAZYTRITON_PREBUILT_HANDLER="0"),
+                         what="lazytriton.jax triton_call, cold, FFI handler built at run time")
             if importable("jax_triton"):
                 jt_r = run(JAX_TRITON, fresh_env(d, "jt"), what="jax-triton triton_call, cold")
         quality = []
@@ -211,12 +236,31 @@ def main() -> None:
         added = (warm["first_call_s"] - warm["steady_call_s"]) * 1e3
         print(f"| lazytriton standalone, warm: adds over a steady call (goal < 50 ms) | {added:.1f} ms | |")
     if jax_r:
-        print(f"| lazytriton.jax, cold first execution incl. lowering {jax_r['lower_s'] * 1e3:.1f} ms (goal <= 2 s) | "
+        print(f"| lazytriton.jax, cold first execution: lowering + XLA compile + execution (goal <= 2 s) | "
               f"{fmt(jax_r)} | {vs(jax_r)} |")
+    if jax_rb:
+        print(f"| lazytriton.jax, same, FFI handler built at run time (no prebuilt one) | {fmt(jax_rb)} | {vs(jax_rb)} |")
     if jt_r:
-        print(f"| jax-triton, lowering {jt_r['lower_s']:.2f} s + first execution | {fmt(jt_r)} | {vs(jt_r)} |")
+        print(f"| jax-triton, same: lowering + XLA compile + execution | {fmt(jt_r)} | {vs(jt_r)} |")
         if jax_r:
             print(f"| lazytriton.jax vs jax-triton (goal >= 2.5x) | {jt_r['first_call_s'] / jax_r['first_call_s']:.2f}x | |")
+    for name, r in (("lazytriton.jax", jax_r), ("lazytriton.jax, handler built at run time", jax_rb),
+                    ("jax-triton", jt_r)):
+        if r:
+            print(f"  {name}: imports {r['import_s']:.2f} s, backend start + data {r['backend_s']:.2f} s (before the "
+                  f"timed span); lowering {r['lower_s'] * 1e3:.0f} ms, XLA compile {r['xla_compile_s'] * 1e3:.0f} ms, "
+                  f"first execution {r['execute_s'] * 1e3:.0f} ms, max |err| {r['max_err']:.3g}")
+    for name, r in (("lazytriton.jax", jax_r), ("lazytriton.jax, handler built at run time", jax_rb)):
+        if not r:
+            continue
+        h = r.get("handler") or {}
+        if h.get("how"):
+            print(f"  {name}: FFI handler {h['how']} in {h['seconds']:.2f} s, ready "
+                  f"{h['ready_after_s']:+.2f} s from the data being ready (> 0: lowering waited)")
+        for t in r.get("resolutions", []):
+            print(f"  {name}: {t['kernel']}: {t['candidates']} candidates, last compiled after "
+                  f"{t['compiled_s']:.2f} s, compiled + tuned (overlapped) in {t['tuned_s']:.2f} s; "
+                  f"torch imported: {r.get('torch_imported')}")
     for name, r in (("cold", cold), ("warm", warm)):
         if r:
             print(f"  {name}: stats {r['stats']}, max |err| {r['max_err']:.3g}")

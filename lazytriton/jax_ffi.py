@@ -42,7 +42,9 @@ def handler_module():
         t0 = time.perf_counter()
         name = "lt_jax_ffi"
         src = paths.jax_handler_source().read_text()
-        _module, how = _prebuilt_handler(name, src, jaxlib.__version__), "prebuilt"
+        # LAZYTRITON_PREBUILT_HANDLER=0: ignore the prebuilt one (as a wheel built in isolation has none).
+        use_prebuilt = os.environ.get("LAZYTRITON_PREBUILT_HANDLER", "1") != "0"
+        _module, how = (_prebuilt_handler(name, src, jaxlib.__version__) if use_prebuilt else None), "prebuilt"
         if _module is None:
             tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
             built = stubgen._built_path(name, tag).exists()
