@@ -1,0 +1,292 @@
+"""lazytriton.jax's jax-triton 0.4 surface, checked on a machine without a GPU:
+what each call lowers to for CUDA, and the errors (kernel and argument named)."""
+import json
+import re
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from lazytriton import jax as ltj  # noqa: E402
+
+F32 = jax.ShapeDtypeStruct((64,), jnp.float32)
+
+
+@triton.jit
+def inc_kernel(x, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x + offs, tl.load(x + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+@triton.jit
+def n_first_inc_kernel(n, x, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x + offs, tl.load(x + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+@triton.jit
+def acc_kernel(x, acc, n, out, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    a = tl.load(acc + offs, mask=m)
+    tl.store(out + offs, tl.load(x + offs, mask=m) + a, mask=m)
+    tl.store(acc + offs, a + 1, mask=m)
+
+
+@triton.jit
+def old_inc_kernel(x, n, out, BLOCK: tl.constexpr):  # jax-triton 0.3's convention: out aliases x
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+@triton.jit
+def scale_kernel(x, s, out, BLOCK: tl.constexpr = 64):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs) * s)
+
+
+@triton.jit
+def copy_twice_kernel(a, x, y):
+    v = tl.load(a)
+    tl.store(x, v)
+    tl.store(y, v)
+
+
+@triton.jit
+def add_fn(a, b):
+    return a + b
+
+
+@triton.jit
+def mul_fn(a, b):
+    return a * b
+
+
+@triton.jit
+def dispatch_kernel(x, y, out, FN: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs, FN(tl.load(x + offs), tl.load(y + offs)))
+
+
+def lowered(f, *avals):
+    return jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",))
+
+
+def text(f, *avals) -> str:
+    return lowered(f, *avals).as_text()
+
+
+def descriptor(t: str) -> dict:
+    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', t)
+    assert m, t
+    return json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
+
+
+def inc_aliased(x):
+    return ltj.triton_call(x, 64, kernel=inc_kernel, out_type=x, grid=(1,), BLOCK=64, input_output_aliases={0: 0})
+
+
+def inc_ref(x):
+    r = jax.new_ref(x)
+    assert ltj.triton_call(r, 64, kernel=inc_kernel, out_type=(), grid=(1,), BLOCK=64) == ()
+    return r[...]
+
+
+# -- Refs and aliases ----------------------------------------------------------
+
+def test_ref_is_updated_in_place_and_lowers_as_an_alias():
+    t_ref, t_alias = text(inc_ref, F32), text(inc_aliased, F32)
+    d = descriptor(t_ref)
+    assert d == descriptor(t_alias)  # one call site: same binding, same tuning record
+    assert d["aliases"] == [[0, 0]] and d["args"][0]["buffer"] == 1  # the kernel writes the output buffer
+    assert "output_operand_aliases" in t_ref
+
+
+def test_scalar_before_ref_and_ref_with_an_allocated_output():
+    def scalar_first(x):
+        r = jax.new_ref(x)
+        ltj.triton_call(64, r, kernel=n_first_inc_kernel, out_type=(), grid=(1,), BLOCK=64)
+        return r[...]
+
+    d = descriptor(text(scalar_first, F32))
+    assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [64, 1, 64] and d["aliases"] == [[0, 0]]
+
+    def with_output(x, acc):
+        r = jax.new_ref(acc)
+        out = ltj.triton_call(x, r, 64, kernel=acc_kernel, out_type=x, grid=(1,), BLOCK=64)
+        return out, r[...]
+
+    d = descriptor(text(with_output, F32, F32))
+    # x: input 0; acc: input 1 aliased to the Ref's output (1); out: output 0.
+    assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 2 + 1, 64, 2 + 0, 64]
+    assert d["aliases"] == [[1, 1]]
+
+
+def test_refs_inside_tuples_and_aliases_with_refs_are_refused_clearly():
+    def in_tuple(x):
+        r = jax.new_ref(x)
+        return ltj.triton_call((r, x), 64, kernel=inc_kernel, out_type=(), grid=(1,), BLOCK=64)
+
+    with pytest.raises(NotImplementedError, match="inc_kernel: argument x is a tuple"):
+        lowered(in_tuple, F32)
+
+    def both(x):
+        r = jax.new_ref(x)
+        return ltj.triton_call(r, 64, kernel=inc_kernel, out_type=x, grid=(1,), BLOCK=64,
+                               input_output_aliases={0: 0})
+
+    with pytest.raises(ValueError, match="cannot be combined with Ref"):
+        lowered(both, F32)
+
+
+def test_old_alias_convention_gets_the_0_4_explanation():
+    f = lambda x: ltj.triton_call(x, 64, kernel=old_inc_kernel, out_type=x, grid=(1,), BLOCK=64,  # noqa: E731
+                                  input_output_aliases={0: 0})
+    with pytest.raises(ValueError, match=r"old_inc_kernel: out_type has 0 unaliased outputs, but 1 kernel "
+                                         r"parameters have no argument \(out\).*NOT declared again"):
+        lowered(f, F32)
+
+
+def test_alias_indices_count_flattened_operands_scalars_included():
+    f = lambda x: ltj.triton_call(64, x, kernel=n_first_inc_kernel, out_type=x, grid=(1,), BLOCK=64,  # noqa: E731
+                                  input_output_aliases={1: 0})
+    assert descriptor(text(f, F32))["aliases"] == [[0, 0]]
+    g = lambda x: ltj.triton_call(64, x, kernel=n_first_inc_kernel, out_type=x, grid=(1,), BLOCK=64,  # noqa: E731
+                                  input_output_aliases={0: 0})
+    with pytest.raises(ValueError, match="operand 0 is a scalar"):
+        lowered(g, F32)
+
+
+def test_zeroed_outputs_index_flattened_outputs_aliased_ones_included():
+    f = lambda x, y: ltj.triton_call(x, y, 64, kernel=acc_kernel, out_type={"acc": y, "out": x},  # noqa: E731
+                                     grid=(1,), BLOCK=64, input_output_aliases={1: 0}, zeroed_outputs=(0,))
+    d = descriptor(text(f, F32, F32))
+    assert d["configs"][0]["zeroed"] == [0] and d["args"][1]["buffer"] == 2 + 0 and d["args"][3]["buffer"] == 2 + 1
+
+
+# -- out_type, pytrees, options ---------------------------------------------------
+
+def test_out_type_and_the_deprecated_out_shape():
+    pytree = lambda a: {"a": a, "bs": (a,)}  # noqa: E731
+    g = lambda a: ltj.triton_call(a, kernel=copy_twice_kernel, out_type=pytree(a), grid=(1,))  # noqa: E731
+    out = jax.eval_shape(g, jax.ShapeDtypeStruct((1,), jnp.int32))
+    assert jax.tree.structure(out) == jax.tree.structure(pytree(0))
+    with pytest.warns(DeprecationWarning, match="out_shape= is deprecated"):
+        jax.eval_shape(lambda x: ltj.triton_call(x, 64, kernel=inc_kernel, out_shape=x, grid=(1,), BLOCK=64,
+                                                 input_output_aliases={0: 0}), F32)
+    with pytest.raises(TypeError, match="not both"):
+        jax.eval_shape(lambda x: ltj.triton_call(x, 64, kernel=inc_kernel, out_shape=x, out_type=x, grid=(1,),
+                                                 BLOCK=64), F32)
+
+
+def test_backend_options_merge_and_conflict_as_jax_triton():
+    f = lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,),  # noqa: E731
+                                  backend_options={"num_warps": 2, "enable_fp_fusion": False, "maxnreg": 128})
+    assert descriptor(text(f, F32))["options"] == {"num_warps": 2, "enable_fp_fusion": False, "maxnreg": 128}
+    with pytest.raises(ValueError, match=r"scale_kernel: cannot specify \['num_warps'\].*backend_options"):
+        lowered(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,), num_warps=4,
+                                          backend_options={"num_warps": 2}), F32)
+    with pytest.raises(TypeError, match=r"backend_options\['extern_libs'\] must be hashable"):
+        lowered(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,),
+                                          backend_options={"extern_libs": {"libdevice": "/p"}}), F32)
+    with pytest.raises(ValueError, match=r"backend_options\['sanitize_overflow'\] is not a compile option"):
+        lowered(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,),
+                                          backend_options={"sanitize_overflow": True}), F32)
+
+
+def test_has_side_effect_cost_estimate_and_no_jaxpr_dce():
+    call = lambda x, **kw: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,), **kw)  # noqa: E731
+    assert "has_side_effect = true" in text(lambda x: call(x, has_side_effect=True), F32)
+    assert "has_side_effect = true" not in text(call, F32)
+    hlo = jax.jit(lambda x: call(x, cost_estimate={"flops": 123, "bytes_accessed": 456})).trace(F32).lower(
+        lowering_platforms=("cuda",)).compiler_ir("hlo").as_hlo_text()
+    assert re.search(r"cost_estimate_json\s*=\s*.*flops\\22\s*:\s*123", hlo)
+    jaxpr = jax.make_jaxpr(lambda x: call(x, has_side_effect=True))(F32)
+    assert jaxpr.eqns[0].params["has_side_effect"] is True
+    from jax._src.interpreters import partial_eval as pe
+
+    dced, _ = pe.dce_jaxpr(jaxpr.jaxpr, [False])
+    assert [e.primitive for e in dced.eqns] == [ltj.triton_call_p]
+
+
+def test_keyword_scalar_operand_stays_out_of_the_metaparameters():
+    jaxpr = jax.make_jaxpr(lambda x: ltj.triton_call(x, s=3.0, kernel=scale_kernel, out_type=x, grid=(1,)))(F32)
+    (eqn,) = jaxpr.eqns
+    assert len(eqn.invars) == 1 and "s" not in eqn.params["metaparams"] and eqn.params["metaparams"]["BLOCK"] == 64
+
+
+def test_callable_constexpr_travels_by_name():
+    call = lambda fn: lambda x, y: ltj.triton_call(x, y, kernel=dispatch_kernel, out_type=x,  # noqa: E731
+                                                   grid=(1,), FN=fn, BLOCK=64)
+    d_add, d_mul = descriptor(text(call(add_fn), F32, F32)), descriptor(text(call(mul_fn), F32, F32))
+    assert d_add["args"][3]["scalar"]["$jit"]["qualname"] == "add_fn"
+    assert d_add != d_mul
+    from lazytriton import jax_ffi
+
+    assert jax_ffi._decode(d_add["args"][3]["scalar"]) is add_fn
+    with pytest.raises(TypeError, match=r"dispatch_kernel: FN=.*must be bool, int, float, str, None or a "
+                                        r"@triton.jit function"):
+        lowered(call(lambda a, b: a), F32, F32)
+
+
+def test_python_floats_are_fp32_when_representable():
+    call = lambda s: lambda x: ltj.triton_call(x, s, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731
+    for ok in (42.0, 1e-30, float("inf"), float("-inf"), 0.0, np.float32(3.0)):
+        lowered(call(ok), F32)
+    with pytest.raises(ValueError, match=r"scale_kernel: argument s=1e-300 does not fit fp32"):
+        lowered(call(1e-300), F32)
+
+
+# -- errors, transformations ----------------------------------------------------
+
+def test_autodiff_raises_not_implemented():
+    f = lambda x: jnp.sum(ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,)))  # noqa: E731
+    with pytest.raises(NotImplementedError, match=r"triton_call scale_kernel cannot be differentiated.*"
+                                                  r"jax\.custom_jvp or jax\.custom_vjp"):
+        jax.jit(jax.grad(f)).trace(F32)
+
+
+def test_pre_hooks_raise_not_implemented():
+    k = triton.autotune([triton.Config({"BLOCK": 64}, pre_hook=lambda args: None)], key=["n"])(
+        triton.jit(inc_kernel.fn))
+    with pytest.raises(NotImplementedError, match="config 0 .* has a pre_hook"):
+        lowered(lambda x: ltj.triton_call(x, 64, kernel=k, out_type=x, grid=(1,), input_output_aliases={0: 0}), F32)
+
+
+def test_vmap_runs_the_call_per_element():
+    f = jax.vmap(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,)))
+    t = text(f, jax.ShapeDtypeStruct((3, 64), jnp.float32))
+    assert t.count("custom_call @lazytriton_triton_call") == 1 and "stablehlo.while" in t
+    assert descriptor(t)["args"][0]["shape"] == [64]
+
+
+# -- jax.export ----------------------------------------------------------------
+
+def test_export_for_cuda_deserializes_in_a_fresh_process(tmp_path):
+    pytest.importorskip("flatbuffers")  # jax.export's serialization needs it
+    assert ltj.CUSTOM_CALL_TARGET_NAME == "lazytriton_triton_call"
+    exp = jax.export.export(
+        jax.jit(inc_aliased), platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(ltj.CUSTOM_CALL_TARGET_NAME)])(F32)
+    path = tmp_path / "inc.jax"
+    path.write_bytes(exp.serialize())
+    code = (
+        "import sys, json, jax\n"
+        "exp = jax.export.deserialize(open(sys.argv[1], 'rb').read())\n"
+        "t = exp.mlir_module()\n"
+        "print(json.dumps({'platforms': exp.platforms, 'target': 'lazytriton_triton_call' in t,\n"
+        "                  'aliased': 'tf.aliasing_output' in t or 'output_operand_aliases' in t,\n"
+        "                  'lazytriton_loaded': 'lazytriton' in sys.modules}))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"platforms": ["cuda"], "target": True, "aliased": True, "lazytriton_loaded": False}
+    with pytest.raises(ValueError, match="lazytriton_triton_call"):  # the safety check names our target
+        jax.export.export(jax.jit(inc_aliased), platforms=["cuda"])(F32)
