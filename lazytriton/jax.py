@@ -30,6 +30,7 @@ import jax
 import jax.extend as jex
 import numpy as np
 import triton
+from jax._src import core as jax_core
 from jax._src import dispatch
 from jax._src.interpreters import batching
 from jax._src.interpreters import partial_eval as pe
@@ -509,7 +510,7 @@ triton_call_p.def_impl(_impl)
 def _abstract_eval(*in_avals, out_types, **_):
     # The kernel may read and write every Ref it is given.
     effects = {e(i) for i, a in enumerate(in_avals) if isinstance(a, AbstractRef) for e in (ReadEffect, WriteEffect)}
-    return [jax.core.ShapedArray(o.shape, o.dtype) for o in out_types], effects
+    return [jax_core.ShapedArray(o.shape, o.dtype) for o in out_types], effects
 
 
 # Never removed by JAX's dead-code elimination (XLA's is governed by has_side_effect).
