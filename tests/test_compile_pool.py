@@ -31,6 +31,11 @@ def demo_candidates(configs=DEMO_CONFIGS, kernel=demo_matmul):
 @pytest.fixture
 def fresh_triton_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    # The server keeps the environment it started with (an earlier test's cache):
+    # restart it, so that its workers fill this test's cache.
+    pool = compile_pool.get_pool()
+    if pool is not None:
+        pool.close()
     return tmp_path
 
 
