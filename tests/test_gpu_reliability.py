@@ -316,6 +316,7 @@ def test_first_execution_already_under_capture(cache_dir, monkeypatch, fallback)
     for _ in range(3):
         inp[...] = rand(rows * cols).reshape(rows, cols)
         out.fill(cp.nan)
+        cp.cuda.runtime.deviceSynchronize()  # those ran on CuPy's stream; s does not wait for it
         graph.launch(s)
         s.synchronize()
         want = np.empty((rows, cols), np.float32)
