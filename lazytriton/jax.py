@@ -249,6 +249,9 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
         if k in kwargs:
             raise TypeError(f"{label}: {k} is set by the kernel's triton.heuristics; do not pass it")
     runtime = [p for p in params if not p.is_constexpr]
+    if aliases and any(_is_ref(a) for a in [*args, *operand_kw.values()]):  # before any index check: the cause
+        raise ValueError(f"{label}: input_output_aliases cannot be combined with Ref arguments: a Ref is already "
+                         "updated in place (drop input_output_aliases, or pass arrays instead of Refs)")
     aliased_outs = set(aliases.values())
     if len(aliased_outs) != len(aliases):
         raise ValueError(f"{label}: input_output_aliases {aliases} must map distinct inputs to distinct outputs")
@@ -316,9 +319,6 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
                 raise ValueError(_unfilled(label, n_fill, missing, aliases))
     if next(unaliased, None) is not None:
         raise ValueError(_unfilled(label, n_fill, missing, aliases))
-    if aliases and refs:
-        raise ValueError(f"{label}: input_output_aliases cannot be combined with Ref arguments: a Ref is already "
-                         "updated in place (drop input_output_aliases, or pass arrays instead of Refs)")
     by_input = {}
     for i, o in aliases.items():
         if not 0 <= i < len(operand_inputs):

@@ -129,7 +129,7 @@ def test_backend_options_callable_constexpr_and_floats(cache_dir):
     np.testing.assert_array_equal(np.asarray(out), np.arange(64) * 2.0)
     for s in (1e-30, float("inf")):
         np.testing.assert_array_equal(np.asarray(ltj.triton_call(x + 1, s, kernel=scale_kernel, out_type=x,
-                                                                 grid=(1,))), (np.arange(64) + 1) * np.float32(s))
+                                                                 grid=(1,))), (np.arange(64, dtype=np.float32) + 1) * np.float32(s))  # in fp32, as the kernel
     call = lambda fn: ltj.triton_call(x, y, kernel=dispatch_kernel, out_type=x, grid=(1,), FN=fn,  # noqa: E731
                                       BLOCK=64)
     np.testing.assert_array_equal(np.asarray(call(add_fn)), np.arange(64) + 3.0)

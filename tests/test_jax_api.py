@@ -145,6 +145,14 @@ def test_refs_inside_tuples_and_aliases_with_refs_are_refused_clearly():
     with pytest.raises(ValueError, match="cannot be combined with Ref"):
         lowered(both, F32)
 
+    def no_outputs(x):  # as jax-triton's own test: the Ref is the cause, whatever the indices say
+        r = jax.new_ref(x)
+        ltj.triton_call(r, 64, kernel=inc_kernel, out_type=(), grid=(1,), BLOCK=64, input_output_aliases={0: 0})
+        return r[...]
+
+    with pytest.raises(ValueError, match="cannot be combined with Ref"):
+        lowered(no_outputs, F32)
+
 
 def test_old_alias_convention_gets_the_0_4_explanation():
     f = lambda x: ltj.triton_call(x, 64, kernel=old_inc_kernel, out_type=x, grid=(1,), BLOCK=64,  # noqa: E731
