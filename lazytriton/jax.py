@@ -396,7 +396,10 @@ def _descriptor(call: _Call, grid, zeroed_outputs, options) -> str:
     configs, call_options = _configs(spec, label, options, call.meta)
     for c in configs:
         meta = {**call.meta, **c["kwargs"]}
-        meta.update(_heuristic_values(spec, label, {**named, **meta}, meta))
+        heuristics = _heuristic_values(spec, label, {**named, **meta}, meta)
+        meta.update(heuristics)
+        if heuristics:  # evaluated once, here: the grid, the compile and every launch use these values
+            c["heuristics"] = {k: _encode(v, label, k) for k, v in heuristics.items()}
         c["grid"] = _grid(grid, meta, label)
         zeroed = zeroed_outputs(meta) if callable(zeroed_outputs) else zeroed_outputs
         c["zeroed"] = sorted(int(z) for z in zeroed)

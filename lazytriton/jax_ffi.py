@@ -17,8 +17,9 @@ from .arrays import DeviceArray
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
-DESCRIPTOR_VERSION = 3  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
-# output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute)
+DESCRIPTOR_VERSION = 4  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
+# output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute; v4: heuristic values
+# per config, evaluated at trace time)
 STATE_TYPE = "lazytriton_site"
 
 _lock = threading.Lock()
@@ -193,7 +194,11 @@ class Site:
                 a["scalar"] = _decode(a["scalar"])
         for c in d["configs"]:
             c["kwargs"] = {k: _decode(v) for k, v in c["kwargs"].items()}
+            if "heuristics" in c:
+                c["heuristics"] = {k: _decode(v) for k, v in c["heuristics"].items()}
         self.lazy = _site_kernel(kernel, d, LazyKernel)
+        # Options of an untuned kernel went into its one config when its heuristics were frozen.
+        self.options = {} if self.lazy.spec.autotuned else d["options"]
 
     def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
         d = self.d
@@ -216,11 +221,11 @@ class Site:
             # capture in thread-local mode (XLA's) refuses them unless relaxed.
             previous = _core.exchange_capture_mode(_core.CAPTURE_MODE_RELAXED)
             try:
-                res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **d["options"])
+                res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **self.options)
             finally:
                 _core.exchange_capture_mode(previous)
         else:
-            res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **d["options"])
+            res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **self.options)
         if len(res.types) != len(d["args"]):
             raise RuntimeError(f"{self.name}: internal error: the kernel was resolved for {len(res.types)} "
                                f"arguments but the call site has {len(d['args'])}")
@@ -254,11 +259,19 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
     from .spec import describe
 
     spec = describe(kernel)
-    if spec.configs:
-        configs = [triton.Config(c["kwargs"], **{k: c[k] for k in _CONFIG_FIELDS if c.get(k) is not None})
-                   for c in d["configs"]]
-        spec = dataclasses.replace(spec, configs=configs)
-    names = [p.name for p in spec.params]
+    supplied = {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
+    names = [p.name for p in spec.params if p.name not in supplied]  # the call parameters, as d["args"]
+    # Heuristics were evaluated at trace time (they chose the grid): their values
+    # become part of each config, so the compile uses exactly those values.
+    # An untuned kernel whose options a Config cannot carry keeps evaluating them.
+    frozen = bool(spec.heuristics) and (bool(spec.configs) or set(d["options"]) <= set(_CONFIG_FIELDS))
+    if spec.configs or frozen:
+        configs = []
+        for c in d["configs"]:
+            fields = {**(d["options"] if not spec.configs else {}), **{k: c[k] for k in _CONFIG_FIELDS if k in c}}
+            configs.append(triton.Config({**c["kwargs"], **(c.get("heuristics", {}) if frozen else {})},
+                                         **{k: v for k, v in fields.items() if v is not None}))
+        spec = dataclasses.replace(spec, configs=configs, heuristics=[] if frozen else spec.heuristics)
     n_in = d["n_inputs"]
     out_names = {a["buffer"] - n_in: names[i] for i, a in enumerate(d["args"]) if a.get("buffer", -1) >= n_in}
     zeroed = {out_names[o] for c in d["configs"] for o in c["zeroed"]}

@@ -219,3 +219,34 @@ def test_keyword_operands_conflicts_and_meta_defaults():
     d = descriptor(lower(lambda x: ltj.triton_call(x, 1000, kernel=with_default, out_type=x,
                                                    grid=lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)), F32))
     assert d["args"][-1] == {"scalar": 128} and d["configs"][0]["grid"] == [8, 1, 1]
+
+
+def test_heuristics_are_evaluated_once_at_trace_time_and_carried_to_the_compile():
+    """One evaluation serves the grid and the compile (issue 15: the tuning
+    path and the replay path must not disagree): the site's kernel takes the
+    traced values as config values and evaluates no heuristic itself."""
+    calls = []
+
+    def even(args):
+        calls.append(args["n"] % args["BLOCK"] == 0)
+        return calls[-1]
+
+    kern = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1000)], key=["n"])(
+        triton.heuristics({"EVEN": even})(jaxk.axpb_kernel.fn.fn))  # axpb's @triton.jit function
+    d = descriptor(lower(lambda x: ltj.triton_call(x, 2.0, 3, False, 1024, kernel=kern, out_type=x,
+                                                   grid=lambda m: (triton.cdiv(1024, m["BLOCK"]),)),
+                         jax.ShapeDtypeStruct((1024,), jnp.float32)))
+    assert calls == [True, False]
+    assert [c["heuristics"] for c in d["configs"]] == [{"EVEN": True}, {"EVEN": False}]
+    site = jax_ffi.Site(d)
+    assert site.lazy.spec.heuristics == []
+    assert [c.kwargs for c in site.lazy.spec.configs] == [{"BLOCK": 128, "EVEN": True}, {"BLOCK": 1000, "EVEN": False}]
+    assert calls == [True, False]  # rebuilding the site evaluated nothing
+
+    # An untuned kernel with heuristics: its options go into the one config.
+    plain = triton.heuristics({"BLOCK": lambda a: 256, "EVEN": even})(jaxk.axpb_kernel.fn.fn)
+    d = descriptor(lower(lambda x: ltj.triton_call(x, 2.0, 3, False, 1024, kernel=plain, out_type=x, grid=(4,),
+                                                   num_warps=2), jax.ShapeDtypeStruct((1024,), jnp.float32)))
+    site = jax_ffi.Site(d)
+    (cfg,) = site.lazy.spec.configs
+    assert cfg.kwargs == {"BLOCK": 256, "EVEN": True} and cfg.num_warps == 2 and site.options == {}
