@@ -51,5 +51,5 @@ def test_gpu_suite_without_a_gpu_says_so(tmp_path):
     if lazytriton.gpu_available()[0]:
         pytest.skip("a GPU is present")
     r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "quick", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=str(tmp_path))  # the installed package
     assert r.returncode == 2 and "no GPU here" in r.stderr and "--suite cpu" in r.stderr
