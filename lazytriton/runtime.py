@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import _core, compile_pool, keys, stubgen
+from . import _core, compile_pool, keys, pre_hooks, stubgen, tensor_desc
 from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, compile_stream, device_target
-from .spec import KernelSpec, ReadRecorder, describe
+from .spec import KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
 from .stubgen import Shape, Slot
 from .tuner import TuneOptions, tune
 
@@ -158,7 +158,9 @@ class LazyKernel(_core.LaunchBase):
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
         names = list(shape.names[:self._n_call])
-        types = [sl.param_type() if p else "constexpr" for sl, p in zip(shape.slots, entry.is_param)]
+        types = [(tensor_desc.read(v, f"kernel {self.name}, argument {n}").type_string() if sl.kind == "desc"
+                  else sl.param_type()) if p else "constexpr"
+                 for sl, p, v, n in zip(shape.slots, entry.is_param, args, shape.names)]
         meta = dict(entry.meta or {})
         dims = None
         if grid is not None:
@@ -353,8 +355,12 @@ class LazyKernel(_core.LaunchBase):
             info = array_info(v, what)
             spec = not (p.do_not_specialize or p.do_not_specialize_on_alignment)
             return Slot("ptr", dtype=DTYPE_IDS[info.dtype], specialize=spec)
+        if tensor_desc.is_descriptor(v):
+            # Triton specializes a descriptor on its dtype and block shape only (its type).
+            d = tensor_desc.read(v, what)
+            return Slot("desc", dtype=DTYPE_IDS[d.dtype], rank=d.rank)
         raise TypeError(f"{what}: unsupported argument type {type(v).__name__} "
-                        "(expected a device array, int, float, bool or None)")
+                        "(expected a device array, a tensor descriptor, int, float, bool or None)")
 
     def _annotated_slot(self, p, ann: str, v: Any, in_key: bool, what: str) -> Slot:
         """A parameter annotated with a scalar type (n: tl.int64, x: tl.float16):
@@ -478,12 +484,17 @@ class Resolution:
         self.names = [p.name for p in k._call_params]
         self.named = dict(zip(self.names, self.values))
         self.arrays = {}
+        self.descs: dict[str, tensor_desc.DescInfo] = {}  # host tensor descriptor arguments
         bind_values = []
         for name, v in zip(self.names, self.values):
             if is_array(v):
                 info = array_info(v, f"kernel {k.name}, argument {name}")
                 self.arrays[name] = (info.ptr, info.nbytes or 0)
                 bind_values.append(PointerArg(info.ptr, info.dtype))
+            elif tensor_desc.is_descriptor(v):
+                d = self.descs[name] = tensor_desc.read(v, f"kernel {k.name}, argument {name}")
+                self.arrays[name] = (d.ptr, d.nbytes)  # its base: what a trial may write
+                bind_values.append(tensor_desc.bind_value(d))
             else:
                 bind_values.append(v)
         self.bind_values = tuple(bind_values)
@@ -535,10 +546,30 @@ class Resolution:
             meta = self.k._meta_kwargs(cfg, self.named, self.options)
             # By name: a parameter its configs set may sit between call parameters
             # (softmax(x, y, n, ROWS, BLOCK) with ROWS in the configs).
-            c = Candidate(i, cfg, binder.bind((), {**dict(zip(self.names, self.bind_values)), **meta}))
+            values = dict(zip(self.names, self.bind_values))
+            blocks = self._hook_blocks(i, cfg, meta)
+            for name, block in blocks.items():  # the config's block shapes are the descriptors' types
+                values[name] = tensor_desc.bind_value(self.descs[name], block)
+            c = Candidate(i, cfg, binder.bind((), {**values, **meta}))
             c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES}
+            if blocks:
+                c.extra["desc_blocks"] = {n: list(b) for n, b in blocks.items()}
             cands.append(c)
         return cands
+
+    def _hook_blocks(self, i: int, cfg, meta: dict) -> dict:
+        """The block shape config i's pre_hook sets per descriptor argument (pre_hooks.py)."""
+        if cfg is None or getattr(cfg, "pre_hook", None) is None:
+            return {}
+        try:
+            blocks = pre_hooks.blocks(self.spec, i, cfg, self.named, meta, set(self.descs))
+        except pre_hooks.HookRefused as exc:
+            raise KernelSpecError(pre_hook_refusal(self.k.name, self.spec.configs, *exc.args)) from None
+        for name, block in blocks.items():
+            if len(block) != self.descs[name].rank:
+                raise KernelSpecError(f"kernel {self.k.name}: config {i}'s pre_hook sets {name}.block_shape to "
+                                      f"{list(block)}, but the descriptor has rank {self.descs[name].rank}")
+        return blocks
 
     def _ckey(self, c: Candidate) -> str:
         b = c.bound
@@ -627,7 +658,10 @@ class Resolution:
         """What a later process needs to launch the winner: which call arguments
         are kernel parameters, and the meta-parameters a grid callable sees."""
         is_param = [c.bound.signature.get(n, "constexpr") != "constexpr" for n in self.names]
-        return {"is_param": is_param + [False] * len(self.extras), "meta": dict(c.extra["meta"])}
+        info = {"is_param": is_param + [False] * len(self.extras), "meta": dict(c.extra["meta"])}
+        if self.descs:  # each descriptor's compiled type (the block shape a pre_hook chose is in it)
+            info["descriptors"] = {n: c.bound.signature.get(n) for n in self.descs}
+        return info
 
     def _entry(self, c: Candidate):
         info = self._launch_info(c)

@@ -10,6 +10,8 @@ import triton
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction
 
+from . import pre_hooks
+
 
 class KernelSpecError(ValueError):
     """A kernel description lazytriton cannot run; the message names the kernel."""
@@ -86,7 +88,12 @@ class KernelSpec:
         """Triton's prune_configs_by semantics: early_config_prune, then perf_model/top_k."""
         pruned = configs
         if self.early_config_prune:
-            pruned = list(self.early_config_prune(configs, named_args, **kwargs))
+            # Triton passes the call's keyword arguments too (tutorial 06 reads
+            # kwargs["N_CTX"]); a call here has no keywords left, so a function
+            # taking **kwargs gets every argument by name.
+            extra = {k: v for k, v in named_args.items() if k not in kwargs} if _takes_var_kwargs(
+                self.early_config_prune) else {}
+            pruned = list(self.early_config_prune(configs, named_args, **kwargs, **extra))
             if not pruned:
                 raise KernelSpecError(f"kernel {self.name}: early_config_prune returned no configs")
         if self.perf_model:
@@ -100,6 +107,13 @@ class KernelSpec:
                 order = sorted(range(len(pruned)), key=lambda i: est[i])
                 pruned = [pruned[i] for i in order[:top_k]]
         return pruned
+
+
+def _takes_var_kwargs(fn: Callable) -> bool:
+    try:
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
 
 
 def _params_of(fn: JITFunction) -> list[Param]:
@@ -163,10 +177,18 @@ def _validate(spec: KernelSpec) -> None:
                 raise KernelSpecError(f"kernel {spec.name}: {what} names {n!r}, which is not a parameter "
                                       f"(parameters: {', '.join(spec.arg_names)})")
     for i, cfg in enumerate(spec.configs):
-        if getattr(cfg, "pre_hook", None) is not None:
-            raise KernelSpecError(
-                f"kernel {spec.name}: config {i} ({cfg}) has a pre_hook; lazytriton launches from C++ without "
-                "Python and cannot run it. Use reset_to_zero=/restore_value= on triton.autotune instead")
         for k in cfg.kwargs:
             if k not in names:
                 raise KernelSpecError(f"kernel {spec.name}: config {i} sets {k!r}, which is not a parameter")
+    try:
+        pre_hooks.check(spec)
+    except pre_hooks.HookRefused as exc:
+        raise KernelSpecError(pre_hook_refusal(spec.name, spec.configs, *exc.args)) from None
+
+
+def pre_hook_refusal(name: str, configs: list, index: int, why: str, label: str | None = None) -> str:
+    """The error for a config pre_hook lazytriton cannot run (pre_hooks.py)."""
+    return (f"{label or f'kernel {name}'}: config {index} ({configs[index]}) has a pre_hook; lazytriton launches "
+            "from C++ without Python and cannot run it. Use reset_to_zero=/restore_value= on triton.autotune "
+            "instead (a pre_hook that only sets tensor descriptors' block_shape from the config's meta-parameters "
+            f"is supported; this one {why})")

@@ -36,7 +36,7 @@ FIXED_INTS = {"i8": "kFixI8", "i16": "kFixI16", "i32": "kFixI32", "i64": "kFixI6
 INT_RANGES = {t: ((-2**(int(t[1:]) - 1), 2**(int(t[1:]) - 1) - 1) if t[0] == "i" else (0, 2**int(t[1:]) - 1))
               for t in FIXED_INTS}
 # Codes of the table-driven stub (generic_stub.cc; FixedInt in python_args.h).
-_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4}
+_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4, "desc": 5}
 _FIXED_CODES = {t: i for i, t in enumerate(("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"))}
 _FLOAT_CODES = {"fp16": 0, "bf16": 1, "fp32": 2, "fp64": 3}
 # Float parameter types, with the C type the stub packs each as (Triton's launcher's bytes).
@@ -45,9 +45,10 @@ FLOAT_CTYPES = {"fp16": "uint16_t", "bf16": "uint16_t", "fp32": "float", "fp64":
 
 @dataclass(frozen=True)
 class Slot:
-    """How one call argument is read. kind: ptr | int | float | bool | constexpr."""
+    """How one call argument is read. kind: ptr | int | float | bool | constexpr |
+    desc (a host tensor descriptor: its block shape goes into the call key)."""
     kind: str
-    dtype: int = -1  # ptr: lazytriton.arrays.DTYPE_IDS value
+    dtype: int = -1  # ptr, desc: lazytriton.arrays.DTYPE_IDS value
     int_type: str = ""  # int: Triton type of this call ("i32"/"i64"/"u64", or the annotation)
     # Type fixed by the parameter's annotation. int: no class switching, and a
     # bool is taken too, as 0 or 1 with no bits keyed (as Triton's binder does);
@@ -58,11 +59,15 @@ class Slot:
     in_key: bool = False  # value goes into the call key (autotune key, read by heuristics)
     divisibility: bool = True  # ints: the % 16 bit (tt.divisibility 16)
     float_type: str = "fp32"  # float: the parameter type, fp16 | bf16 | fp32 | fp64
+    rank: int = 0  # desc: the descriptor's rank
 
     def param_type(self) -> str:
-        """The kernel parameter type the stub packs this argument as."""
+        """The kernel parameter type the stub packs this argument as (a
+        descriptor's: its dtype and rank; its block shape is per call)."""
         if self.kind == "ptr":
             return "*" + DTYPES[self.dtype]
+        if self.kind == "desc":
+            return f"tensordesc<{DTYPES[self.dtype]}>[rank {self.rank}]"
         return {"int": self.int_type, "float": self.float_type, "bool": "u1"}.get(self.kind, "constexpr")
 
     def code(self) -> str:
@@ -74,6 +79,8 @@ class Slot:
             text += f":div{int(self.divisibility)}"
         if self.kind == "float" and self.float_type != "fp32":
             text += f":{self.float_type}"
+        if self.kind == "desc":
+            text += f":r{self.rank}"
         return text
 
 
@@ -93,8 +100,7 @@ class Shape:
 
     def key_words(self) -> int:
         bits_words = (2 * len(self.slots) + 63) // 64
-        value_words = sum(2 if s.kind == "constexpr" else 1 for s in self.slots if s.in_key or s.kind == "constexpr")
-        return bits_words + value_words + 1
+        return bits_words + sum(_value_words(s) for s in self.slots) + 1
 
     def table(self) -> tuple:
         """The slot table of the table-driven stub (csrc/python/generic_stub.cc)."""
@@ -103,6 +109,8 @@ class Shape:
             kind = _KINDS[sl.kind]
             if sl.kind == "int":
                 code = _FIXED_CODES[sl.int_type] if sl.annotated else INT_CLASSES[sl.int_type]
+            elif sl.kind == "desc":
+                code = sl.rank
             else:
                 code = 0
             rows.append((kind, sl.dtype, code, int(sl.annotated), int(sl.specialize), int(sl.in_key),
@@ -116,13 +124,19 @@ class Shape:
         out = list(key[:-1])
         w = (2 * len(self.slots) + 63) // 64
         for s, v in zip(self.slots, args):
-            if s.kind == "constexpr":
-                if out[w] in (5, 6):
-                    out[w + 1] = v
-                w += 2
-            elif s.in_key:
-                w += 1
+            if s.kind == "constexpr" and out[w] in (5, 6):
+                out[w + 1] = v
+            w += _value_words(s)
         return tuple(out)
+
+
+def _value_words(s: Slot) -> int:
+    """Key words after the bit words that one argument takes."""
+    if s.kind == "constexpr":
+        return 2
+    if s.kind == "desc":
+        return s.rank  # its block shape: part of the kernel's type
+    return 1 if s.in_key else 0
 
 
 def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
@@ -180,6 +194,12 @@ def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
         member = f"uint64_t s{i};"
         out.append(f"constexpr_key({arg}, &a.key[{value_word}]);")
         value_word += 2
+    elif s.kind == "desc":
+        member = f"HostTensorDesc s{i};"
+        out.append(f"if (!get_tensor_desc({arg}, {s.dtype}, {s.rank}, &a.s{i})) return false;")
+        for j in range(s.rank):
+            out.append(f"a.key[{value_word}] = uint64_t(a.s{i}.block[{j}]);")
+            value_word += 1
     else:
         raise ValueError(f"unknown slot kind {s.kind}")
     return member, out, value_word
@@ -194,11 +214,21 @@ def generate(shape: Shape, module_name: str) -> str:
         member, lines, value_word = _arg_code(i, s, value_word)
         members.append(f"  {member}  // {shape.names[i]}: {s.code()}")
         body += [f"  {line}" for line in lines]
-    pack = [f"  if (e->is_param[{i}]) params[np++] = &a.s{i};" for i in range(n)]
+    pack, n_desc = [], 0
+    for i, s in enumerate(shape.slots):
+        if s.kind == "desc":  # encoded for the resolved kernel (may throw: inside the try)
+            pack.append(f"    DescParams d{n_desc};")
+            pack.append(f"    if (e->is_param[{i}]) np += pack_tensor_desc(e->kernel->meta().tensordesc, "
+                        f"e->kernel->meta().tensordesc_abi, {n_desc}, a.s{i}, d{n_desc}, params + np, kernel->name(), "
+                        f"kNames[{i}]);")
+            n_desc += 1
+        else:
+            pack.append(f"    if (e->is_param[{i}]) params[np++] = &a.s{i};")
     packed = [f"  PyTuple_SET_ITEM(t, {i}, "
-              + ("Py_NewRef(Py_None)" if s.kind == "constexpr" else
+              + ("Py_NewRef(Py_None)" if s.kind == "constexpr" else f"desc_tuple(a.s{i})" if s.kind == "desc" else
                  f"PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&a.s{i}), sizeof(a.s{i}))") + ");"
               for i, s in enumerate(shape.slots)]
+    n_params = f"kArgs + 1 + {n_desc} * kMaxDescParams"
     names = ", ".join(f'"{nm}"' for nm in shape.names) or '""'
     # Plain CPython API, no pybind11: its headers made a stub's build take ~5 s of g++.
     return f"""// Generated by lazytriton.stubgen for argument shape {shape.digest()}. Do not edit.
@@ -257,12 +287,12 @@ PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{
   if (!read(args, a)) Py_RETURN_NONE;
   const Entry* e = kernel->find(a.key, kKeyWords);
   if (!e) return key_tuple(a);
-  void* params[kArgs + 1];
-  size_t np = 0;
-{chr(10).join(pack)}
   Dim3 g;
   if (!eval_grid(grid, *e, g_names, args, kArgs, &g, kernel->name().c_str())) return nullptr;
   try {{
+    void* params[{n_params}];
+    size_t np = 0;
+{chr(10).join(pack)}
     e->kernel->launch(stream, g, params, np);
   }} catch (const std::exception& ex) {{
     return raise(ex, kernel->name().c_str());

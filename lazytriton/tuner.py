@@ -57,14 +57,20 @@ class CallBuffers:
 
 
 def runtime_args(c: Candidate, names: list[str], values: tuple, arrays: dict) -> tuple[list[str], list]:
-    """Kernel parameter types and values for one candidate (constexprs dropped)."""
+    """Kernel parameter types and values for one candidate (constexprs dropped);
+    a tensor descriptor as the tuple the C++ core encodes for the candidate."""
+    from . import tensor_desc
+
     types, vals = [], []
     for name, value in zip(names, values):
         t = c.bound.signature.get(name, "constexpr")
         if t == "constexpr":
             continue
         types.append(t)
-        vals.append(arrays[name][0] if name in arrays else value)
+        if t.startswith("tensordesc"):
+            vals.append(tensor_desc.read(value, name).as_tuple(name))
+        else:
+            vals.append(arrays[name][0] if name in arrays else value)
     return types, vals
 
 

@@ -8,8 +8,8 @@
 //
 // Slot table (built by stubgen.Shape.table(), one tuple per argument):
 //   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
-//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr
-//   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h
+//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor
+//   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h; a descriptor's rank
 //   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
 // Plain CPython API (no pybind11), like the generated stubs.
 #include <Python.h>
@@ -24,7 +24,7 @@ using namespace lt::pyargs;
 
 namespace {
 
-enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4 };
+enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4, kDesc = 5 };
 enum FloatCode { kFp16 = 0, kBf16 = 1, kFp32 = 2, kFp64 = 3 };
 
 struct SlotSpec {
@@ -53,10 +53,11 @@ struct Stub {
 };
 
 // One call's values: 8 bytes per argument (a parameter reads its low bytes,
-// little-endian) and the key.
+// little-endian), the descriptors (in argument order) and the key.
 struct Read {
   std::vector<uint64_t> key;
   std::vector<uint64_t> cell;
+  std::vector<HostTensorDesc> descs;
 };
 
 // False: not this shape (no Python error set). Mirrors stubgen._arg_code.
@@ -64,6 +65,7 @@ bool read(const Stub* s, PyObject* args, Read& r) {
   if (!s->slots || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != s->n) return false;
   r.key.assign(s->key_words, 0);
   r.cell.assign(size_t(s->n), 0);
+  r.descs.clear();
   r.key[s->key_words - 1] = s->shape_word;
   size_t vw = (2 * size_t(s->n) + 63) / 64;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
@@ -132,6 +134,13 @@ bool read(const Stub* s, PyObject* args, Read& r) {
         if (sl.in_key) r.key[vw++] = k;
         break;
       }
+      case kDesc: {  // the block shape is the key: it is the kernel's type
+        HostTensorDesc d;
+        if (!get_tensor_desc(arg, sl.dtype, sl.int_code, &d)) return false;
+        for (int j = 0; j < d.rank; ++j) r.key[vw++] = uint64_t(d.block[j]);
+        r.descs.push_back(d);
+        break;
+      }
       default:  // constexpr
         constexpr_key(arg, &r.key[vw]);
         vw += 2;
@@ -161,14 +170,25 @@ PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (!read(s, args, r)) Py_RETURN_NONE;
   const Entry* e = kernel->find(r.key.data(), r.key.size());
   if (!e) return key_tuple(r);
-  std::vector<void*> params;
-  params.reserve(size_t(s->n) + 1);
-  for (Py_ssize_t i = 0; i < s->n; ++i)
-    if (e->is_param[size_t(i)]) params.push_back(&r.cell[size_t(i)]);
   Dim3 g;
   if (!eval_grid(grid, *e, s->names, args, s->n, &g, kernel->name().c_str())) return nullptr;
   try {
-    e->kernel->launch(stream, g, params.data(), params.size());
+    std::vector<void*> params(size_t(s->n) + r.descs.size() * kMaxDescParams);
+    std::vector<DescParams> packed(r.descs.size());
+    const LaunchMeta& m = e->kernel->meta();
+    size_t np = 0, k = 0;
+    for (Py_ssize_t i = 0; i < s->n; ++i) {
+      if (!e->is_param[size_t(i)]) continue;
+      if ((*s->slots)[size_t(i)].kind == kDesc) {
+        const char* nm = PyUnicode_AsUTF8(s->names[i]);
+        np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, r.descs[k], packed[k], &params[np], kernel->name(),
+                               nm ? nm : "?");
+        ++k;
+      } else {
+        params[np++] = &r.cell[size_t(i)];
+      }
+    }
+    e->kernel->launch(stream, g, params.data(), np);
   } catch (const std::exception& ex) {
     return raise(ex, kernel->name().c_str());
   }
@@ -187,12 +207,13 @@ PyObject* stub_params(PyObject* self, PyObject* args) {
   if (!read(s, args, r)) Py_RETURN_NONE;
   PyObject* t = PyTuple_New(s->n);
   if (!t) return nullptr;
+  size_t k = 0;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
-    PyObject* item = sl.kind == kConstexpr
-                         ? Py_NewRef(Py_None)
-                         : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&r.cell[size_t(i)]),
-                                                     Py_ssize_t(sl.size));
+    PyObject* item = sl.kind == kConstexpr ? Py_NewRef(Py_None)
+                     : sl.kind == kDesc    ? desc_tuple(r.descs[k++])
+                                           : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&r.cell[size_t(i)]),
+                                                                       Py_ssize_t(sl.size));
     if (!item) return Py_DECREF(t), nullptr;
     PyTuple_SET_ITEM(t, i, item);
   }
@@ -228,6 +249,13 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
               : sl.kind == kInt ? (sl.annotated ? fixed_size(sl.int_code) : sl.int_code == kI32 ? 4 : 8)
               : sl.kind == kFloat ? (sl.float_code <= kBf16 ? 2 : sl.float_code == kFp32 ? 4 : 8)
               : sl.kind == kBool ? 1 : 8;
+    if (sl.kind == kDesc && (sl.int_code < 1 || sl.int_code > kMaxDescRank)) {
+      PyErr_SetString(PyExc_ValueError, "Stub: a descriptor slot's rank is 1 to 5");
+      delete slots;
+      for (Py_ssize_t j = 0; j < i; ++j) Py_XDECREF(interned[j]);
+      delete[] interned;
+      return -1;
+    }
     PyObject* nm = PyTuple_GET_ITEM(names, i);
     Py_INCREF(nm);
     PyUnicode_InternInPlace(&nm);

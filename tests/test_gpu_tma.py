@@ -1,0 +1,243 @@
+"""Host-side TMA tensor descriptors on a real GPU (sm_90+): Triton's own
+TensorDescriptor (torch) and lazytriton's (CuPy) as kernel arguments, the
+pre_hook autotune of Triton's tutorials 09 (persistent matmul) and 06 (fused
+attention, Hopper host-descriptor variant), padding="nan", CUDA-graph capture,
+the winner persisted with its block shapes. Every output is poisoned first and
+checked against a float32 reference. Skipped without a GPU."""
+import numpy as np
+import pytest
+import triton
+
+import lazytriton
+
+from kernels import tma
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+
+@pytest.fixture(autouse=True)
+def hopper():
+    if int(cp.cuda.Device().compute_capability) < 90:
+        pytest.skip("host TMA descriptors need sm_90 or newer")
+
+
+def rand(shape, dtype=np.float16, seed=None):
+    rng = np.random.default_rng(seed)
+    return cp.asarray(rng.standard_normal(shape).astype(np.float32).astype(dtype))
+
+
+def num_sms() -> int:
+    return cp.cuda.Device().attributes["MultiProcessorCount"]
+
+
+# A few of tutorial 09's 48 configs, to keep the CuPy / capture tests short (the
+# torch test runs the tutorial's own list).
+SMALL_09 = [c for c in tma.matmul_tma_persistent_get_configs(pre_hook=tma.matmul_tma_set_block_size_hook)
+            if c.num_stages == 3 and c.kwargs["BLOCK_SIZE_K"] == 64 and c.num_warps == 8]
+
+
+def small_matmul():
+    return triton.autotune(configs=SMALL_09, key=["M", "N", "K", "WARP_SPECIALIZE"])(
+        tma.matmul_kernel_tma_persistent.fn)
+
+
+def persistent_grid(M, N, sms):
+    return lambda META: (min(sms, triton.cdiv(M, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"])),)
+
+
+# -- single descriptors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint16, np.int32])
+@pytest.mark.parametrize("shape", [(32, 32), (8, 64), (16, 128)])
+def test_copy(cache_dir, dtype, shape):
+    M, N = shape
+    x = cp.asarray(np.random.default_rng().integers(-100, 100, shape)).astype(dtype) \
+        if np.dtype(dtype).kind in "iu" else rand(shape, dtype)
+    out = cp.full(shape, 0x7F, dtype) if np.dtype(dtype).kind in "iu" else cp.full(shape, cp.nan, dtype)
+    k = lazytriton.kernel(tma.tma_copy_kernel)
+    k[(1,)](lazytriton.TensorDescriptor.from_tensor(x, [M, N]), out, M=M, N=N)
+    cp.cuda.runtime.deviceSynchronize()
+    np.testing.assert_array_equal(out.get(), x.get())
+
+
+@pytest.mark.parametrize("padding", ["zero", "nan"])
+def test_padding_is_observable_on_out_of_bounds_loads(cache_dir, padding):
+    # A 40 x 24 fp32 tensor read in 32 x 32 blocks: the block is wider than the tensor
+    # (valid for TMA: the columns past the edge read the padding), and the second
+    # program's rows 40..63 are past the edge too.
+    R, C, BM, BN = 40, 24, 32, 32
+    x = rand((R, C), np.float32)
+    out = cp.full((2, BM, BN), 7.0, cp.float32)
+    d = lazytriton.TensorDescriptor.from_tensor(x, [BM, BN], padding=padding)
+    k = lazytriton.kernel(tma.tma_block_load_kernel)
+    k[(2,)](d, out, 0, 0, BM=BM, BN=BN)
+    cp.cuda.runtime.deviceSynchronize()
+    got = out.get().reshape(2 * BM, BN)
+    np.testing.assert_array_equal(got[:R, :C], x.get())
+    oob = np.ones((2 * BM, BN), bool)
+    oob[:R, :C] = False
+    if padding == "nan":
+        assert np.isnan(got[oob]).all()
+    else:
+        assert (got[oob] == 0).all()
+
+
+def test_descriptors_change_per_call_without_resolving(cache_dir):
+    # Base, shape and strides are read on every call (not in the key): new buffers,
+    # a view with other strides and another shape launch the same winner.
+    k = lazytriton.kernel(tma.tma_scale_store_kernel)
+    BM, BN = 32, 64
+    for i, (R, C, view) in enumerate([(128, 128, False), (96, 192, False), (64, 256, True)]):
+        full = rand((R, 2 * C if view else C))
+        src = full[:, :C] if view else full  # a strided view: row stride 2 * C
+        dst = cp.full((R, C), cp.nan, cp.float16)
+        d_in = lazytriton.TensorDescriptor.from_tensor(src, [BM, BN])
+        assert d_in.strides == [2 * C if view else C, 1]
+        d_out = lazytriton.TensorDescriptor.from_tensor(dst, [BM, BN])
+        before = lazytriton.stats()["resolves"]
+        k[(triton.cdiv(R, BM), triton.cdiv(C, BN))](d_in, d_out, 3.0, BM=BM, BN=BN)
+        cp.cuda.runtime.deviceSynchronize()
+        np.testing.assert_array_equal(dst.get(), (src.astype(cp.float32) * 3.0).astype(cp.float16).get())
+        if i:
+            assert lazytriton.stats()["resolves"] == before
+
+
+def test_autotuned_pre_hook_kernel(cache_dir):
+    k = lazytriton.kernel(tma.tma_scale_autotuned)
+    R, C = 256, 256
+    x, y = rand((R, C)), cp.full((R, C), cp.nan, cp.float16)
+    dummy = [1, 1]
+    grid = lambda m: (triton.cdiv(R, m["BM"]), triton.cdiv(C, m["BN"]))  # noqa: E731
+    k[grid](lazytriton.TensorDescriptor.from_tensor(x, dummy), lazytriton.TensorDescriptor.from_tensor(y, dummy), 0.5)
+    cp.cuda.runtime.deviceSynchronize()
+    np.testing.assert_array_equal(y.get(), (x.astype(cp.float32) * 0.5).astype(cp.float16).get())
+    rec = k.records[-1]
+    assert sum(c["time_ms"] is not None for c in rec.candidates) == 3, rec.candidates
+    blocks = rec.extra["launch"]["descriptors"]
+    cfg = tma.tma_scale_autotuned.configs[rec.winner_index].kwargs
+    assert blocks == {"in_desc": f"tensordesc<fp16[{cfg['BM']}, {cfg['BN']}]>",
+                      "out_desc": f"tensordesc<fp16[{cfg['BM']}, {cfg['BN']}]>"}
+
+
+# -- tutorial 09: persistent matmul with host descriptors and its pre_hook autotune -------------
+
+
+def check_matmul(c, a, b):
+    ref = a.astype(np.float32) @ b.astype(np.float32).T
+    got = c.astype(np.float32)
+    assert not np.isnan(got).any()
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err < 1e-2, err
+
+
+def test_tutorial_09_with_torch(cache_dir):
+    torch = pytest.importorskip("torch")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    k = lazytriton.kernel(tma.matmul_kernel_tma_persistent)  # the tutorial's 48 configs and pre_hook
+    M, N, K = 1000, 776, 520  # edges that are not multiples of any block
+    sms = num_sms()
+    stream = torch.cuda.current_stream().cuda_stream
+    for i in range(2):
+        a = torch.randn((M, K), device="cuda").half()
+        b = torch.randn((N, K), device="cuda").half()
+        c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+        dummy = [1, 1]  # as the tutorial: the pre_hook sets the real block shapes
+        descs = [TensorDescriptor.from_tensor(t, dummy) for t in (a, b, c)]
+        before = lazytriton.stats()
+        k[persistent_grid(M, N, sms)](*descs, M, N, K, FP8_OUTPUT=False, NUM_SMS=sms, WARP_SPECIALIZE=False,
+                                      stream=stream)
+        torch.cuda.synchronize()
+        check_matmul(c.cpu().numpy(), a.cpu().numpy(), b.cpu().numpy())
+        if i:
+            assert lazytriton.stats()["resolves"] == before["resolves"]
+    rec = k.records[-1]
+    assert len(rec.candidates) == 48
+    assert sum(c["time_ms"] is not None for c in rec.candidates) >= 2
+    win = tma.matmul_kernel_tma_persistent.configs[rec.winner_index].kwargs
+    bn = win["BLOCK_SIZE_N"] // 2 if win["EPILOGUE_SUBTILE"] else win["BLOCK_SIZE_N"]
+    assert rec.extra["launch"]["descriptors"]["c_desc"] == f"tensordesc<fp16[{win['BLOCK_SIZE_M']}, {bn}]>"
+
+
+def test_tutorial_09_with_cupy_and_a_persisted_winner(cache_dir):
+    M, N, K = 512, 384, 256
+    sms = num_sms()
+    a, b = rand((M, K)), rand((N, K))
+
+    def call(k):
+        c = cp.full((M, N), cp.nan, cp.float16)
+        descs = [lazytriton.TensorDescriptor.from_tensor(t, [1, 1]) for t in (a, b, c)]
+        k[persistent_grid(M, N, sms)](*descs, M, N, K, FP8_OUTPUT=False, NUM_SMS=sms, WARP_SPECIALIZE=False)
+        cp.cuda.runtime.deviceSynchronize()
+        check_matmul(c.get(), a.get(), b.get())
+
+    k1 = small_matmul()
+    call(lazytriton.kernel(k1))
+    compiles = lazytriton.stats()["compiles"]
+    hits = lazytriton.stats()["record_hits"]
+    call(lazytriton.kernel(k1))  # a new LazyKernel: the persisted winner, with its block shapes, no compile
+    assert lazytriton.stats()["record_hits"] == hits + 1
+    assert lazytriton.stats()["compiles"] == compiles
+
+
+def test_tutorial_09_captured_in_a_cuda_graph(cache_dir):
+    # The CUtensorMap is encoded into the launch's parameters: a captured launch
+    # replays with the buffers it was captured with, whatever their contents.
+    M, N, K = 256, 256, 128
+    sms = num_sms()
+    a, b = rand((M, K)), rand((N, K))
+    c = cp.full((M, N), cp.nan, cp.float16)
+    descs = [lazytriton.TensorDescriptor.from_tensor(t, [1, 1]) for t in (a, b, c)]
+    k = lazytriton.kernel(small_matmul())
+    run = lambda s: k[persistent_grid(M, N, sms)](*descs, M, N, K, FP8_OUTPUT=False, NUM_SMS=sms,  # noqa: E731
+                                                    WARP_SPECIALIZE=False, stream=s.ptr)
+    s = cp.cuda.Stream(non_blocking=True)
+    run(s)  # resolve (tune) outside capture
+    s.synchronize()
+    with s:
+        s.begin_capture()
+        run(s)
+        graph = s.end_capture()
+    for _ in range(2):
+        a[...] = rand((M, K))
+        b[...] = rand((N, K))
+        c.fill(cp.nan)
+        cp.cuda.runtime.deviceSynchronize()
+        graph.launch(s)
+        s.synchronize()
+        check_matmul(c.get(), a.get(), b.get())
+
+
+# -- tutorial 06: fused attention forward, Hopper host-descriptor variant -----------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tutorial_06_attention_forward(cache_dir, causal, head_dim):
+    torch = pytest.importorskip("torch")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    Z, H, N_CTX, D = 2, 3, 512, head_dim
+    sm_scale = 0.5
+    q, k_, v = (torch.randn((Z, H, N_CTX, D), device="cuda", dtype=torch.float16) for _ in range(3))
+    o = torch.full_like(q, float("nan"))
+    M = torch.full((Z, H, N_CTX), float("nan"), device="cuda", dtype=torch.float32)
+    y_dim = Z * H * N_CTX
+    dummy = [1, 1]  # as the tutorial: its pre_hook sets the block shapes
+    desc_q, desc_k, desc_v, desc_o = (TensorDescriptor(t, shape=[y_dim, D], strides=[D, 1], block_shape=dummy)
+                                      for t in (q, k_, v, o))
+    kern = lazytriton.kernel(tma._attn_fwd)
+    grid = lambda META: (triton.cdiv(N_CTX, META["BLOCK_M"]), Z * H, 1)  # noqa: E731
+    kern[grid](sm_scale, M, Z, H, desc_q, desc_k, desc_v, desc_o, N_CTX=N_CTX, HEAD_DIM=D, FP8_OUTPUT=False,
+               STAGE=3 if causal else 1, warp_specialize=False, IS_HOPPER=True,
+               stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    p = torch.matmul(q.float(), k_.float().transpose(2, 3)) * sm_scale
+    if causal:
+        p = p.masked_fill(~torch.tril(torch.ones((N_CTX, N_CTX), device="cuda", dtype=torch.bool)), float("-inf"))
+    ref = torch.matmul(torch.softmax(p, dim=-1), v.float())
+    assert not torch.isnan(o).any()
+    torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=0)
+    assert not torch.isnan(M).any()
