@@ -38,11 +38,12 @@ from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef, ReadEffect, TransformedRef, WriteEffect
 from jax.interpreters import ad, mlir
 
-from . import jax_ffi, keys
-from .arrays import triton_dtype
-from .spec import KernelSpecError, describe
+from . import _core, jax_ffi, keys, pre_hooks
+from .arrays import DTYPE_IDS, triton_dtype
+from .spec import KernelSpecError, PreHookRefused, describe
 
-__all__ = ["triton_call", "handler_stats", "register", "CUSTOM_CALL_TARGET_NAME", "triton_call_p"]
+__all__ = ["triton_call", "TensorDescriptor", "handler_stats", "register", "CUSTOM_CALL_TARGET_NAME",
+           "triton_call_p"]
 
 handler_stats = jax_ffi.handler_stats
 jax_ffi.prepare_in_background()
@@ -54,6 +55,46 @@ CUSTOM_CALL_TARGET_NAME: str = jax_ffi.TARGET
 # Compile options lazytriton's compiler takes (backend_options= and the explicit arguments).
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "enable_fp_fusion")
 _OPTION_DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "debug": False, "launch_pdl": False}
+
+
+def _strides_from_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    size = int(np.prod(shape))
+    strides = []
+    for d in shape:
+        size = size // d
+        strides.append(size)
+    return tuple(strides)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TensorDescriptor:
+    """Host-side TMA descriptor for use with :func:`triton_call` (jax-triton
+    0.4's): `base` is the operand, the rest is static. The handler encodes its
+    CUtensorMap on every execution from the operand's address."""
+
+    base: jax.Array
+    shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    strides: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    block_shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    layout: Any | None = dataclasses.field(default=None, metadata=dict(static=True))
+    padding: str = dataclasses.field(default="zero", metadata=dict(static=True))
+    round_f32_to_tf32: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    def __post_init__(self):
+        if self.padding not in ("zero", "nan"):
+            raise ValueError(f"padding must be 'zero' or 'nan', got {self.padding!r}")
+        if not (len(self.shape) == len(self.strides) == len(self.block_shape)):
+            raise ValueError(
+                "shape, strides, and block_shape must have the same length, got"
+                f" {len(self.shape)}, {len(self.strides)}, {len(self.block_shape)}")
+
+    @classmethod
+    def from_array(cls, array: jax.Array, block_shape: Sequence[int], layout: Any | None = None,
+                   padding: str = "zero", round_f32_to_tf32: bool = False) -> "TensorDescriptor":
+        """Constructs a :class:`TensorDescriptor` from a JAX array."""
+        return cls(array, array.shape, _strides_from_shape(array.shape), tuple(block_shape), layout, padding,
+                   round_f32_to_tf32)
 
 
 def register() -> None:
@@ -126,8 +167,9 @@ def triton_call(*args: Any, kernel: Any, out_type: Any = None,
 
 
 def _refuse_hooks(kernel: Any) -> None:
-    """Config pre-hooks and autotuner hooks are Python run around every
-    launch; launches from C++ (and inside CUDA graphs) cannot run them."""
+    """Autotuner hooks are Python run around every launch; launches from C++
+    (and inside CUDA graphs) cannot run them. A config pre_hook may only set
+    tensor descriptors' block shapes (pre_hooks.py): it runs at trace time."""
     at = kernel if isinstance(kernel, triton.runtime.Autotuner) else None
     if at is None:
         return
@@ -138,11 +180,19 @@ def _refuse_hooks(kernel: Any) -> None:
             "from C++ and inside CUDA graphs, where no Python runs. Use reset_to_zero=/restore_value= of "
             "triton.autotune, zeroed_outputs=, or pass the buffer as a jax.Ref zeroed beforehand.")
     for i, c in enumerate(at.configs):
-        if getattr(c, "pre_hook", None) is not None or getattr(c, "post_hook", None) is not None:
-            raise NotImplementedError(
-                f"triton_call {name}: autotune config {i} ({c}) has a pre_hook, which is not supported: "
-                "lazytriton.jax launches from C++ and inside CUDA graphs, where no Python runs. Remove the hook: "
-                "zero buffers with reset_to_zero= or zeroed_outputs=, or prepare them in JAX before the call.")
+        if getattr(c, "post_hook", None) is not None:
+            raise NotImplementedError(_hook_refusal(name, i, c, "is a post_hook"))
+    try:
+        describe(kernel)
+    except PreHookRefused as exc:
+        raise NotImplementedError(_hook_refusal(name, exc.index, at.configs[exc.index], exc.why)) from None
+
+
+def _hook_refusal(name: str, i: int, c: Any, why: str) -> str:
+    return (f"triton_call {name}: autotune config {i} ({c}) has a pre_hook, which is not supported: "
+            "lazytriton.jax launches from C++ and inside CUDA graphs, where no Python runs. Remove the hook: "
+            "zero buffers with reset_to_zero= or zeroed_outputs=, or prepare them in JAX before the call (a "
+            f"pre_hook that only sets tensor descriptors' block_shape is supported; this one {why}).")
 
 
 def _options(label: str, backend_options: dict | None, **explicit) -> dict:
@@ -225,7 +275,7 @@ class _Call:
     spec: Any
     label: str
     params: list  # the call parameters (spec.Param), in order
-    values: list  # per parameter: ("input", i) | ("output", o) | ("scalar", v) | ("const", v)
+    values: list  # per parameter: ("input", i) | ("output", o) | ("scalar", v) | ("const", v) | ("desc", i, d)
     inputs: list  # the array and Ref operands, in parameter order (the custom call's operands)
     out_types: list
     meta: dict  # meta-parameters: constexpr values, the kernel's defaults, names only the grid reads
@@ -283,6 +333,16 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
             if isinstance(v, TransformedRef):
                 raise NotImplementedError(f"{label}: argument {p.name} is a transformed Ref (ref.at[...]); pass "
                                           "the whole Ref")
+            if isinstance(v, TensorDescriptor):  # its base is the operand, the rest is static
+                if p.is_constexpr:
+                    raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives a TensorDescriptor")
+                _check_descriptor(label, p.name, v)
+                if _is_ref(v.base):
+                    refs.append(len(inputs))
+                values.append(("desc", len(inputs), v))
+                operand_inputs.append(len(inputs))
+                inputs.append(v.base)
+                continue
             if _is_scalar(v):
                 v = _scalar(v)
                 if p.is_constexpr:
@@ -304,7 +364,7 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
         elif p.is_constexpr:
             if p.name in meta:
                 values.append(("const", meta[p.name]))
-            elif sum(1 for kind, _ in values if kind == "output") < n_fill:
+            elif sum(1 for kind, *_ in values if kind == "output") < n_fill:
                 raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives an array (an output); "
                                 "pass meta-parameters as keyword arguments")
             else:
@@ -333,6 +393,28 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
             raise ValueError(f"{label}: input_output_aliases {{{i}: {o}}}: the input is {src.dtype}{list(src.shape)} "
                              f"but output {o} is {dst.dtype}{list(dst.shape)}")
     return _Call(kernel, spec, label, params, values, inputs, out_types, meta, by_input)
+
+
+def _check_descriptor(label: str, name: str, d: TensorDescriptor) -> None:
+    """What jax-triton refuses, and what no launch could encode (checked again,
+    with the operand's real address, on every execution)."""
+    if d.layout is not None:
+        raise NotImplementedError(f"{label}: argument {name}: a TensorDescriptor with a layout (a Gluon kernel's) is "
+                                  "not supported by lazytriton.jax")
+    aval = jax.typeof(d.base)
+    aval = getattr(aval, "inner_aval", aval)
+    if d.round_f32_to_tf32 and np.dtype(aval.dtype) != np.float32:
+        raise ValueError("TMA descriptors with round_f32_to_tf32=True must have a float32 input type, but got "
+                         f"{aval.dtype}")
+    dtype = triton_dtype(np.dtype(aval.dtype).name)
+    if dtype is None:
+        raise TypeError(f"{label}: argument {name}: a TensorDescriptor over {aval.dtype}, which Triton kernels "
+                        "cannot take")
+    why = _core.check_tensor_desc((0, DTYPE_IDS[dtype], tuple(int(x) for x in d.shape),
+                                   tuple(int(x) for x in d.strides), tuple(int(x) for x in d.block_shape),
+                                   d.padding == "nan", bool(d.round_f32_to_tf32)))
+    if why:
+        raise ValueError(f"{label}: argument {name}: {why}")
 
 
 def _unfilled(label: str, n_fill: int, missing: list, aliases: dict) -> str:
@@ -379,9 +461,19 @@ def _descriptor(call: _Call, grid, zeroed_outputs, options) -> str:
     ident = _kernel_identity(call.kernel)
     jax_ffi.register_kernel(ident["id"], call.kernel)
     n_out = len(call.out_types)
-    args, named = [], {}
-    for p, (kind, v) in zip(call.params, call.values):
-        if kind == "input":
+    args, named, descs, pinned = [], {}, set(), set()
+    for p, (kind, v, *rest) in zip(call.params, call.values):
+        if kind == "desc":
+            d = rest[0]
+            aval = jax.typeof(call.inputs[v])
+            aval = getattr(aval, "inner_aval", aval)
+            args.append({"input": v, **_buffer(p.name, aval, label),
+                         "desc": {"shape": [int(x) for x in d.shape], "strides": [int(x) for x in d.strides],
+                                  "block": [int(x) for x in d.block_shape], "padding": d.padding,
+                                  "tf32": bool(d.round_f32_to_tf32)}})
+            named[p.name] = dataclasses.replace(d, base=_Aval(aval.shape, aval.dtype))
+            descs.add(p.name)
+        elif kind == "input":
             a = call.inputs[v]
             aval = jax.typeof(a)
             aval = getattr(aval, "inner_aval", aval)  # a Ref's array
@@ -393,13 +485,22 @@ def _descriptor(call: _Call, grid, zeroed_outputs, options) -> str:
         else:
             args.append({"scalar": _encode(v, label, p.name)})
             named[p.name] = v
+            pinned.add(p.name)  # a scalar is part of the call site
     configs, call_options = _configs(spec, label, options, call.meta)
     for c in configs:
+        cfg = c.pop("_config", None)
         meta = {**call.meta, **c["kwargs"]}
         heuristics = _heuristic_values(spec, label, {**named, **meta}, meta)
         meta.update(heuristics)
         if heuristics:  # evaluated once, here: the grid, the compile and every launch use these values
             c["heuristics"] = {k: _encode(v, label, k) for k, v in heuristics.items()}
+        if cfg is not None and getattr(cfg, "pre_hook", None) is not None:
+            # Run here, on stand-ins: the block shapes it sets travel with the config (jax_ffi replays them).
+            try:
+                blocks = pre_hooks.blocks(spec, spec.configs.index(cfg), cfg, named, meta, descs, pinned | set(meta))
+            except pre_hooks.HookRefused as exc:
+                raise NotImplementedError(_hook_refusal(spec.name, exc.args[0], cfg, exc.args[1])) from None
+            c["blocks"] = {k: list(b) for k, b in sorted(blocks.items())}
         c["grid"] = _grid(grid, meta, label)
         zeroed = zeroed_outputs(meta) if callable(zeroed_outputs) else zeroed_outputs
         c["zeroed"] = sorted(int(z) for z in zeroed)
@@ -458,7 +559,7 @@ def _configs(spec, label: str, options: dict, meta: dict) -> tuple[list[dict], d
         raise KernelSpecError(f"{label}: no autotune config agrees with the meta-parameters {fixed}")
     out = []
     for c in kept:
-        d = {"kwargs": {**fixed, **c.kwargs}}
+        d = {"kwargs": {**fixed, **c.kwargs}, "_config": c}
         for f in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
             if getattr(c, f, None) is not None:
                 d[f] = getattr(c, f)

@@ -11,15 +11,16 @@ import struct
 import threading
 from typing import Any
 
-from . import _core, keys, paths, stubgen
+from . import _core, keys, paths, stubgen, tensor_desc
 from .arrays import DeviceArray
 
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
-DESCRIPTOR_VERSION = 4  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
+DESCRIPTOR_VERSION = 5  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
 # output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute; v4: heuristic values
-# per config, evaluated at trace time)
+# per config, evaluated at trace time; v5: host TMA descriptor arguments ("desc": shape, strides, block,
+# padding, tf32 on a buffer) and per config the block shapes its pre_hook set ("blocks"))
 STATE_TYPE = "lazytriton_site"
 
 _lock = threading.Lock()
@@ -202,15 +203,7 @@ class Site:
 
     def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
         d = self.d
-        # One value per call parameter, positionally: exactly what the C++
-        # launches below pass, so tuning trials and replays see the same call.
-        args = []
-        for a in d["args"]:
-            if "buffer" in a:
-                ptr, nbytes = buffers[a["buffer"]]
-                args.append(DeviceArray(ptr, a["dtype"], nbytes, tuple(a["shape"])))
-            else:
-                args.append(a["scalar"])
+        args = self.call_args(buffers)
         mode = "tune"
         if capturing:
             mode = "first" if os.environ.get("LAZYTRITON_CAPTURE_FALLBACK") == "first_config" else "record"
@@ -231,13 +224,34 @@ class Site:
                                f"arguments but the call site has {len(d['args'])}")
         cfg = self._config_of(res.meta)
         sources = []
-        for a, t in zip(d["args"], res.types):
+        for a, t, v, name in zip(d["args"], res.types, args, res.names):
             if t == "constexpr":
                 continue
-            sources.append((a["buffer"], 0) if "buffer" in a else (-1, scalar_bits(a["scalar"], t)))
+            if "desc" in a:  # encoded from the buffer's address on every execution
+                info = tensor_desc.read(v, f"{self.name}, argument {name}")
+                sources.append((a["buffer"], info.as_tuple(name)))
+            else:
+                sources.append((a["buffer"], 0) if "buffer" in a else (-1, scalar_bits(a["scalar"], t)))
         n_in = d["n_inputs"]
         zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
         return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)
+
+    def call_args(self, buffers: tuple) -> list:
+        """One value per call parameter, positionally: exactly what the C++
+        launches pass, so tuning trials and replays see the same call."""
+        args = []
+        for a in self.d["args"]:
+            if "buffer" in a:
+                ptr, nbytes = buffers[a["buffer"]]
+                base = DeviceArray(ptr, a["dtype"], nbytes, tuple(a["shape"]))
+                if "desc" in a:  # a host TMA descriptor on this buffer: the launch path checks it
+                    dd = a["desc"]
+                    base = tensor_desc.unchecked(base, dd["shape"], dd["strides"], dd["block"], dd["padding"],
+                                                 dd["tf32"])
+                args.append(base)
+            else:
+                args.append(a["scalar"])
+        return args
 
     def _config_of(self, meta: dict) -> dict:
         for cfg in self.d["configs"]:
@@ -256,6 +270,7 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
 
     import triton
 
+    from . import pre_hooks
     from .spec import describe
 
     spec = describe(kernel)
@@ -269,8 +284,10 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
         configs = []
         for c in d["configs"]:
             fields = {**(d["options"] if not spec.configs else {}), **{k: c[k] for k in _CONFIG_FIELDS if k in c}}
+            # The block shapes the config's pre_hook set at trace time, replayed (pre_hooks.SetBlocks).
+            hook = pre_hooks.SetBlocks(c["blocks"]) if c.get("blocks") else None
             configs.append(triton.Config({**c["kwargs"], **(c.get("heuristics", {}) if frozen else {})},
-                                         **{k: v for k, v in fields.items() if v is not None}))
+                                         **{k: v for k, v in fields.items() if v is not None}, pre_hook=hook))
         spec = dataclasses.replace(spec, configs=configs, heuristics=[] if frozen else spec.heuristics)
     n_in = d["n_inputs"]
     out_names = {a["buffer"] - n_in: names[i] for i, a in enumerate(d["args"]) if a.get("buffer", -1) >= n_in}

@@ -176,16 +176,19 @@ def check(spec) -> None:
             raise HookRefused(i, str(exc)) from None
 
 
-def blocks(spec, index: int, cfg, named: dict, meta: dict, descriptors: set[str]) -> dict[str, tuple]:
+def blocks(spec, index: int, cfg, named: dict, meta: dict, descriptors: set[str],
+           pinned: set[str] | None = None) -> dict[str, tuple]:
     """Resolution time: the block shape config `index`'s pre_hook sets on each
     descriptor argument (by name). `named`: the call's arguments; `meta`: the
     config's meta-parameters and compile options (and heuristics' values);
-    `descriptors`: the arguments that are tensor descriptors. HookRefused if
-    the hook does anything else."""
+    `descriptors`: the arguments that are tensor descriptors; `pinned`: the
+    arguments whose values the hook may read (default: constexpr and
+    autotune-key arguments). HookRefused if the hook does anything else."""
     from .arrays import is_array
 
     hook = cfg.pre_hook
-    pinned = {p.name for p in spec.params if p.is_constexpr} | set(spec.tune_keys)
+    if pinned is None:
+        pinned = {p.name for p in spec.params if p.is_constexpr} | set(spec.tune_keys)
     args: dict[str, _Arg] = {}
     values: dict[str, Any] = {}
     for name, v in named.items():

@@ -564,7 +564,7 @@ class Resolution:
         try:
             blocks = pre_hooks.blocks(self.spec, i, cfg, self.named, meta, set(self.descs))
         except pre_hooks.HookRefused as exc:
-            raise KernelSpecError(pre_hook_refusal(self.k.name, self.spec.configs, *exc.args)) from None
+            raise pre_hook_refusal(self.k.name, self.spec.configs, *exc.args) from None
         for name, block in blocks.items():
             if len(block) != self.descs[name].rank:
                 raise KernelSpecError(f"kernel {self.k.name}: config {i}'s pre_hook sets {name}.block_shape to "

@@ -17,6 +17,15 @@ class KernelSpecError(ValueError):
     """A kernel description lazytriton cannot run; the message names the kernel."""
 
 
+class PreHookRefused(KernelSpecError, NotImplementedError):
+    """A config pre_hook that does more than set tensor descriptors' block
+    shapes (pre_hooks.py). Also a NotImplementedError, as jax-triton raises."""
+
+    def __init__(self, message: str, index: int, why: str):
+        super().__init__(message)
+        self.index, self.why = index, why
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -183,12 +192,13 @@ def _validate(spec: KernelSpec) -> None:
     try:
         pre_hooks.check(spec)
     except pre_hooks.HookRefused as exc:
-        raise KernelSpecError(pre_hook_refusal(spec.name, spec.configs, *exc.args)) from None
+        raise pre_hook_refusal(spec.name, spec.configs, *exc.args) from None
 
 
-def pre_hook_refusal(name: str, configs: list, index: int, why: str, label: str | None = None) -> str:
+def pre_hook_refusal(name: str, configs: list, index: int, why: str) -> PreHookRefused:
     """The error for a config pre_hook lazytriton cannot run (pre_hooks.py)."""
-    return (f"{label or f'kernel {name}'}: config {index} ({configs[index]}) has a pre_hook; lazytriton launches "
-            "from C++ without Python and cannot run it. Use reset_to_zero=/restore_value= on triton.autotune "
-            "instead (a pre_hook that only sets tensor descriptors' block_shape from the config's meta-parameters "
-            f"is supported; this one {why})")
+    return PreHookRefused(
+        f"kernel {name}: config {index} ({configs[index]}) has a pre_hook; lazytriton launches from C++ without "
+        "Python and cannot run it. Use reset_to_zero=/restore_value= on triton.autotune instead (a pre_hook that "
+        f"only sets tensor descriptors' block_shape from the config's meta-parameters is supported; this one {why})",
+        index, why)

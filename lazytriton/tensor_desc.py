@@ -108,6 +108,16 @@ def bind_value(info: DescInfo, block: Sequence[int] | None = None) -> TritonTens
     return d
 
 
+def unchecked(base: Any, shape, strides, block_shape, padding: str = "zero",
+              round_f32_to_tf32: bool = False) -> "TensorDescriptor":
+    """A TensorDescriptor made without its checks: the launch path reads (and
+    checks) it, naming the kernel and the argument (the JAX handler's, C++ lazy mode's)."""
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape = base, list(shape), list(strides), list(block_shape)
+    d.padding, d.round_f32_to_tf32 = padding, bool(round_f32_to_tf32)
+    return d
+
+
 def _strides_of(array: Any) -> tuple[int, ...]:
     """Element strides of an array: torch's stride(), else byte strides
     (.strides, __cuda_array_interface__), else C-contiguous."""

@@ -241,3 +241,61 @@ def test_tutorial_06_attention_forward(cache_dir, causal, head_dim):
     assert not torch.isnan(o).any()
     torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=0)
     assert not torch.isnan(M).any()
+
+
+# -- JAX: lazytriton.jax.TensorDescriptor under jax.jit, command buffers on (conftest.py) -------
+
+
+def _jax():
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX has no GPU backend here")
+    from lazytriton import jax as ltj
+    return jax, jax.numpy, ltj
+
+
+@pytest.mark.parametrize("dtype, padding, tf32", [("float32", "zero", False), ("float32", "nan", True),
+                                                  ("float16", "nan", False), ("int8", "zero", False)])
+def test_jax_host_descriptor_copy(cache_dir, dtype, padding, tf32):
+    # jax-triton 0.4's test_host_side_tma_copy.
+    jax, jnp, ltj = _jax()
+    M, N = 16, 128
+    x = jax.random.uniform(jax.random.key(0), (M, N), dtype=jnp.float32)
+    x = (x * 100).astype(dtype) if dtype == "int8" else x.astype(dtype)
+
+    @jax.jit
+    def f(x):
+        d = ltj.TensorDescriptor.from_array(x, block_shape=[M, N], padding=padding, round_f32_to_tf32=tf32)
+        return ltj.triton_call(d, kernel=tma.tma_copy_kernel, out_type=jax.typeof(x), grid=1, M=M, N=N)
+
+    want = jnp.float32(jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)) if tf32 else x
+    np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(want))
+
+
+def test_jax_tutorial_09_changing_buffers_under_command_buffers(cache_dir):
+    jax, jnp, ltj = _jax()
+    M, N, K = 512, 384, 256
+    sms = num_sms()
+    kernel = small_matmul()
+
+    @jax.jit
+    def mm(a, b):
+        # c is written through a descriptor: an input aliased to the output (jax-triton 0.4's convention),
+        # poisoned with NaN here: the kernel must overwrite all of it.
+        c0 = jnp.full((M, N), jnp.nan, jnp.float16)
+        descs = [ltj.TensorDescriptor.from_array(t, [1, 1]) for t in (a, b, c0)]
+        return ltj.triton_call(*descs, M, N, K, kernel=kernel, out_type=jax.ShapeDtypeStruct((M, N), jnp.float16),
+                               input_output_aliases={2: 0}, grid=persistent_grid(M, N, sms),
+                               FP8_OUTPUT=False, NUM_SMS=sms, WARP_SPECIALIZE=False)
+
+    keep, pointers = [], set()
+    for i in range(4):  # fresh operands each time: XLA re-records with the new addresses
+        ka, kb = jax.random.split(jax.random.key(i))
+        a = jax.random.normal(ka, (M, K), jnp.float16)
+        b = jax.random.normal(kb, (N, K), jnp.float16)
+        keep += [a, b]
+        pointers.add(a.unsafe_buffer_pointer())
+        c = mm(a, b)
+        check_matmul(np.asarray(c), np.asarray(a), np.asarray(b))
+    assert len(pointers) == 4
+    assert lazytriton.stats()["tunes"] >= 1
