@@ -143,7 +143,12 @@ def _int_type(value: int) -> str:
 
 
 def arg_type(param: dict, value: Any, what: str) -> str:
-    """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it."""
+    """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it
+    (a tensor descriptor's: Triton's type, tensordesc<fp16[64, 64]>)."""
+    from . import tensor_desc
+
+    if tensor_desc.is_descriptor(value):
+        return tensor_desc.read(value, what).type_string()
     if is_array(value):
         return "*" + array_info(value, what).dtype
     ann = param["annotation"]
@@ -162,7 +167,11 @@ def arg_type(param: dict, value: Any, what: str) -> str:
 
 
 def arg_spec(param: dict, value: Any) -> str:
-    """Triton's specialization of one runtime argument: "16", "1" or ""."""
+    """Triton's specialization of one runtime argument: "16", "1" or "" (a descriptor: none)."""
+    from . import tensor_desc
+
+    if tensor_desc.is_descriptor(value):
+        return ""
     if is_array(value):
         return "16" if param["align"] and array_info(value).ptr % 16 == 0 else ""
     ann = param["annotation"]

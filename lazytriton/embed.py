@@ -44,13 +44,15 @@ def describe(source: str) -> str:
 
 
 def _value(v):
-    """A call value from C++: ("ptr", address, dtype, nbytes or 0) or a plain value."""
-    if isinstance(v, tuple) and v and v[0] == "ptr":
-        from . import _core
+    """A call value from C++: ("ptr", address, dtype, nbytes or 0), ("desc",
+    base, dtype, nbytes or 0, shape, strides, block, padding, tf32) or a plain value."""
+    if isinstance(v, tuple) and v and v[0] in ("ptr", "desc"):
+        from . import _core, tensor_desc
         from .arrays import DeviceArray
 
-        _, ptr, dtype, nbytes = v
-        return DeviceArray(ptr, dtype, nbytes or _core.allocation_extent(ptr))
+        _, ptr, dtype, nbytes, *desc = v
+        base = DeviceArray(ptr, dtype, nbytes or _core.allocation_extent(ptr))
+        return tensor_desc.unchecked(base, *desc) if desc else base
     return v
 
 

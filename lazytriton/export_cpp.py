@@ -57,10 +57,27 @@ def _unsupported(value: Any) -> str:
     raise ValueError(f"constexpr value {value!r} cannot be written as a C++ constant")
 
 
+_DESC_TYPE = re.compile(r"tensordesc<(\w+)\[\s*\d+(?:\s*,\s*\d+)*\s*\]>")
+
+
+def split_signature(signature: str) -> list[str]:
+    """A signature's types, split on commas outside [] and <> (a descriptor's block has commas)."""
+    out, cur, depth = [], "", 0
+    for ch in signature:
+        depth += ch in "[<"
+        depth -= ch in "]>"
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur.strip()] if signature.strip() else []
+
+
 def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[str, str]]:
     """(name, type) of each runtime argument, checked against the kernel."""
     name = desc["name"]
-    types = [t.strip() for t in signature.split(",")] if signature.strip() else []
+    types = split_signature(signature)
     names = {p["name"] for p in desc["params"]}
     for k in constexprs:
         if k in desc["supplied"]:
@@ -75,9 +92,17 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
         raise ValueError(f"kernel {name}: the signature {signature!r} has {len(types)} types but the kernel takes "
                          f"{len(runtime)} runtime arguments ({', '.join(p['name'] for p in runtime)})")
     for p, t in zip(runtime, types):
-        if not (t.startswith("*") or t in CPP_TYPES):
+        if not (t.startswith("*") or t in CPP_TYPES or _DESC_TYPE.fullmatch(t)):
             raise ValueError(f"kernel {name}, argument {p['name']}: unknown type {t!r} in the signature")
     return [(p["name"], t) for p, t in zip(runtime, types)]
+
+
+def _cpp_type(t: str) -> str:
+    if t.startswith("*"):
+        return "lt::DevicePtr"
+    if t.startswith("tensordesc"):
+        return "const lt::TensorDesc&"  # encoded into a CUtensorMap on every launch
+    return CPP_TYPES[t]
 
 
 def generate(desc: dict, signature: str, constexprs: dict, function: str | None = None) -> tuple[str, str, str]:
@@ -86,7 +111,7 @@ def generate(desc: dict, signature: str, constexprs: dict, function: str | None 
     if not re.fullmatch(r"[A-Za-z_]\w*", function):
         raise ValueError(f"{function!r} is not a C++ function name")
     params = runtime_params(desc, signature, constexprs)
-    decl = [f"{'lt::DevicePtr' if t.startswith('*') else CPP_TYPES[t]} {_cpp_name(n)}" for n, t in params]
+    decl = [f"{_cpp_type(t)} {_cpp_name(n)}" for n, t in params]
     args = ", ".join(_cpp_name(n) for n, _ in params)
     plist = "".join(f", {d}" for d in decl)
     doc = ", ".join(f"{n}: {t}" for n, t in params)

@@ -31,15 +31,10 @@ def num_sms() -> int:
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
-# A few of tutorial 09's 48 configs, to keep the CuPy / capture tests short (the
-# torch test runs the tutorial's own list).
-SMALL_09 = [c for c in tma.matmul_tma_persistent_get_configs(pre_hook=tma.matmul_tma_set_block_size_hook)
-            if c.num_stages == 3 and c.kwargs["BLOCK_SIZE_K"] == 64 and c.num_warps == 8]
-
-
 def small_matmul():
-    return triton.autotune(configs=SMALL_09, key=["M", "N", "K", "WARP_SPECIALIZE"])(
-        tma.matmul_kernel_tma_persistent.fn)
+    """Tutorial 09's kernel with 4 of its 48 configs, to keep the tests that tune it
+    short (the torch test runs the tutorial's own list)."""
+    return tma.matmul_kernel_tma_persistent_small
 
 
 def persistent_grid(M, N, sms):
@@ -299,3 +294,138 @@ def test_jax_tutorial_09_changing_buffers_under_command_buffers(cache_dir):
         check_matmul(np.asarray(c), np.asarray(a), np.asarray(b))
     assert len(pointers) == 4
     assert lazytriton.stats()["tunes"] >= 1
+
+
+# -- C++: a bundle's tutorial 09 winner launched with lt::TensorDesc arguments -----------------
+
+MATMUL_CPP = r"""
+#include <lazytriton/bundle.h>
+#ifdef LT_LAZY
+#include <lazytriton/embed.h>
+#endif
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <vector>
+
+// argv: bundle, kernel name, M, N, K, a.bin, b.bin, c.bin (written), NUM_SMS[, python path (lazy)]
+int main(int argc, char** argv) {
+  try {
+    lt::Bundle bundle = lt::Bundle::open(argv[1]);
+#ifdef LT_LAZY
+    lt::enable_lazy(bundle, {{argv[10]}});
+#endif
+    const int64_t M = std::atoll(argv[3]), N = std::atoll(argv[4]), K = std::atoll(argv[5]);
+    const int64_t sms = std::atoll(argv[9]);
+    auto read = [](const char* path, size_t n) {
+      std::vector<uint16_t> v(n);
+      std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(v.data()), std::streamsize(n * 2));
+      return v;
+    };
+    std::vector<uint16_t> ha = read(argv[6], size_t(M * K)), hb = read(argv[7], size_t(N * K)), hc(size_t(M * N));
+    const lt::Driver& d = lt::driver();
+    lt::current_context();
+    lt::cu::CUdeviceptr a, b, c;
+    lt::check(d.cuMemAlloc(&a, ha.size() * 2), "cuMemAlloc");
+    lt::check(d.cuMemAlloc(&b, hb.size() * 2), "cuMemAlloc");
+    lt::check(d.cuMemAlloc(&c, hc.size() * 2), "cuMemAlloc");
+    lt::check(d.cuMemcpyHtoDAsync(a, ha.data(), ha.size() * 2, nullptr), "cuMemcpyHtoDAsync");
+    lt::check(d.cuMemcpyHtoDAsync(b, hb.data(), hb.size() * 2, nullptr), "cuMemcpyHtoDAsync");
+    lt::check(d.cuMemsetD8Async(c, 0xFF, hc.size() * 2, nullptr), "cuMemsetD8Async");  // fp16 NaN
+    // The tutorial's dummy block: the winner's pre_hook block shapes are the ones encoded.
+    lt::TensorDesc da(lt::DevicePtr(a), {M, K}, {K, 1}, {1, 1});
+    lt::TensorDesc db(lt::DevicePtr(b), {N, K}, {K, 1}, {1, 1});
+    lt::TensorDesc dc(lt::DevicePtr(c), {M, N}, {N, 1}, {1, 1});
+    lt::BundleKernel k = bundle.kernel(
+        argv[2], "tensordesc<fp16[1, 1]>,tensordesc<fp16[1, 1]>,tensordesc<fp16[1, 1]>,i32,i32,i32",
+        {{"FP8_OUTPUT", false}, {"NUM_SMS", sms}, {"WARP_SPECIALIZE", false}});
+    auto grid = [&](const lt::Meta& m) {
+      int64_t tiles = ((M + m["BLOCK_SIZE_M"] - 1) / m["BLOCK_SIZE_M"]) * ((N + m["BLOCK_SIZE_N"] - 1) / m["BLOCK_SIZE_N"]);
+      return lt::Dim3{unsigned(tiles < sms ? tiles : sms)};
+    };
+    k.launch(nullptr, grid, {da, db, dc, M, N, K});
+    lt::check(d.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+    lt::check(d.cuMemcpyDtoHAsync(hc.data(), c, hc.size() * 2, nullptr), "cuMemcpyDtoHAsync");
+    lt::check(d.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+    std::ofstream(argv[8], std::ios::binary).write(reinterpret_cast<const char*>(hc.data()), std::streamsize(hc.size() * 2));
+    std::printf("winner: %s\n", k.winner({da, db, dc, M, N, K}).specialization.c_str());
+  } catch (const lt::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
+"""
+
+MATMUL_CMAKE = """
+cmake_minimum_required(VERSION 3.18)
+project(tma_matmul LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(lazytriton CONFIG REQUIRED)
+add_executable(matmul_aot matmul.cc)
+target_link_libraries(matmul_aot PRIVATE lazytriton::runtime)
+if(TARGET lazytriton::embed)
+  add_executable(matmul_lazy matmul.cc)
+  target_compile_definitions(matmul_lazy PRIVATE LT_LAZY)
+  target_link_libraries(matmul_lazy PRIVATE lazytriton::embed)
+endif()
+"""
+
+
+@pytest.fixture(scope="module")
+def matmul_programs(tmp_path_factory):
+    from test_embed import CMAKE, cmake_build
+
+    if CMAKE is None:
+        pytest.skip("needs cmake (pip install cmake)")
+    src = tmp_path_factory.mktemp("tma-matmul-src")
+    (src / "matmul.cc").write_text(MATMUL_CPP)
+    (src / "CMakeLists.txt").write_text(MATMUL_CMAKE)
+    cmake_build(src, src / "build")
+    return src / "build"
+
+
+def _run_matmul(exe, d, name, M, N, K, tmp_path, extra=()):
+    from test_embed import run
+
+    a, b = rand((M, K), seed=1).get(), rand((N, K), seed=2).get()
+    a.tofile(tmp_path / "a.bin")
+    b.tofile(tmp_path / "b.bin")
+    out = run(exe, d, name, M, N, K, tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "c.bin", num_sms(), *extra)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    check_matmul(np.fromfile(tmp_path / "c.bin", np.float16).reshape(M, N), a, b)
+    return out
+
+
+def test_cpp_bundle_launches_tutorial_09(matmul_programs, tmp_path, cache_dir):
+    from lazytriton import bundle
+
+    M, N, K = 512, 384, 256
+    sms = num_sms()
+    a, b, c = rand((M, K)), rand((N, K)), cp.empty((M, N), cp.float16)
+    descs = [lazytriton.TensorDescriptor.from_tensor(t, [1, 1]) for t in (a, b, c)]
+    d = tmp_path / "bundle"
+    v = bundle.Bundle(d).add(small_matmul(), *descs, M, N, K, grid=persistent_grid(M, N, sms),
+                             source="kernels.tma:matmul_kernel_tma_persistent_small",
+                             FP8_OUTPUT=False, NUM_SMS=sms, WARP_SPECIALIZE=False)
+    assert v["types"][:3] == ["tensordesc<fp16[1, 1]>"] * 3 and v["key_values"] == {"M": M, "N": N, "K": K}
+    assert len(v["launch"]["tensordesc_meta"]) == 3
+    out = _run_matmul(matmul_programs / "matmul_aot", d, "matmul_kernel_tma_persistent", M, N, K, tmp_path)
+    assert "tensordesc<fp16[1, 1]>" in out.stdout
+
+
+def test_cpp_lazy_mode_tunes_a_descriptor_kernel(matmul_programs, tmp_path, cache_dir):
+    from pathlib import Path
+
+    exe = matmul_programs / "matmul_lazy"
+    if not exe.exists():
+        pytest.skip("lazytriton::embed not built (no shared libpython)")
+    d = tmp_path / "bundle"
+    tests = Path(__file__).resolve().parent
+    name = "kernels.tma:matmul_kernel_tma_persistent_small"
+    _run_matmul(exe, d, name, 256, 256, 128, tmp_path, extra=(tests,))
+    from lazytriton import bundle
+    (v,) = bundle.Bundle(d).variants()
+    assert v["types"][0] == "tensordesc<fp16[1, 1]>"
+    # The next run launches the persisted winner without Python.
+    _run_matmul(matmul_programs / "matmul_aot", d, name, 256, 256, 128, tmp_path)

@@ -35,6 +35,19 @@ int dtype_from_name(std::string_view name) {
   return kNoDtype;
 }
 
+TensorDesc::TensorDesc(DevicePtr base, const int64_t* shape, size_t n_shape, const int64_t* strides,
+                       size_t n_strides, const int64_t* block, size_t n_block, Padding padding,
+                       bool round_f32_to_tf32)
+    : nbytes(base.nbytes) {
+  desc.base = base.addr;
+  desc.dtype = base.dtype;
+  desc.nan_padding = padding == kNan;
+  desc.tf32 = round_f32_to_tf32;
+  if (n_shape != n_strides || n_shape != n_block || n_shape < 1 || n_shape > size_t(kMaxDescRank)) return;  // rank 0
+  desc.rank = int(n_shape);
+  for (size_t i = 0; i < n_shape; ++i) desc.shape[i] = shape[i], desc.strides[i] = strides[i], desc.block[i] = block[i];
+}
+
 int64_t Constant::as_int() const {
   if (type_ != kInt && type_ != kBool) throw Error("constant " + repr() + " is not an integer");
   return i_;
@@ -95,10 +108,11 @@ const Constant& Meta::at(std::string_view name) const {
 namespace {
 
 constexpr size_t kMaxArgs = 64;
+constexpr size_t kMaxDescArgs = 8;  // tensor descriptor arguments per kernel
 constexpr size_t kMaxKey = 1 + (2 * kMaxArgs + 63) / 64 + kMaxArgs;
 const char* const kOptionNames[] = {"num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl"};
 
-enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64 };
+enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64, kDesc };
 
 struct TyInfo {
   const char* name;
@@ -110,7 +124,54 @@ const TyInfo kScalarTypes[] = {{"i8", Ty::kI8}, {"i16", Ty::kI16}, {"i32", Ty::k
                                {"fp64", Ty::kFp64}};
 
 bool is_int(Ty t) { return t >= Ty::kI8 && t <= Ty::kU64; }
-bool is_float(Ty t) { return t >= Ty::kFp16; }
+bool is_float(Ty t) { return t >= Ty::kFp16 && t <= Ty::kFp64; }
+
+// "tensordesc<fp16[64, 64]>" (spaces optional) as Triton spells it; false if it is not one.
+bool parse_desc_type(const std::string& t, int* dtype, int* rank, int64_t* block, std::string* canonical) {
+  const std::string head = "tensordesc<";
+  if (t.rfind(head, 0) != 0 || t.back() != '>') return false;
+  size_t open = t.find('[', head.size()), close = t.find(']', open);
+  if (open == std::string::npos || close == std::string::npos || close + 2 != t.size()) return false;
+  std::string name = t.substr(head.size(), open - head.size());
+  *dtype = dtype_from_name(name);
+  if (*dtype == kNoDtype) return false;
+  *rank = 0;
+  std::stringstream ss(t.substr(open + 1, close - open - 1));
+  for (std::string d; std::getline(ss, d, ',');) {
+    d.erase(0, d.find_first_not_of(" \t"));
+    d.erase(d.find_last_not_of(" \t") + 1);
+    if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || *rank == kMaxDescRank) return false;
+    block[(*rank)++] = std::stoll(d);
+  }
+  if (*rank < 1) return false;
+  *canonical = head + name + "[";
+  for (int i = 0; i < *rank; ++i) *canonical += (i ? ", " : "") + std::to_string(block[i]);
+  *canonical += "]>";
+  return true;
+}
+
+// A signature's types: split on commas outside [] and <> (a descriptor's block has commas).
+std::vector<std::string> split_signature(const std::string& sig) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  for (char ch : sig) {
+    if (ch == '[' || ch == '<') ++depth;
+    if (ch == ']' || ch == '>') --depth;
+    if (ch == ',' && depth == 0) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  out.push_back(cur);
+  for (auto& t : out) {
+    t.erase(0, t.find_first_not_of(" \t"));
+    t.erase(t.find_last_not_of(" \t") + 1);
+  }
+  return out;
+}
 
 bool scalar_type(std::string_view name, Ty* out) {
   for (const auto& s : kScalarTypes)
@@ -412,13 +473,17 @@ struct RtArg {
   bool annotated = false;  // type fixed by the kernel's annotation (else Triton's class of the value)
   bool specialize = true, align = true;
   int key_word = -1;  // index into the call key, if the value selects the binary
+  int desc_rank = 0;  // tensor descriptors: the signature's block shape (the kernel's type)
+  int64_t desc_block[kMaxDescRank] = {};
 };
 
 // A call's packed parameters and its key: [context, 2 specialization bits
-// per argument, key values].
+// per argument, key values]. A descriptor's slot is its index in `descs`.
 struct Call {
   uint64_t slots[kMaxArgs];
   uint64_t key[kMaxKey];
+  HostTensorDesc descs[kMaxDescArgs];
+  size_t n_desc = 0;
 };
 
 struct ResolveCtx {
@@ -434,6 +499,7 @@ const char* arg_kind_name(Arg::Kind k) {
     case Arg::kInteger: return "an integer";
     case Arg::kFloat: return "a float";
     case Arg::kBool: return "a bool";
+    case Arg::kDesc: return "a tensor descriptor";
   }
   return "?";
 }
@@ -522,6 +588,10 @@ struct BundleKernel::Impl {
   void pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const;
   double real_of(const RtArg& r, const Arg& a) const;
   double pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const;
+  void pack_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const;
+  // The kernel parameters of a resolved call (descriptors encoded into `dps`).
+  size_t params(const Entry& e, Call& c, void** out, DescParams* dps) const;
+  void launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const;
   // The entry for c.key (context set): the table's, else resolved once.
   const Entry* entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const;
   std::string call_spec(const Call& c) const;
@@ -542,19 +612,17 @@ struct BundleKernel::Impl {
 
 void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
   signature = sig;
-  std::vector<std::string> types;
-  std::stringstream ss(sig);
-  for (std::string t; std::getline(ss, t, ',');) {
-    t.erase(0, t.find_first_not_of(" \t"));
-    t.erase(t.find_last_not_of(" \t") + 1);
+  std::vector<std::string> types = split_signature(sig);
+  for (const std::string& t : types)
     if (t.find(':') != std::string::npos)
       fail("signature entry '" + t + "': give types only; the specialization (:16, :1) comes from the arguments");
-    types.push_back(t);
-  }
   if (types.size() == 1 && types[0].empty()) types.clear();
   check_constexprs(given);
   size_t next = 0;
   for (const ParamDesc& p : desc.params) bind_param(p, types, next, given);
+  size_t n_desc = 0;
+  for (const RtArg& r : args) n_desc += r.ty == Ty::kDesc;
+  if (n_desc > kMaxDescArgs) fail("takes more than 8 tensor descriptor arguments");
   if (next != types.size() || args.size() > kMaxArgs) {
     std::vector<std::string> names;
     for (const auto& r : args) names.push_back(r.name);
@@ -619,6 +687,18 @@ void BundleKernel::Impl::check_type(RtArg& r, const ParamDesc& p) {
   if (r.type == "i1") r.type = "u1";  // Triton spells bools u1
   r.specialize = p.specialize;
   r.align = p.align;
+  std::string canonical;
+  if (parse_desc_type(r.type, &r.dtype, &r.desc_rank, r.desc_block, &canonical)) {
+    r.ty = Ty::kDesc;
+    r.type = canonical;  // as the bundle's variants spell it
+    if (p.heuristic)
+      fail_arg(r, "the kernel's heuristics read this descriptor argument, so they need Python on every call; "
+                  "the C++ launch path cannot evaluate them");
+    return;
+  }
+  if (r.type.rfind("tensordesc", 0) == 0)
+    fail_arg(r, "bad descriptor type '" + r.type + "' in the signature: spell it as Triton does, e.g. "
+                "tensordesc<fp16[64, 64]> (the element type and the block shape)");
   if (!r.type.empty() && r.type[0] == '*') {
     r.ty = Ty::kPtr;
     r.dtype = dtype_from_name(std::string_view(r.type).substr(1));
@@ -767,12 +847,36 @@ double BundleKernel::Impl::pack_float(const RtArg& r, const Arg& a, uint64_t* sl
   return d;
 }
 
+// A descriptor: its element type, rank and block shape are the signature's (the
+// kernel's type); the rest is checked here and encoded at launch.
+void BundleKernel::Impl::pack_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const {
+  if (a.kind() != Arg::kDesc)
+    fail_arg(r, "expects a tensor descriptor (" + r.type + "), got " + arg_kind_name(a.kind()) +
+                "; make one with lt::TensorDesc(base, shape, strides, block_shape)");
+  HostTensorDesc d = a.desc()->desc;
+  if (d.rank == 0) fail_arg(r, "its shape, strides and block_shape must have the same length, 1 to 5");
+  if (d.dtype != kNoDtype && d.dtype != r.dtype)
+    fail_arg(r, std::string("a descriptor over ") + dtype_name(d.dtype) + " where the signature says " + r.type);
+  d.dtype = r.dtype;
+  if (d.rank != r.desc_rank || !std::equal(d.block, d.block + d.rank, r.desc_block)) {
+    std::string got;
+    for (int i = 0; i < d.rank; ++i) got += (i ? ", " : "") + std::to_string(d.block[i]);
+    fail_arg(r, "a descriptor with block shape [" + got + "] where the signature says " + r.type);
+  }
+  std::string why = check_tensor_desc(d);
+  if (!why.empty()) fail_arg(r, why);
+  *slot = c.n_desc;
+  c.descs[c.n_desc++] = d;
+}
+
 void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
   const RtArg& r = args[i];
   uint64_t* slot = &c.slots[i];
   *slot = 0;
   uint64_t bits = 0, word = a.bits();  // word: the key value (a float's as converted, a double)
-  if (r.ty == Ty::kPtr) {
+  if (r.ty == Ty::kDesc) {
+    pack_desc(r, a, slot, c);
+  } else if (r.ty == Ty::kPtr) {
     if (a.kind() != Arg::kPointer)
       fail_arg(r, std::string("expects a device pointer (") + r.type + "), got " + arg_kind_name(a.kind()) +
                       (a.kind() == Arg::kInteger ? "; wrap a CUdeviceptr in lt::DevicePtr(...)" : ""));
@@ -800,7 +904,31 @@ void BundleKernel::Impl::read(const Arg* a, size_t n, Call& c) const {
          std::to_string(n));
   }
   for (size_t w = 1; w <= bit_words; ++w) c.key[w] = 0;
+  c.n_desc = 0;
   for (size_t i = 0; i < n; ++i) pack(i, a[i], c);
+}
+
+size_t BundleKernel::Impl::params(const Entry& e, Call& c, void** out, DescParams* dps) const {
+  const LaunchMeta& m = e.kernel->meta();
+  size_t np = 0, k = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!e.is_param[i]) continue;
+    if (args[i].ty == Ty::kDesc) {
+      np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, c.descs[c.slots[i]], dps[k], out + np, desc.name,
+                             args[i].name.c_str());
+      ++k;
+    } else {
+      out[np++] = &c.slots[i];
+    }
+  }
+  return np;
+}
+
+void BundleKernel::Impl::launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const {
+  void* out[kMaxArgs + kMaxDescArgs * kMaxDescParams];
+  DescParams dps[kMaxDescArgs];  // uninitialized: packing writes what it passes
+  size_t np = params(e, c, out, dps);
+  e.kernel->launch(ctx, s, grid, out, np);
 }
 
 const Entry* BundleKernel::Impl::entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const {
@@ -820,11 +948,7 @@ void BundleKernel::launch(Stream stream, Dim3 grid, const Arg* args, size_t n) c
     GridFn fixed = [grid](const Meta&) { return grid; };  // what lazy-mode tuning launches with
     e = k.entry(args, c, stream.handle, &fixed);
   }
-  void* params[kMaxArgs];
-  size_t np = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (e->is_param[i]) params[np++] = &c.slots[i];
-  e->kernel->launch(ctx, stream.handle, grid, params, np);
+  k.launch_entry(*e, ctx, stream.handle, grid, c);
 }
 
 void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, size_t n) const {
@@ -835,11 +959,7 @@ void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, si
   c.key[0] = reinterpret_cast<uint64_t>(ctx);
   const Entry* e = k.entry(args, c, stream.handle, &grid);
   Dim3 g = grid(static_cast<const Winner*>(e->user.get())->meta);
-  void* params[kMaxArgs];
-  size_t np = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (e->is_param[i]) params[np++] = &c.slots[i];
-  e->kernel->launch(ctx, stream.handle, g, params, np);
+  k.launch_entry(*e, ctx, stream.handle, g, c);
 }
 
 const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, const GridFn& grid) const {
@@ -962,11 +1082,16 @@ ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
       cv.is_constexpr = true;
       cv.constant = std::find_if(constexprs.begin(), constexprs.end(), [&](const auto& kv) { return kv.first == cv.name; })->second;
     } else {
-      const Arg& a = rc.args[next++];
+      const Arg& a = rc.args[next];
+      const RtArg& r = args[next++];
       cv.is_pointer = a.kind() == Arg::kPointer;
       cv.ptr = DevicePtr(static_cast<unsigned long long>(a.bits()));
       cv.ptr.nbytes = a.nbytes();
       cv.value = a;
+      if (r.ty == Ty::kDesc) {  // as read (and checked) for this call
+        cv.is_desc = true;
+        cv.desc = rc.call->descs[rc.call->slots[next - 1]];
+      }
     }
     req.values.push_back(std::move(cv));
   }

@@ -364,3 +364,12 @@ def _attn_fwd(sm_scale, M,  #
     tl.store(m_ptrs, m_i)
     desc_o.store([qo_offset_y, 0], acc.to(dtype))
 
+
+
+# Tutorial 09's kernel with 4 of its 48 configs (BLOCK_SIZE_K 64, 3 stages, 8 warps), to keep
+# the tests that tune it more than once short; importable by name (C++ lazy mode).
+matmul_kernel_tma_persistent_small = triton.autotune(
+    configs=[c for c in matmul_tma_persistent_get_configs(pre_hook=matmul_tma_set_block_size_hook)
+             if c.num_stages == 3 and c.kwargs["BLOCK_SIZE_K"] == 64 and c.num_warps == 8],
+    key=["M", "N", "K", "WARP_SPECIALIZE"],
+)(matmul_kernel_tma_persistent.fn)
