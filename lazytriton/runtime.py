@@ -290,8 +290,9 @@ class LazyKernel(_core.LaunchBase):
                     fn(rec)
                     read |= rec.read & named.keys()
         except Exception:
-            read = {n for n in named if is_array(named[n])}
-        if any(is_array(named[n]) for n in read):
+            read = {n for n in named if is_array(named[n]) or tensor_desc.is_descriptor(named[n])}
+        # An array's or a descriptor's contents, shape or strides are not in the call key.
+        if any(is_array(named[n]) or tensor_desc.is_descriptor(named[n]) for n in read):
             log.debug("kernel %s: heuristics read arrays (%s): evaluated in Python on every call", self.name, read)
             self._python_heuristics = True
         else:

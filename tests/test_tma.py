@@ -423,3 +423,19 @@ def test_set_blocks_replays_recorded_blocks():
                                           key=["k"])(_hooked_body))
     cands = resolution(k, (desc((64, 64), (1, 1)), array((64,)), 64, 1))._candidates()
     assert cands[0].extra["desc_blocks"] == {"c_desc": [16, 32]}
+
+
+@triton.heuristics({"BN": lambda args: 64 if args["in_desc"].shape[1] >= 64 else 32})
+@triton.jit
+def _desc_heuristic_kernel(in_desc, out_ptr, BN: tl.constexpr):
+    pass
+
+
+def test_heuristics_reading_a_descriptor_run_in_python_per_call(cache_dir):
+    # A descriptor's shape is not in the call key: its heuristic values are (Python heuristics' token).
+    k = lazytriton.kernel(_desc_heuristic_kernel)
+    keys = set()
+    for n in (128, 32):
+        args = k._bind_call((desc((64, n), (16, 16)), array((16, 16))), {})
+        keys.add(stubgen.load_stub(k._shape(args)).key(args))
+    assert k._python_heuristics and len(keys) == 2
