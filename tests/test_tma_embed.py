@@ -4,6 +4,7 @@ runtime binds such a signature, builds lt::TensorDesc arguments and checks
 them (clear errors naming the kernel and the argument), typed stubs take
 `const lt::TensorDesc&`. Real sm_90 cubins; launches need a GPU
 (test_gpu_tma.py)."""
+import json
 import subprocess
 
 import pytest
@@ -50,6 +51,20 @@ def test_variant_records_the_descriptor_type(tmp_path):
     assert variant["launch"]["lt_tensordesc_abi"] == 2
     bundle.write_variant(tmp_path, desc, variant, cubin)
     assert bundle.Bundle(tmp_path).variants()[0]["types"][0] == "tensordesc<fp16[64, 64]>"
+
+
+def test_cpp_bundles_read_the_descriptor_metadata():
+    # What an AOT launch encodes with: the variant's tensordesc_meta and parameter layout, read by the C++ reader.
+    _, variant, _ = copy_variant((32, 64))
+    launch = variant["launch"]
+    got = _core.launch_meta_from_json(json.dumps(launch))
+    assert got["tensordesc_meta"] == launch["tensordesc_meta"] and got["tensordesc_meta"][0]["block_size"] == [32, 64]
+    assert got["lt_tensordesc_abi"] == 2
+    older = {k: v for k, v in launch.items() if k != "lt_tensordesc_abi"}
+    assert _core.launch_meta_from_json(json.dumps(dict(older, triton_version="3.6.0")))["lt_tensordesc_abi"] == 1
+    with pytest.raises(lazytriton.RuntimeFailure, match="block_size must have 1 to 5 entries"):
+        _core.launch_meta_from_json(json.dumps(dict(launch, tensordesc_meta=[dict(launch["tensordesc_meta"][0],
+                                                                                 block_size=[])])))
 
 
 def test_export_cpp_takes_descriptors_by_reference():

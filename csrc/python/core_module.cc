@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 
+#include "lazytriton/bundle.h"
 #include "lazytriton/call_site.h"
 #include "lazytriton/python_args.h"
 #include "lazytriton/runtime.h"
@@ -258,6 +259,8 @@ PYBIND11_MODULE(_core, m) {
     d["scratch_allocs"] = c.scratch_allocs.load();
     return d;
   });
+  m.def("launch_meta_from_json", [](const std::string& text) { return meta_to_dict(launch_meta_from_json(text)); },
+        "A bundle variant's launch metadata (JSON) as the C++ bundles read it, as a dict (for tests).");
   m.def("check_fits", [](const py::dict& meta, int dev) { return check_fits(meta_from(meta), device_info(dev)); },
         "Empty string if a kernel with this metadata fits the device, else the reason.");
 

@@ -292,6 +292,26 @@ LaunchMeta launch_from(const json::Value& m, const std::string& what) {
   if (const json::Value* c = m.find("cluster_dims"); c && c->kind == json::Value::kArray)
     for (size_t i = 0; i < c->items.size() && i < 3; ++i)
       l.cluster[i] = unsigned(std::max<int64_t>(1, c->items[i].as_int(what + ".cluster_dims")));
+  // Host tensor descriptors: how each was lowered, and the Triton version's parameter layout.
+  if (const json::Value* t = m.find("tensordesc_meta"); t && t->kind == json::Value::kArray)
+    for (const json::Value& e : t->items) {
+      std::string w = what + ".tensordesc_meta";
+      TmaMeta tm;
+      tm.swizzle = int(opt_int(e, "swizzle", 0, w));
+      tm.elem_size = int(opt_int(e, "elem_size", 0, w));
+      tm.elem_type = int(opt_int(e, "elem_type", 0, w));
+      const auto& block = e.at("block_size", w).as_array(w + ".block_size");
+      if (block.empty() || block.size() > size_t(kMaxDescRank)) throw Error(w + ": block_size must have 1 to 5 entries");
+      tm.rank = int(block.size());
+      for (size_t i = 0; i < block.size(); ++i) tm.block[i] = uint32_t(block[i].as_int(w + ".block_size"));
+      tm.fp4_padded = opt_bool(e, "fp4_padded", false, w);
+      tm.im2col = opt_bool(e, "is_im2col", false, w);
+      l.tensordesc.push_back(tm);
+    }
+  if (const json::Value* a = m.find("lt_tensordesc_abi"); a && a->kind != json::Value::kNull)
+    l.tensordesc_abi = int(a->as_int(what + ".lt_tensordesc_abi"));
+  else if (const json::Value* v = m.find("triton_version"); v && v->kind == json::Value::kString)
+    l.tensordesc_abi = tensor_desc_abi_of(v->s);
   return l;
 }
 
@@ -387,6 +407,10 @@ void Bundle::Impl::load(const std::string& text) {
     for (const auto& v : k.at("variants", kwhat).as_array(kwhat + ".variants"))
       rec->variants.push_back(variant_from(v, rec->desc, kwhat + " variant"));
   }
+}
+
+LaunchMeta launch_meta_from_json(const std::string& text) {
+  return launch_from(json::parse(text, "launch metadata"), "launch metadata");
 }
 
 Bundle Bundle::open(const std::string& dir) {

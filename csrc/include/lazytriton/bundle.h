@@ -240,6 +240,10 @@ class BundleKernel {
 
 class Resolver;
 
+// A variant's launch metadata ("launch" in the manifest, Triton's metadata by
+// field name) as the runtime reads it. Throws lt::Error on malformed input.
+LaunchMeta launch_meta_from_json(const std::string& text);
+
 // A directory of tuned winners: manifest.json + cubins/. Copyable handle.
 class Bundle {
  public:
