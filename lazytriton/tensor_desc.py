@@ -46,7 +46,7 @@ class DescInfo:
     block: tuple[int, ...]
     nan: bool  # padding == "nan"
     tf32: bool  # round_f32_to_tf32
-    nbytes: int  # bytes of the base buffer (what a tuning trial may write)
+    nbytes: int  # bytes from the base to the furthest element it reaches (what a tuning trial may write)
 
     @property
     def rank(self) -> int:
@@ -84,10 +84,9 @@ def read(obj: Any, what: str) -> DescInfo:
     if padding not in ("zero", "nan"):
         raise ValueError(f"{what}: the descriptor's padding must be 'zero' or 'nan', got {padding!r}")
     tf32 = bool(getattr(obj, "round_f32_to_tf32", False))
-    nbytes = info.nbytes
-    if nbytes is None:  # the furthest element the descriptor can reach
-        nbytes = (sum((s - 1) * st for s, st in zip(shape, strides)) + 1) * _itemsize(info.dtype)
-    d = DescInfo(info.ptr, info.dtype, shape, strides, block, padding == "nan", tf32, int(nbytes))
+    # What the descriptor reaches, whatever the base object's own size (a strided view).
+    nbytes = (sum((s - 1) * st for s, st in zip(shape, strides)) + 1) * _itemsize(info.dtype)
+    d = DescInfo(info.ptr, info.dtype, shape, strides, block, padding == "nan", tf32, max(int(nbytes), 0))
     if not 1 <= d.rank <= 5:
         raise ValueError(f"{what}: a tensor descriptor has rank 1 to 5, this one {d.rank} (shape {list(shape)})")
     why = _core.check_tensor_desc(d.as_tuple())
