@@ -4,9 +4,12 @@ candidate for the device's target, in parallel worker processes
 (compile_pool), skipping those that fail."""
 from __future__ import annotations
 
+import _imp
 import concurrent.futures as cf
 import logging
 import os
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -47,10 +50,52 @@ class Bound:
         return [t for t in self.signature.values() if t != "constexpr"]
 
 
+_specializer_ready = threading.Lock()
+_specializer_primed = False
+
+
+def prime_specializer_without_torch() -> None:
+    """Triton's native specializer (3.5+) imports torch on its first use, only
+    to register a fast path for torch.Tensor. In a process that has not
+    imported torch (JAX), that import costs seconds of a first call. Its first
+    use here runs with torch hidden from import (under the import lock, so no
+    other thread's import of torch sees it hidden); torch tensors still
+    specialize identically, through the specializer's data_ptr fallback."""
+    global _specializer_primed
+    if _specializer_primed:
+        return
+    with _specializer_ready:
+        if _specializer_primed:
+            return
+        try:
+            from triton._C.libtriton import native_specialize_impl
+            from triton.backends.compiler import BaseBackend
+        except ImportError:  # a Triton without the native specializer imports nothing extra
+            native_specialize_impl = None
+        if native_specialize_impl is not None and "torch" not in sys.modules:
+            _imp.acquire_lock()
+            sys.meta_path.insert(0, _HideTorch)  # `import torch` raises ImportError, which Triton clears
+            try:
+                native_specialize_impl(BaseBackend, 16, False, True, True)
+            finally:
+                sys.meta_path.remove(_HideTorch)
+                _imp.release_lock()
+        _specializer_primed = True
+
+
+class _HideTorch:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "torch":
+            raise ModuleNotFoundError("hidden while Triton's specializer starts", name="torch")
+        return None
+
+
 class Binder:
     """Triton's own argument binder/specializer for one kernel and target."""
 
     def __init__(self, spec: KernelSpec, target: GPUTarget):
+        prime_specializer_without_torch()
         self.spec, self.target = spec, target
         self.backend = make_backend(target)
         self._bind = create_function_from_signature(spec.fn.signature, spec.fn.params, self.backend)
