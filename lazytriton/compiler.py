@@ -91,6 +91,9 @@ class _HideTorch:
         return None
 
 
+_WIDER_FLOATS = frozenset({"fp64"})
+
+
 class Binder:
     """Triton's own argument binder/specializer for one kernel and target."""
 
@@ -106,6 +109,9 @@ class Binder:
         bound_args, specialization, options = self._bind(*args, **kwargs)
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options)
+        for p in self.spec.params:  # a float type given by lazytriton, not by the source (JAX's fp64 rule)
+            if p.annotation in _WIDER_FLOATS and signature.get(p.name) == "fp32":
+                signature[p.name] = p.annotation
         return Bound(signature, constexprs, attrs, options, bound_args)
 
 

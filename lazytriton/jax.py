@@ -289,7 +289,6 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
                     values.append(("const", v))
                     meta[p.name] = v
                     continue
-                _check_float(label, p, v)
                 values.append(("scalar", v))
                 operand_inputs.append(None)
                 continue
@@ -348,17 +347,13 @@ def _unfilled(label: str, n_fill: int, missing: list, aliases: dict) -> str:
 _F32 = np.finfo(np.float32)
 
 
-def _check_float(label: str, p, v: Any) -> None:
-    """A Python float is an fp32 parameter (Triton's binder). jax-triton passes
-    one that fp32 cannot hold as fp64; lazytriton's binder has no such type
-    for an unannotated parameter, so it refuses rather than pass inf or 0."""
-    if type(v) is not float or p.annotation:
-        return
+def needs_fp64(v: Any) -> bool:
+    """jax-triton's rule for a Python float passed to an unannotated parameter:
+    fp32 when fp32 holds it (or it is 0, inf or nan), else fp64."""
+    if type(v) is not float:
+        return False
     a = abs(v)
-    if np.isnan(v) or np.isinf(v) or a == 0.0 or _F32.tiny <= a <= _F32.max:
-        return
-    raise ValueError(f"{label}: argument {p.name}={v!r} does not fit fp32, the type of an unannotated float "
-                     f"parameter; annotate the parameter ({p.name}: tl.float64) or pass the value in an array")
+    return not (np.isnan(v) or np.isinf(v) or a == 0.0 or _F32.tiny <= a <= _F32.max)
 
 
 class _Aval:

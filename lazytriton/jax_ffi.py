@@ -272,6 +272,14 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
             configs.append(triton.Config({**c["kwargs"], **(c.get("heuristics", {}) if frozen else {})},
                                          **{k: v for k, v in fields.items() if v is not None}))
         spec = dataclasses.replace(spec, configs=configs, heuristics=[] if frozen else spec.heuristics)
+    # jax-triton passes a float that fp32 cannot hold as fp64: the site's
+    # parameter gets that type, as if annotated (the binder and stubs follow).
+    from .jax import needs_fp64
+
+    wide = {names[i] for i, a in enumerate(d["args"]) if "scalar" in a and needs_fp64(a["scalar"])}
+    if wide:
+        spec = dataclasses.replace(spec, params=[dataclasses.replace(p, annotation="fp64")
+                                                 if p.name in wide and not p.annotation else p for p in spec.params])
     n_in = d["n_inputs"]
     out_names = {a["buffer"] - n_in: names[i] for i, a in enumerate(d["args"]) if a.get("buffer", -1) >= n_in}
     zeroed = {out_names[o] for c in d["configs"] for o in c["zeroed"]}

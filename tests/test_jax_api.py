@@ -244,12 +244,26 @@ def test_callable_constexpr_travels_by_name():
         lowered(call(lambda a, b: a), F32, F32)
 
 
-def test_python_floats_are_fp32_when_representable():
+def test_python_floats_are_fp32_when_representable_else_fp64():
+    """jax-triton 0.4's rule: the binder's type of a float for an unannotated
+    parameter, checked on the call site the handler rebuilds (signature, stub
+    slot) and in the compiled kernel's parameter list."""
+    from lazytriton import jax_ffi
+    from lazytriton.compiler import Binder, compile_one, default_target
+    from lazytriton.arrays import PointerArg
+
     call = lambda s: lambda x: ltj.triton_call(x, s, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731
-    for ok in (42.0, 1e-30, float("inf"), float("-inf"), 0.0, np.float32(3.0)):
-        lowered(call(ok), F32)
-    with pytest.raises(ValueError, match=r"scale_kernel: argument s=1e-300 does not fit fp32"):
-        lowered(call(1e-300), F32)
+    for s_val, want in ((42.0, "fp32"), (1e-30, "fp32"), (float("inf"), "fp32"), (0.0, "fp32"),
+                        (np.float32(3.0), "fp32"), (1e-300, "fp64"), (-3e200, "fp64")):
+        d = descriptor(text(call(s_val), F32))
+        site = jax_ffi.Site(d)
+        args = (PointerArg(1 << 20, "fp32"), float(s_val), PointerArg(1 << 21, "fp32"))
+        slot = site.lazy._shape(args).slots[1]
+        assert slot.kind == "float" and slot.float_type == want, (s_val, slot)
+        bound = Binder(site.lazy.spec, default_target()).bind(args, {"BLOCK": 64})
+        assert bound.signature["s"] == want, (s_val, bound.signature)
+    binary = compile_one(site.lazy.spec, default_target(), bound)  # the last one: fp64
+    assert re.search(r"%s: f64", binary.ttir), binary.ttir[:600]
 
 
 # -- errors, transformations ----------------------------------------------------
