@@ -1,0 +1,251 @@
+"""Tuple arguments (issue 10), without a GPU: lazytriton's leaves must say
+exactly what Triton's own binder says about every tuple element (type, == 1
+folded into a constexpr, tt.divisibility 16, the path it is keyed by), the
+stubs (generated and table-driven) must read the elements into the same key
+bits and bytes, check the structure, and the keys must tell apart what
+compiles differently. Pointers are made-up addresses nothing dereferences."""
+import struct
+
+import pytest
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+import lazytriton
+from lazytriton import _core, stubgen, tuples
+from lazytriton.arrays import DeviceArray
+from lazytriton.compiler import Binder, compile_one
+from lazytriton.tuner import runtime_args, written_buffers
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+@triton.jit
+def nested(xs, out, n, BLOCK: tl.constexpr):
+    # xs = (x, (y, scale, k)): out = x + y * scale * k; y is overwritten with x.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    a = tl.load(xs[0] + offs, mask=m)
+    b = tl.load(xs[1][0] + offs, mask=m)
+    tl.store(out + offs, a + b * xs[1][1] * xs[1][2], mask=m)
+    tl.store(xs[1][0] + offs, a, mask=m)
+
+
+@triton.jit(do_not_specialize=["xs", "n"])
+def nospec(xs, n):
+    pass
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["sizes"])
+@triton.jit
+def keyed(xs, sizes, out, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=[], reset_to_zero=["xs"])
+@triton.jit
+def zeroing(xs, out, BLOCK: tl.constexpr):
+    pass
+
+
+def arr(addr: int, dtype: str = "fp32") -> DeviceArray:
+    return DeviceArray(addr, dtype, 4096)
+
+
+A, B, C = 0x7F0000000000, 0x7F0000000100, 0x7F0000000200  # 16-byte aligned
+ODD = 0x7F0000000004
+
+
+def shape_and_stubs(k, args):
+    shape = k._shape(args)
+    return shape, stubgen.load_stub(shape), stubgen.generic_stub(shape)
+
+
+@pytest.fixture
+def k(cache_dir):
+    return lazytriton.kernel(nested)
+
+
+def test_leaves_paths_and_structure(k):
+    args = ((arr(A), (arr(B, "fp16"), 2.5, 7)), arr(C), 100, 64)
+    shape = k._shape(args)
+    assert shape.names == ("xs[0]", "xs[1][0]", "xs[1][1]", "xs[1][2]", "out", "n", "BLOCK")
+    assert shape.paths == ((0, 0), (0, 1, 0), (0, 1, 1), (0, 1, 2), (1,), (2,), (3,))
+    assert shape.args == ("xs", "out", "n", "BLOCK")
+    assert shape.tuples == (((0,), 2), ((0, 1), 3))
+    assert [s.param_type() for s in shape.slots] == ["*fp32", "*fp16", "fp32", "i32", "*fp32", "i32", "constexpr"]
+    assert shape.leaf_values(args)[1:4] == [args[0][1][0], 2.5, 7]
+    # No tuple: the shape (and its digest, so existing stubs and tuning keys) is as before.
+    flat = lazytriton.kernel(keyed)._shape((arr(A), 3, arr(B)))
+    assert flat.flat and flat.arg_names == flat.names
+
+
+def triton_view(binder: Binder, shape, args):
+    """Per leaf, from Triton's binder: (type, folded into a constexpr, tt.divisibility 16)."""
+    bound = binder.bind((), dict(zip(shape.arg_names, args)))
+    flat = tuples.flat_signature(bound.signature)
+    out = {}
+    for name, path in zip(shape.names, shape.slot_paths()):
+        folded = path in bound.constexprs
+        div = ["tt.divisibility", 16] in bound.attrs.get(path, [])
+        out[name] = (flat[name], folded, div)
+    return out, bound
+
+
+ELEMENT_VALUES = [0, 1, 2, 16, 17, 32, -16, 2**31 - 16, 2**31, 2**40, 2**40 + 1, 2**63 + 16, 2**63 + 5]
+
+
+@pytest.mark.parametrize("stub_kind", ["generated", "generic"])
+@pytest.mark.parametrize("value", ELEMENT_VALUES)
+def test_element_specialization_matches_triton(k, stub_kind, value):
+    binder = Binder(k.spec, TARGET)
+    for addr in (A, ODD):
+        args = ((arr(addr), (arr(B), 1.5, value)), arr(C), 33, 64)
+        shape, gen, generic = shape_and_stubs(k, args)
+        stub = gen if stub_kind == "generated" else generic
+        key = stub.key(args)
+        view, bound = triton_view(binder, shape, args)
+        for i, (name, slot) in enumerate(zip(shape.names, shape.slots)):
+            t, folded, div = view[name]
+            bits = (key[(2 * i) // 64] >> ((2 * i) % 64)) & 3
+            if slot.kind == "int":
+                assert bits == (int(folded) | int(div) << 1), (name, value, bits, t, folded, div)
+                if not folded:
+                    assert t == slot.int_type, (name, value)
+            elif slot.kind == "ptr":
+                assert bits == int(div) and t == slot.param_type(), (name, hex(addr))
+            else:
+                assert bits == 0 and not div
+                assert t == ("constexpr" if slot.kind == "constexpr" else slot.param_type())
+        # The kernel parameters the stub packs are Triton's, leaf by leaf.
+        params = stub.params(args)
+        assert struct.unpack("<Q", params[0])[0] == addr
+        assert params[2] == struct.pack("<f", 1.5)
+        assert len(params[3]) == {"i32": 4, "i64": 8, "u64": 8}[shape.slots[3].int_type]
+
+
+def test_tuple_elements_ignore_do_not_specialize(cache_dir):
+    """Triton specializes a tuple's elements with its defaults, whatever the parameter says."""
+    k = lazytriton.kernel(nospec)
+    args = ((1, 32, arr(A)), 16)
+    shape, gen, generic = shape_and_stubs(k, args)
+    bound = Binder(k.spec, TARGET).bind((), dict(zip(shape.arg_names, args)))
+    assert bound.constexprs[(0, 0)] == 1 and bound.signature["xs"] == ("constexpr", "i32", "*fp32")
+    assert ["tt.divisibility", 16] in bound.attrs[(0, 1)] and ["tt.divisibility", 16] in bound.attrs[(0, 2)]
+    assert bound.signature["n"] == "i32" and not bound.attrs.get((1,))  # n itself: not specialized
+    assert [s.specialize for s in shape.slots[:3]] == [True, True, True]
+    key = gen.key(args)
+    assert key == generic.key(args)
+    assert key[0] & 0b111111 == 0b1 | 0b10 << 2 | 0b01 << 4  # ==1; %16; aligned
+    assert (key[0] >> 6) & 3 == 0  # n: do_not_specialize
+
+
+def test_constexpr_none_bool_and_jit_elements(k):
+    args = ((arr(A), (arr(B), 2.0, tl.constexpr(5))), arr(C), 10, 64)
+    shape = k._shape(args)
+    assert [s.kind for s in shape.slots[:4]] == ["ptr", "ptr", "float", "constexpr"]
+    b = Binder(k.spec, TARGET).bind((), dict(zip(shape.arg_names, args)))
+    assert b.signature["xs"] == ("*fp32", ("*fp32", "fp32", "constexpr"))
+    gen = stubgen.load_stub(shape)
+    k5, k6 = gen.key(args), gen.key(((arr(A), (arr(B), 2.0, tl.constexpr(6))), arr(C), 10, 64))
+    assert k5 != k6  # constexpr elements are keyed by value
+    mixed = (None, True, nested)
+    shape2 = k._shape((mixed, arr(C), 10, 64))
+    assert [s.kind for s in shape2.slots[:3]] == ["constexpr", "bool", "constexpr"]
+
+
+def test_keys_tell_apart_dtypes_alignment_and_structure(k):
+    base = ((arr(A), (arr(B), 2.0, 3)), arr(C), 10, 64)
+    s0 = k._shape(base)
+    other_dtype = ((arr(A), (arr(B, "bf16"), 2.0, 3)), arr(C), 10, 64)
+    s1 = k._shape(other_dtype)
+    assert s0.digest() != s1.digest()
+    gen = stubgen.load_stub(s0)
+    handle = _core.LazyKernel("nested", lambda key, ctx: pytest.fail("nothing is resolved here"))
+    assert gen.launch(handle.handle, (1,), 0, other_dtype) is None  # another shape: the stub declines it
+    unaligned = ((arr(A), (arr(ODD), 2.0, 3)), arr(C), 10, 64)
+    assert gen.key(unaligned) != gen.key(base)
+    # Another nesting with the same leaves: another shape, and the stub declines it.
+    for other in [((arr(A), arr(B), 2.0, 3), arr(C), 10, 64), (((arr(A), (arr(B), 2.0)), 3), arr(C), 10, 64)]:
+        assert k._shape(other).digest() != s0.digest()
+        assert gen.key(other) is None and stubgen.generic_stub(s0).key(other) is None
+    # A length-1 tuple, an empty one, a list: each is its own shape or refused.
+    assert gen.key(((arr(A), (arr(B), 2.0, 3, 4)), arr(C), 10, 64)) is None
+    assert gen.key((arr(A), arr(C), 10, 64)) is None
+    assert gen.key(([arr(A), (arr(B), 2.0, 3)], arr(C), 10, 64)) is None
+    e = k._shape(((), arr(C), 10, 64))
+    assert e.tuples == (((0,), 0),) and e.names == ("out", "n", "BLOCK")
+    assert stubgen.load_stub(e).key(((), arr(C), 10, 64)) is not None
+    assert stubgen.generic_stub(e).key(((1,), arr(C), 10, 64)) is None
+
+
+def test_autotune_key_naming_a_tuple_keys_its_elements(cache_dir):
+    k = lazytriton.kernel(keyed)
+    args = ((arr(A), arr(B)), (100, 7.5, True), arr(C))
+    shape = k._shape(args)
+    assert [s.in_key for s in shape.slots] == [False, False, True, True, True, False]
+    gen = stubgen.load_stub(shape)
+    key = gen.key(args)
+    assert key == stubgen.generic_stub(shape).key(args)
+    assert key[1:4] == (100, struct.unpack("<Q", struct.pack("<d", 7.5))[0], 1)
+    assert gen.key(((arr(A), arr(B)), (101, 7.5, True), arr(C)))[1] == 101
+    assert shape.portable_key(key, args) == key[:-1]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ((arr(A), [arr(B)]), r"argument xs\[1\]: unsupported argument type list"),
+    ((arr(A), ("x",)), r"argument xs\[1\]\[0\]: unsupported argument type str"),
+    ((arr(A), object()), r"argument xs\[1\]: unsupported argument type object"),
+])
+def test_bad_elements_are_named(k, bad, match):
+    with pytest.raises(TypeError, match=rf"kernel nested, {match}"):
+        k[(1,)](bad, arr(C), 10, BLOCK=64)
+
+
+def test_named_tuples_and_reset_to_zero_on_a_tuple_are_refused(k):
+    import collections
+
+    Pair = collections.namedtuple("Pair", "x y")
+    with pytest.raises(TypeError, match=r"kernel nested, argument xs: is a named tuple \(Pair\)"):
+        k[(1,)](Pair(arr(A), (arr(B), 1.0, 2)), arr(C), 10, BLOCK=64)
+    z = lazytriton.kernel(zeroing)
+    with pytest.raises(TypeError, match="kernel zeroing, argument xs: is a tuple, and reset_to_zero names it"):
+        z[(1,)]((arr(A), arr(B)), arr(C))
+
+
+def test_compiled_kernel_flattens_tuple_leaves_like_the_stub(k):
+    """The binary's parameters are the tuple's non-constexpr leaves in order
+    (TTIR header), and the written-buffer analysis names the element written."""
+    args = ((arr(A), (arr(B), 2.0, 1)), arr(C), 100, 64)
+    shape = k._shape(args)
+    bound = Binder(k.spec, TARGET).bind((), dict(zip(shape.arg_names, args)))
+    assert bound.constexprs[(0, 1, 2)] == 1  # the 1 inside the tuple is folded
+    binary = compile_one(k.spec, TARGET, bound)
+    header = binary.ttir.split("tt.func public")[1].split("attributes")[0]
+    import re
+    assert re.findall(r"%([\w.]+):", header) == ["xs.0", "xs.1.0", "xs.1.1", "out", "n"]
+    cand = type("C", (), {})()
+    cand.bound, cand.binary = bound, binary
+    names = list(shape.names[:-1])
+    values = tuple(shape.leaf_values(args)[:-1])
+    arrays = {n: (v.ptr, 4096) for n, v in zip(names, values) if isinstance(v, DeviceArray)}
+    types, vals = runtime_args(cand, names, values, arrays)
+    assert types == ["*fp32", "*fp32", "fp32", "*fp32", "i32"]
+    assert vals == [A, B, 2.0, C, 100]
+    assert written_buffers([cand], names, arrays, []) == ["out", "xs[1][0]"]
+    # Which leaves are kernel parameters: the 1 is not.
+    flat = bound.flat_signature
+    assert [flat.get(n, "constexpr") != "constexpr" for n in names] == [True, True, True, False, True, True]
+
+
+def test_generic_stub_layout_is_validated():
+    G = __import__("lazytriton._generic_stub", fromlist=["Stub"])
+    row = (1, -1, 0, 0, 1, 0, 1, 2)
+    with pytest.raises(ValueError, match="not inside"):
+        G.Stub(("a",), (row,), 2, 0, ("xs",), ((0, 3),), (((0,), 2),))  # element 3 of a 2-tuple
+    with pytest.raises(ValueError, match="not inside"):
+        G.Stub(("a",), (row,), 2, 0, ("xs",), ((1,),), ())  # argument 1 of 1
+    s = G.Stub(("a",), (row,), 2, 0, ("xs",), ((0, 1),), (((0,), 2),))
+    assert s.key(((5, 9),)) == (0, 0) and s.key(((5, 32),)) == (2, 0) and s.key(((5, 1),)) == (1, 0)
+    assert s.params(((5, 9),)) == (struct.pack("<i", 9),)
+    assert s.key(((5, 9, 1),)) is None and s.key((5,)) is None and s.key(([5, 9],)) is None
