@@ -249,3 +249,127 @@ def test_generic_stub_layout_is_validated():
     assert s.key(((5, 9),)) == (0, 0) and s.key(((5, 32),)) == (2, 0) and s.key(((5, 1),)) == (1, 0)
     assert s.params(((5, 9),)) == (struct.pack("<i", 9),)
     assert s.key(((5, 9, 1),)) is None and s.key((5,)) is None and s.key(([5, 9],)) is None
+
+
+# -- JAX: tuples of arrays, Refs and scalars, flattened as in jax-triton 0.4 ------------------
+
+@triton.jit
+def pair_add(xs, out, n, BLOCK: tl.constexpr):
+    # xs = (x, (y, scale)): out = x + y * scale
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(xs[0] + offs, mask=m) + tl.load(xs[1][0] + offs, mask=m) * xs[1][1], mask=m)
+
+
+@triton.jit
+def pair_inc(xs, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(xs[0] + offs, tl.load(xs[0] + offs, mask=m) + 1, mask=m)
+    tl.store(xs[1] + offs, tl.load(xs[1] + offs, mask=m) + 2, mask=m)
+
+
+def _jax():
+    return pytest.importorskip("jax")
+
+
+def lower_text(f, *avals) -> str:
+    jax = _jax()
+    return jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def jax_descriptor(t: str) -> dict:
+    import json
+    import re
+
+    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', t)
+    assert m, t
+    return json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
+
+
+def test_jax_tuple_argument_lowers_flattened():
+    jax = _jax()
+    import jax.numpy as jnp
+    from lazytriton import jax as ltj
+    from lazytriton import jax_ffi
+
+    f32 = jax.ShapeDtypeStruct((256,), jnp.float32)
+    f16 = jax.ShapeDtypeStruct((256,), jnp.float16)
+
+    def f(x, y):
+        return ltj.triton_call((x, (y, 2.5)), n=256, kernel=pair_add, out_type=x, grid=(2,), BLOCK=128)
+
+    d = jax_descriptor(lower_text(f, f32, f16))
+    assert d["v"] == jax_ffi.DESCRIPTOR_VERSION == 5
+    assert [a["name"] for a in d["args"]] == ["xs[0]", "xs[1][0]", "xs[1][1]", "out", "n", "BLOCK"]
+    assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, 2.5, 2, 256, 128]
+    assert [a.get("dtype") for a in d["args"][:2]] == ["fp32", "fp16"]
+    assert d["layout"] == [[0, [1, 2]], 3, 4, 5]
+    # Another nesting of the same leaves is another call site.
+    g = lambda x, y: ltj.triton_call(((x, y), 2.5), n=256, kernel=pair_add, out_type=x, grid=(2,), BLOCK=128)  # noqa
+    assert jax_descriptor(lower_text(g, f32, f16))["layout"] == [[[0, 1], 2], 3, 4, 5]
+
+    # The handler's side: the call rebuilt from the descriptor and the buffers is
+    # the tuple the kernel was traced with, and lazytriton reads it as leaves.
+    d["n_inputs"], d["aliases"] = 2, []
+    for a in d["args"]:
+        if "input" in a:
+            a["buffer"] = a.pop("input")
+    site = jax_ffi.Site(d)
+    args = site.call_args(((A, 1024), (B, 512), (C, 1024)))
+    assert isinstance(args[0], tuple) and isinstance(args[0][1], tuple) and args[0][1][1] == 2.5
+    assert args[0][0].ptr == A and args[0][1][0].ptr == B and args[1].ptr == C and args[2:] == [256, 128]
+    shape = site.lazy._shape(tuple(args))
+    assert shape.names == ("xs[0]", "xs[1][0]", "xs[1][1]", "out", "n", "BLOCK")
+    assert [s.param_type() for s in shape.slots[:3]] == ["*fp32", "*fp16", "fp32"]
+    assert stubgen.generic_stub(shape).key(tuple(args)) is not None
+
+
+def test_jax_aliases_index_flattened_operands_and_refs_inside_tuples():
+    jax = _jax()
+    import jax.numpy as jnp
+    from lazytriton import jax as ltj
+
+    f32 = jax.ShapeDtypeStruct((64,), jnp.float32)
+
+    def aliased(a, b):  # operands: xs[0] = 0, xs[1] = 1, n = 2 (jax-triton 0.4 counts the flattened leaves)
+        return ltj.triton_call((a, b), 64, kernel=pair_inc, out_type=(a, b), grid=(1,), BLOCK=64,
+                               input_output_aliases={0: 0, 1: 1})
+
+    t = lower_text(aliased, f32, f32)
+    d = jax_descriptor(t)
+    assert d["aliases"] == [[0, 0], [1, 1]] and "output_operand_aliases" in t
+    assert [a.get("buffer") for a in d["args"][:2]] == [2, 3]  # each element writes its output buffer
+
+    def refs(a, b):
+        ra = jax.new_ref(a)
+        assert ltj.triton_call((ra, b), 64, kernel=pair_inc, out_type=(), grid=(1,), BLOCK=64) == ()
+        return ra[...]
+
+    with pytest.raises(ValueError, match="operand 2 is a scalar"):
+        lower_text(lambda a, b: ltj.triton_call((a, b), 64, kernel=pair_inc, out_type=a, grid=(1,), BLOCK=64,
+                                                input_output_aliases={2: 0}), f32, f32)
+    dr = jax_descriptor(lower_text(refs, f32, f32))
+    # The Ref inside the tuple is discharged into an input aliased to an extra output.
+    assert dr["aliases"] == [[0, 0]] and dr["args"][0]["buffer"] == 2 and dr["args"][1]["buffer"] == 1
+
+
+def test_jax_bad_tuple_arguments_are_named():
+    jax = _jax()
+    import collections
+
+    import jax.numpy as jnp
+    from lazytriton import jax as ltj
+
+    f32 = jax.ShapeDtypeStruct((64,), jnp.float32)
+    Pair = collections.namedtuple("Pair", "a b")
+    cases = [
+        (lambda a, b: ([a, b], 64), r"argument xs is a list; pass a plain tuple"),
+        (lambda a, b: (Pair(a, b), 64), r"argument xs is a Pair; pass a plain tuple"),
+        (lambda a, b: ((a, [b]), 64), r"argument xs\[1\] is a list"),
+        (lambda a, b: ((a, tl.constexpr(3)), 64), r"argument xs\[1\] is a constexpr"),
+    ]
+    for make, match in cases:
+        with pytest.raises(TypeError, match=rf"triton_call pair_inc: {match}"):
+            lower_text(lambda a, b: ltj.triton_call(*make(a, b), kernel=pair_inc, out_type=(), grid=(1,),
+                                                    BLOCK=64), f32, f32)
