@@ -73,10 +73,50 @@ def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def structure_text(value: Any) -> str:
-    """The nesting of a tuple argument, e.g. "(_,(_,_))" (a leaf is "_")."""
+    """The nesting of a tuple argument as C++ bundles record it, e.g. "[_,[_,_]]"
+    (a leaf is "_"); "" for a value that is not a tuple."""
     if is_tuple(value):
-        return "(" + ",".join(structure_text(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-    return "_"
+        return "[" + ",".join(structure_text(v) or "_" for v in value) + "]"
+    return ""
+
+
+def split_top(text: str) -> list[str]:
+    """`text` split at the commas outside brackets ("[a,b],c" -> ["[a,b]", "c"])."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth < 0:
+            raise ValueError(f"unbalanced ']' in {text!r}")
+        if ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced '[' in {text!r}")
+    last = text[start:].strip()
+    return out + [last] if out or last else []
+
+
+def parse_type(text: str) -> Any:
+    """One signature entry: "*fp32", or a tuple type "[*fp32,[i32,fp32]]" as nested tuples."""
+    text = text.strip()
+    if text.startswith("["):
+        if not text.endswith("]"):
+            raise ValueError(f"tuple type {text!r} must end with ']'")
+        return tuple(parse_type(t) for t in split_top(text[1:-1]))
+    return text
+
+
+def nest(layout: str, leaves_in_order: Iterator) -> Any:
+    """A tuple rebuilt from structure_text `layout` and its leaves, in order; the
+    next leaf itself for layout ""."""
+    if not layout:
+        return next(leaves_in_order)
+
+    def walk(t):
+        return tuple(walk(x) for x in t) if is_tuple(t) else next(leaves_in_order)
+
+    return walk(parse_type(layout))
 
 
 def flat_signature(signature: dict) -> dict:

@@ -373,3 +373,180 @@ def test_jax_bad_tuple_arguments_are_named():
         with pytest.raises(TypeError, match=rf"triton_call pair_inc: {match}"):
             lower_text(lambda a, b: ltj.triton_call(*make(a, b), kernel=pair_inc, out_type=(), grid=(1,),
                                                     BLOCK=64), f32, f32)
+
+
+# -- C++ bundles: a tuple argument is one signature entry, its elements separate launch arguments ------
+
+CPP_TEST = r"""
+#include <lazytriton/bundle.h>
+#include <cstdio>
+#include "launch_add_pair.h"
+#include <string>
+
+void report(const char* label, const char* what) {
+  std::string s(what);
+  for (size_t i; (i = s.find('\n')) != std::string::npos;) s.replace(i, 1, " | ");
+  std::printf("%s: %s\n", label, s.c_str());
+}
+#define TRY(label, expr) try { expr; report(label, "no error"); } catch (const lt::Error& e) { report(label, e.what()); }
+
+int main(int argc, char** argv) {
+  lt::Bundle b = lt::Bundle::open(argv[1]);
+  auto add = b.kernel("tuple_kernels:add_pair", "[*fp32,[*fp32,fp32]],*fp32,i32", {{"BLOCK", 128}});
+  auto axpy = b.kernel("nested_axpy", "[*fp32,[*fp32,*fp32]], [i32,[fp32,u1]]");
+  float* p = reinterpret_cast<float*>(uintptr_t(1) << 20);
+  std::string names;
+  for (const auto& n : add.arg_names()) names += n + " ";
+  std::printf("names: %s\n", names.c_str());
+  std::printf("spec1: %s\n", add.specialization({p, p + 1, 2.5, p, 4096}).c_str());
+  std::printf("spec2: %s\n", axpy.specialization({p, p, p + 2, 1, 0.5, true}).c_str());
+  std::printf("spec3: %s\n", axpy.specialization({p, p, p, 4096, 0.5, false}).c_str());
+  TRY("count", add.specialization({p, p + 1, p, 4096}));
+  TRY("element type", add.specialization({p, p, 7, p, 4096}));
+  TRY("element pointer", add.specialization({p, 3, 2.5, p, 4096}));
+  TRY("flat signature", b.kernel("add_pair", "*fp32,*fp32,fp32,*fp32,i32", {{"BLOCK", 128}}));
+  TRY("other nesting", b.kernel("add_pair", "[[*fp32,*fp32],fp32],*fp32,i32", {{"BLOCK", 128}}));
+  TRY("unbalanced", b.kernel("add_pair", "[*fp32,[*fp32,fp32],*fp32,i32", {{"BLOCK", 128}}));
+  TRY("bad element", b.kernel("add_pair", "[*fp32,[*f32,fp32]],*fp32,i32", {{"BLOCK", 128}}));
+  TRY("unannotated i8", b.kernel("add_pair", "[*fp32,[*fp32,i8]],*fp32,i32", {{"BLOCK", 128}}));
+  TRY("no winner", b.kernel("add_pair", "[*fp32,[*fp32,fp32]],*fp32,i32", {{"BLOCK", 256}}));
+  // The typed stub of `lazytriton export-cpp`: one C++ parameter per tuple element.
+  auto handle = launch_add_pair_handle(b);
+  std::printf("stub: %s\n", handle.specialization({p, p + 1, 2.5, p, 4096}).c_str());
+  if (lt::driver_available())  // the pointers are made up: never launch them on a real GPU
+    report("stub launch", "skipped: a GPU is present");
+  else
+    TRY("stub launch", launch_add_pair(handle, nullptr, lt::Dim3{1}, p, p + 1, 2.5f, p, 4096));
+}
+"""
+
+CPP_CMAKE = """
+cmake_minimum_required(VERSION 3.18)
+project(tuple_test LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(lazytriton CONFIG REQUIRED)
+add_executable(api_test api_test.cc launch_add_pair.cc)
+target_link_libraries(api_test PRIVATE lazytriton::runtime)
+"""
+
+
+def compiled_tuple_variant(kernel, source, args: tuple, kwargs: dict, meta: dict | None = None):
+    """(description, variant, cubin) of a call compiled for sm_90 without a GPU: what tuning would write."""
+    from lazytriton import bundle
+    from lazytriton.compiler import Candidate, compile_all
+    from lazytriton.runtime import Resolved
+    from lazytriton.spec import describe
+
+    spec, desc = describe(kernel), bundle.describe(kernel, source)
+    cand = Candidate(0, None, Binder(spec, TARGET).bind(args, kwargs))
+    compile_all(spec, TARGET, [cand])
+    assert cand.binary is not None, cand.error
+    values = list(args) + [kwargs[p["name"]] for p in desc["params"][len(args):]]
+    names = [tuples.leaf_name(p["name"], sub) for p, v in zip(desc["params"], values) for sub, _ in tuples.leaves(v)]
+    flat = cand.bound.flat_signature
+    types = [flat.get(n, "constexpr") for n in names]
+    is_param = [t != "constexpr" for t in types]
+    kern = _core.Kernel(cand.binary.cubin, cand.binary.metadata)
+    res = Resolved(_core.Entry(kern, is_param, meta or {}), [p["name"] for p in desc["params"]], tuple(values),
+                   types, meta or {}, None, (), names)
+    return (desc, *bundle.make_variant(desc, None, res, values, {}, device="compiled without a GPU"))
+
+
+def tuple_kernels():
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from kernels import tuple_kernels as tk
+
+    return tk
+
+
+@pytest.fixture(scope="module")
+def tuple_bundle(tmp_path_factory):
+    from lazytriton import bundle
+    from lazytriton.arrays import PointerArg
+
+    tk = tuple_kernels()
+    d = tmp_path_factory.mktemp("tuple-bundle")
+    P = lambda a: PointerArg(a, "fp32")  # noqa: E731
+    desc, v, cubin = compiled_tuple_variant(tk.add_pair, "tuple_kernels:add_pair",
+                                            ((P(1 << 20), (P((1 << 20) + 4), 2.5)), P(1 << 20), 4096), {"BLOCK": 128})
+    bundle.write_variant(d, desc, v, cubin)
+    cfg = tk.nested_axpy.configs[0]
+    desc, v, cubin = compiled_tuple_variant(tk.nested_axpy, "tuple_kernels:nested_axpy",
+                                            ((P(1 << 20), (P(1 << 20), P((1 << 20) + 8))), (1, (0.5, True))),
+                                            cfg.all_kwargs(), meta=dict(cfg.kwargs))
+    bundle.write_variant(d, desc, v, cubin)
+    return d
+
+
+def test_bundle_variant_records_tuple_leaves(tuple_bundle):
+    from lazytriton import bundle
+
+    (add,) = bundle.Bundle(tuple_bundle).variants("add_pair")
+    assert add["layout"] == ["[_,[_,_]]", "", "", ""]
+    assert add["types"] == ["*fp32", "*fp32", "fp32", "*fp32", "i32", "constexpr"]
+    assert add["specs"] == ["16", "", "", "16", "16", ""]
+    assert add["is_param"] == [True, True, True, True, True, False]
+    assert add["signature"] == "[*fp32:16,[*fp32,fp32]],*fp32:16,i32:16"
+    (axpy,) = bundle.Bundle(tuple_bundle).variants("nested_axpy")
+    # dims[0] == 1 is folded (Triton: a constexpr inside the tuple); key= names the tuple: its elements' values.
+    assert axpy["types"][3:] == ["i32", "fp32", "u1"] and axpy["specs"][3] == "1" and axpy["is_param"][3] is False
+    assert axpy["key_values"] == {"dims[0]": 1, "dims[1][0]": 0.5, "dims[1][1]": True}
+    assert axpy["layout"] == ["[_,[_,_]]", "[_,[_,_]]"]
+
+
+def test_bundle_refuses_none_inside_a_tuple():
+    from lazytriton import bundle
+    from lazytriton.arrays import PointerArg
+
+    tk = tuple_kernels()
+    desc = bundle.describe(tk.add_pair, "tuple_kernels:add_pair")
+    res = type("R", (), {"entry": type("E", (), {"is_param": [True] * 6})(), "types": ["*fp32"] * 6})()
+    with pytest.raises(TypeError, match=r"kernel add_pair, argument xs\[1\]\[1\]: a tuple element that is not"):
+        bundle.make_variant(desc, None, res, [(PointerArg(16, "fp32"), (PointerArg(16, "fp32"), None)),
+                                             PointerArg(16, "fp32"), 8, 128], {}, device="x")
+
+
+def test_cpp_tuple_signatures(tuple_bundle, tmp_path):
+    from test_embed import CMAKE, NO_GPU, cmake_build, run
+
+    from lazytriton import export_cpp
+
+    if CMAKE is None:
+        pytest.skip("needs cmake (pip install cmake)")
+    tuple_kernels()
+    files = export_cpp.export("kernels.tuple_kernels:add_pair", "[*fp32, [*fp32,fp32]],*fp32,i32", {"BLOCK": 128},
+                              tmp_path)
+    header = files[0].read_text()
+    assert ("void launch_add_pair(lt::Stream stream, lt::Dim3 grid, lt::DevicePtr xs_0, lt::DevicePtr xs_1_0, "
+            "float xs_1_1, lt::DevicePtr out, int32_t n);") in header
+    source = files[1].read_text().replace("kernels.tuple_kernels:add_pair", "tuple_kernels:add_pair")
+    assert 'kSignature = "[*fp32, [*fp32,fp32]],*fp32,i32"' in source
+    files[1].write_text(source)
+    (tmp_path / "api_test.cc").write_text(CPP_TEST)
+    (tmp_path / "CMakeLists.txt").write_text(CPP_CMAKE)
+    cmake_build(tmp_path, tmp_path / "build")
+    out = run(tmp_path / "build" / "api_test", tuple_bundle)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+    assert got["names"] == "xs[0] xs[1][0] xs[1][1] out n "
+    assert got["spec1"] == "*fp32:16,*fp32,fp32,*fp32:16,i32:16"
+    # Triton's rules for tuple elements: 1 folded, pointers' alignment, floats and bools unspecialized.
+    assert got["spec2"] == "*fp32:16,*fp32:16,*fp32,i32:1,fp32,u1"
+    assert got["spec3"] == "*fp32:16,*fp32:16,*fp32:16,i32:16,fp32,u1"
+    assert "kernel add_pair: takes 5 runtime arguments" in got["count"]
+    assert "kernel add_pair: argument xs[1][1]: expects a float (fp32), got an integer" in got["element type"]
+    assert "kernel add_pair: argument xs[1][0]: expects a device pointer" in got["element pointer"]
+    assert "has 5 types but the kernel takes 3 runtime arguments" in got["flat signature"]
+    assert "has no winner for signature [[*fp32,*fp32],fp32],*fp32,i32" in got["other nesting"]
+    assert "unbalanced '['" in got["unbalanced"]
+    assert "argument xs[1][0]: unknown element type in '*f32'" in got["bad element"]
+    assert "argument xs[1][1]: an unannotated int is i32, i64 or u64" in got["unannotated i8"]
+    assert "has no winner for signature" in got["no winner"] and "BLOCK=256" in got["no winner"]
+    assert got["stub"] == "*fp32:16,*fp32,fp32,*fp32:16,i32:16"
+    if got["stub launch"] != "skipped: a GPU is present":
+        assert NO_GPU.search(got["stub launch"]), got["stub launch"]
