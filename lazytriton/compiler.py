@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import compile_pool
+from . import compile_pool, tuples
 from .cache import CompiledBinary
 from .spec import KernelSpec
 
@@ -47,7 +47,13 @@ class Bound:
     bound_args: dict
 
     def runtime_types(self) -> list[str]:
-        return [t for t in self.signature.values() if t != "constexpr"]
+        return [t for t in self.flat_signature.values() if t != "constexpr"]
+
+    @property
+    def flat_signature(self) -> dict[str, str]:
+        """{leaf name: type}: a tuple parameter's elements as "xs[0]", "xs[1][0]"
+        (lazytriton.tuples), in the order of the kernel's parameters."""
+        return tuples.flat_signature(self.signature)
 
 
 _specializer_ready = threading.Lock()

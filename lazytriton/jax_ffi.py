@@ -17,9 +17,11 @@ from .arrays import DeviceArray
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
-DESCRIPTOR_VERSION = 4  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
+DESCRIPTOR_VERSION = 5  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
 # output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute; v4: heuristic values
-# per config, evaluated at trace time)
+# per config, evaluated at trace time; v5: tuple arguments: "args" has one entry per leaf (a tuple
+# argument's elements, depth first) with its "name" ("xs[1][0]"), "layout" per call parameter the index
+# of its entry or, for a tuple, nested lists of its elements' indices)
 STATE_TYPE = "lazytriton_site"
 
 _lock = threading.Lock()
@@ -200,17 +202,27 @@ class Site:
         # Options of an untuned kernel went into its one config when its heuristics were frozen.
         self.options = {} if self.lazy.spec.autotuned else d["options"]
 
-    def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
+    def call_args(self, buffers: tuple) -> list:
+        """One value per call parameter, positionally (a tuple argument rebuilt
+        from its leaves): exactly what the C++ launches pass, so tuning trials
+        and replays see the same call. `buffers`: (address, bytes) of each."""
         d = self.d
-        # One value per call parameter, positionally: exactly what the C++
-        # launches below pass, so tuning trials and replays see the same call.
-        args = []
+        leaves = []
         for a in d["args"]:
             if "buffer" in a:
                 ptr, nbytes = buffers[a["buffer"]]
-                args.append(DeviceArray(ptr, a["dtype"], nbytes, tuple(a["shape"])))
+                leaves.append(DeviceArray(ptr, a["dtype"], nbytes, tuple(a["shape"])))
             else:
-                args.append(a["scalar"])
+                leaves.append(a["scalar"])
+
+        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.tuples)
+            return tuple(nest(x) for x in item) if isinstance(item, list) else leaves[item]
+
+        return [nest(item) for item in d["layout"]]
+
+    def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
+        d = self.d
+        args = self.call_args(buffers)
         mode = "tune"
         if capturing:
             mode = "first" if os.environ.get("LAZYTRITON_CAPTURE_FALLBACK") == "first_config" else "record"
@@ -259,8 +271,6 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
     from .spec import describe
 
     spec = describe(kernel)
-    supplied = {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
-    names = [p.name for p in spec.params if p.name not in supplied]  # the call parameters, as d["args"]
     # Heuristics were evaluated at trace time (they chose the grid): their values
     # become part of each config, so the compile uses exactly those values.
     # An untuned kernel whose options a Config cannot carry keeps evaluating them.
@@ -276,12 +286,13 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
     # parameter gets that type, as if annotated (the binder and stubs follow).
     from .jax import needs_fp64
 
-    wide = {names[i] for i, a in enumerate(d["args"]) if "scalar" in a and needs_fp64(a["scalar"])}
+    wide = {a["name"] for a in d["args"] if "scalar" in a and needs_fp64(a["scalar"])}
     if wide:
         spec = dataclasses.replace(spec, params=[dataclasses.replace(p, annotation="fp64")
                                                  if p.name in wide and not p.annotation else p for p in spec.params])
     n_in = d["n_inputs"]
-    out_names = {a["buffer"] - n_in: names[i] for i, a in enumerate(d["args"]) if a.get("buffer", -1) >= n_in}
+    # By leaf name: a tuple element is "xs[0]" (what tuning names its buffer by).
+    out_names = {a["buffer"] - n_in: a["name"] for a in d["args"] if a.get("buffer", -1) >= n_in}
     zeroed = {out_names[o] for c in d["configs"] for o in c["zeroed"]}
     spec = dataclasses.replace(spec, reset_to_zero=sorted(set(spec.reset_to_zero) | zeroed))
     lk = LazyKernel(spec)
