@@ -9,7 +9,7 @@ import logging
 import sys
 import threading
 
-from . import bundle
+from . import bundle, tuples
 
 log = logging.getLogger("lazytriton.embed")
 
@@ -56,11 +56,17 @@ def _value(v):
     return v
 
 
-def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, stream: int) -> tuple[str, bytes]:
+def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, stream: int,
+            layouts: list | None = None) -> tuple[str, bytes]:
     """The winner for one C++ call, as (variant JSON, cubin). It is persisted
-    into the bundle when the directory is writable (else only used)."""
+    into the bundle when the directory is writable (else only used). With
+    tuple arguments `values` are leaves and `layouts` gives, per call
+    parameter, "" or its tuple's nesting (lazytriton.tuples.structure_text)."""
     lk = _kernel(source)
     args = [_value(v) for v in values]
+    if layouts:
+        leaves = iter(args)
+        args = [tuples.nest(layout, leaves) for layout in layouts]
     resolved = lk.resolve(*args, grid=grid, stream=stream, **options)
     desc = bundle.describe(lk, source)
     variant, cubin = bundle.make_variant(desc, lk, resolved, args, options)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import bundle
+from . import bundle, tuples
 
 # Half-precision scalars are taken as double: converted once, from the double, as
 # Triton's launcher converts them (through float they could round twice).
@@ -60,24 +60,10 @@ def _unsupported(value: Any) -> str:
 _DESC_TYPE = re.compile(r"tensordesc<(\w+)\[\s*\d+(?:\s*,\s*\d+)*\s*\]>")
 
 
-def split_signature(signature: str) -> list[str]:
-    """A signature's types, split on commas outside [] and <> (a descriptor's block has commas)."""
-    out, cur, depth = [], "", 0
-    for ch in signature:
-        depth += ch in "[<"
-        depth -= ch in "]>"
-        if ch == "," and depth == 0:
-            out.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    return [*out, cur.strip()] if signature.strip() else []
-
-
 def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[str, str]]:
     """(name, type) of each runtime argument, checked against the kernel."""
     name = desc["name"]
-    types = split_signature(signature)
+    types = tuples.split_top(signature)  # a tuple argument is one entry, "[*fp32,[i32,fp32]]"
     names = {p["name"] for p in desc["params"]}
     for k in constexprs:
         if k in desc["supplied"]:
@@ -91,10 +77,17 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
     if len(types) != len(runtime):
         raise ValueError(f"kernel {name}: the signature {signature!r} has {len(types)} types but the kernel takes "
                          f"{len(runtime)} runtime arguments ({', '.join(p['name'] for p in runtime)})")
-    for p, t in zip(runtime, types):
-        if not (t.startswith("*") or t in CPP_TYPES or _DESC_TYPE.fullmatch(t)):
-            raise ValueError(f"kernel {name}, argument {p['name']}: unknown type {t!r} in the signature")
-    return [(p["name"], t) for p, t in zip(runtime, types)]
+    out = []
+    for p, entry in zip(runtime, types):
+        # A tuple argument: one C++ parameter per element, in order (xs[1][0] -> xs_1_0).
+        for sub, t in tuples.leaves(tuples.parse_type(entry)):
+            leaf = tuples.leaf_name(p["name"], sub)
+            if not (t.startswith("*") or t in CPP_TYPES or _DESC_TYPE.fullmatch(t)):
+                raise ValueError(f"kernel {name}, argument {leaf}: unknown type {t!r} in the signature")
+            if sub and p["annotation"]:
+                raise ValueError(f"kernel {name}, argument {p['name']}: annotated {p['annotation']}, not a tuple")
+            out.append((p["name"] + "".join(f"_{i}" for i in sub), t))
+    return out
 
 
 def _cpp_type(t: str) -> str:
@@ -138,7 +131,7 @@ void {function}(const lt::BundleKernel& kernel, lt::Stream stream, const lt::Gri
 
 namespace {{
 const char* const kSource = "{desc['source']}";
-const char* const kSignature = "{','.join(t for _, t in params)}";
+const char* const kSignature = "{','.join(tuples.split_top(signature))}";
 
 const lt::Constants& constexprs() {{
   static const lt::Constants c = {{{cx_init}}};

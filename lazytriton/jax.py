@@ -38,7 +38,7 @@ from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef, ReadEffect, TransformedRef, WriteEffect
 from jax.interpreters import ad, mlir
 
-from . import _core, jax_ffi, keys, pre_hooks
+from . import _core, jax_ffi, keys, pre_hooks, tuples
 from .arrays import DTYPE_IDS, triton_dtype
 from .spec import KernelSpecError, PreHookRefused, describe
 
@@ -274,12 +274,18 @@ class _Call:
     kernel: Any
     spec: Any
     label: str
-    params: list  # the call parameters (spec.Param), in order
-    values: list  # per parameter: ("input", i) | ("output", o) | ("scalar", v) | ("const", v) | ("desc", i, d)
+    params: list  # per value: its call parameter (spec.Param)
+    values: list  # per leaf: ("input", i) | ("output", o) | ("scalar", v) | ("const", v) | ("desc", i, d)
     inputs: list  # the array and Ref operands, in parameter order (the custom call's operands)
     out_types: list
     meta: dict  # meta-parameters: constexpr values, the kernel's defaults, names only the grid reads
     aliases: dict  # input index -> output index (the kernel writes that input; no parameter for the output)
+    # A tuple argument is flattened (lazytriton.tuples): each element is one value, `paths` gives its
+    # path in the tuple (() for a whole parameter), `layout` per call parameter the index of its value,
+    # or for a tuple argument nested lists of its elements' indices.
+    call_params: list = dataclasses.field(default_factory=list)
+    paths: list = dataclasses.field(default_factory=list)
+    layout: list = dataclasses.field(default_factory=list)
 
 
 def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases: dict) -> _Call:
@@ -319,49 +325,76 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
         if k in given:
             raise TypeError(f"{label}: got multiple values for argument {k!r} (given both positionally and as a keyword)")
         given[k] = v
-    values, inputs, refs = [], [], []
+    values, inputs, refs, layout = [], [], [], []
     operand_inputs = []  # per operand (non-constexpr parameter given a value), its input index or None
     unaliased = iter([o for o in range(len(out_types)) if o not in aliased_outs])
     missing = [p.name for p in runtime if p.name not in given]
+    leaf_params, paths = [], []  # per entry of `values`: its parameter, and its path in a tuple argument
+
+    def operand(p, path: tuple, v) -> None:
+        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.tuples)."""
+        what = tuples.leaf_name(p.name, path)
+        if isinstance(v, TransformedRef):
+            raise NotImplementedError(f"{label}: argument {what} is a transformed Ref (ref.at[...]); pass "
+                                      "the whole Ref")
+        leaf_params.append(p)
+        paths.append(path)
+        if isinstance(v, TensorDescriptor):  # its base is the operand, the rest is static
+            _check_descriptor(label, what, v)
+            if _is_ref(v.base):
+                refs.append(len(inputs))
+            values.append(("desc", len(inputs), v))
+            operand_inputs.append(len(inputs))
+            inputs.append(v.base)
+            return
+        if _is_scalar(v):
+            v = _scalar(v)
+            values.append(("scalar", v))
+            operand_inputs.append(None)
+            return
+        if path and (isinstance(v, (list, dict, triton.language.constexpr)) or callable(v)):
+            raise TypeError(f"{label}: argument {what} is a {type(v).__name__}; a tuple argument's elements are "
+                            "arrays, Refs, Python scalars, None or tuples of these")
+        if _is_ref(v):
+            refs.append(len(inputs))
+        values.append(("input", len(inputs)))
+        operand_inputs.append(len(inputs))
+        inputs.append(v)
+
     for p in params:
         if p.name in given:
             v = given[p.name]
-            if isinstance(v, (tuple, list)):
-                raise NotImplementedError(
-                    f"{label}: argument {p.name} is a {type(v).__name__}; tuple parameters are not supported by "
-                    "lazytriton.jax yet: pass the tuple's arrays as separate kernel parameters")
-            if isinstance(v, TransformedRef):
-                raise NotImplementedError(f"{label}: argument {p.name} is a transformed Ref (ref.at[...]); pass "
-                                          "the whole Ref")
-            if isinstance(v, TensorDescriptor):  # its base is the operand, the rest is static
-                if p.is_constexpr:
-                    raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives a TensorDescriptor")
-                _check_descriptor(label, p.name, v)
-                if _is_ref(v.base):
-                    refs.append(len(inputs))
-                values.append(("desc", len(inputs), v))
-                operand_inputs.append(len(inputs))
-                inputs.append(v.base)
-                continue
-            if _is_scalar(v):
-                v = _scalar(v)
-                if p.is_constexpr:
-                    values.append(("const", v))
-                    meta[p.name] = v
-                    continue
-                _check_float(label, p, v)
-                values.append(("scalar", v))
-                operand_inputs.append(None)
-                continue
             if p.is_constexpr:
-                raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives an array; pass "
-                                "meta-parameters as keyword arguments")
-            if _is_ref(v):
-                refs.append(len(inputs))
-            values.append(("input", len(inputs)))
-            operand_inputs.append(len(inputs))
-            inputs.append(v)
-        elif p.is_constexpr:
+                if not _is_scalar(v):
+                    raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives "
+                                    f"{'a tuple' if isinstance(v, (tuple, list)) else 'an array'}; pass "
+                                    "meta-parameters (None, bool, int, float, str) as keyword arguments")
+                v = _scalar(v)
+                layout.append(len(values))
+                leaf_params.append(p)
+                paths.append(())
+                values.append(("const", v))
+                meta[p.name] = v
+                continue
+            if isinstance(v, list) or (isinstance(v, tuple) and type(v) is not tuple):
+                raise TypeError(f"{label}: argument {p.name} is a {type(v).__name__}; pass a plain tuple")
+            if isinstance(v, tuple):  # flattened: each element is one operand, as in jax-triton 0.4
+                for sub, n in tuples.nodes(v):
+                    node = tuples.at(v, sub)
+                    if type(node) is not tuple:
+                        raise TypeError(f"{label}: argument {tuples.leaf_name(p.name, sub)} is a "
+                                        f"{type(node).__name__}; pass a plain tuple")
+                layout.append(_layout_of(v, len(values)))
+                for sub, leaf in tuples.leaves(v):
+                    operand(p, sub, leaf)
+                continue
+            layout.append(len(values))
+            operand(p, (), v)
+            continue
+        layout.append(len(values))
+        leaf_params.append(p)
+        paths.append(())
+        if p.is_constexpr:
             if p.name in meta:
                 values.append(("const", meta[p.name]))
             elif sum(1 for kind, *_ in values if kind == "output") < n_fill:
@@ -392,7 +425,17 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
         if tuple(src.shape) != tuple(dst.shape) or np.dtype(src.dtype) != np.dtype(dst.dtype):
             raise ValueError(f"{label}: input_output_aliases {{{i}: {o}}}: the input is {src.dtype}{list(src.shape)} "
                              f"but output {o} is {dst.dtype}{list(dst.shape)}")
-    return _Call(kernel, spec, label, params, values, inputs, out_types, meta, by_input)
+    return _Call(kernel, spec, label, leaf_params, values, inputs, out_types, meta, by_input, params, paths, layout)
+
+
+def _layout_of(value: tuple, start: int) -> list:
+    """A tuple argument as nested lists of the indices its leaves take in the call's values, from `start`."""
+    counter = iter(range(start, start + sum(1 for _ in tuples.leaves(value))))
+
+    def walk(v):
+        return [walk(x) for x in v] if isinstance(v, tuple) else next(counter)
+
+    return walk(value)
 
 
 def _check_descriptor(label: str, name: str, d: TensorDescriptor) -> None:
@@ -430,17 +473,13 @@ def _unfilled(label: str, n_fill: int, missing: list, aliases: dict) -> str:
 _F32 = np.finfo(np.float32)
 
 
-def _check_float(label: str, p, v: Any) -> None:
-    """A Python float is an fp32 parameter (Triton's binder). jax-triton passes
-    one that fp32 cannot hold as fp64; lazytriton's binder has no such type
-    for an unannotated parameter, so it refuses rather than pass inf or 0."""
-    if type(v) is not float or p.annotation:
-        return
+def needs_fp64(v: Any) -> bool:
+    """jax-triton's rule for a Python float passed to an unannotated parameter:
+    fp32 when fp32 holds it (or it is 0, inf or nan), else fp64."""
+    if type(v) is not float:
+        return False
     a = abs(v)
-    if np.isnan(v) or np.isinf(v) or a == 0.0 or _F32.tiny <= a <= _F32.max:
-        return
-    raise ValueError(f"{label}: argument {p.name}={v!r} does not fit fp32, the type of an unannotated float "
-                     f"parameter; annotate the parameter ({p.name}: tl.float64) or pass the value in an array")
+    return not (np.isnan(v) or np.isinf(v) or a == 0.0 or _F32.tiny <= a <= _F32.max)
 
 
 class _Aval:
@@ -461,31 +500,40 @@ def _descriptor(call: _Call, grid, zeroed_outputs, options) -> str:
     ident = _kernel_identity(call.kernel)
     jax_ffi.register_kernel(ident["id"], call.kernel)
     n_out = len(call.out_types)
-    args, named, descs, pinned = [], {}, set(), set()
-    for p, (kind, v, *rest) in zip(call.params, call.values):
-        if kind == "desc":
+    args, seen = [], []  # per value: its descriptor entry, and what a grid or heuristic sees of it
+    for p, path, (kind, v, *rest) in zip(call.params, call.paths, call.values):
+        name = tuples.leaf_name(p.name, path)
+        if kind == "desc":  # a host TMA descriptor: its base is operand v, the rest is static
             d = rest[0]
             aval = jax.typeof(call.inputs[v])
             aval = getattr(aval, "inner_aval", aval)
-            args.append({"input": v, **_buffer(p.name, aval, label),
+            args.append({"input": v, **_buffer(name, aval, label),
                          "desc": {"shape": [int(x) for x in d.shape], "strides": [int(x) for x in d.strides],
                                   "block": [int(x) for x in d.block_shape], "padding": d.padding,
                                   "tf32": bool(d.round_f32_to_tf32)}})
-            named[p.name] = dataclasses.replace(d, base=_Aval(aval.shape, aval.dtype))
-            descs.add(p.name)
+            seen.append(dataclasses.replace(d, base=_Aval(aval.shape, aval.dtype)))
         elif kind == "input":
             a = call.inputs[v]
             aval = jax.typeof(a)
             aval = getattr(aval, "inner_aval", aval)  # a Ref's array
-            args.append({"input": v, **_buffer(p.name, aval, label)})
-            named[p.name] = _Aval(aval.shape, aval.dtype)
+            args.append({"input": v, **_buffer(name, aval, label)})
+            seen.append(_Aval(aval.shape, aval.dtype))
         elif kind == "output":
-            args.append({"output": v, **_buffer(p.name, call.out_types[v], label)})
-            named[p.name] = _Aval(call.out_types[v].shape, call.out_types[v].dtype)
+            args.append({"output": v, **_buffer(name, call.out_types[v], label)})
+            seen.append(_Aval(call.out_types[v].shape, call.out_types[v].dtype))
         else:
-            args.append({"scalar": _encode(v, label, p.name)})
-            named[p.name] = v
-            pinned.add(p.name)  # a scalar is part of the call site
+            args.append({"scalar": _encode(v, label, name)})
+            seen.append(v)
+        args[-1]["name"] = name
+
+    def nest(item):  # a tuple argument as the kernel sees it
+        return tuple(nest(x) for x in item) if isinstance(item, list) else seen[item]
+
+    named = {p.name: nest(item) for p, item in zip(call.call_params, call.layout)}
+    # A config pre_hook may set a (top-level) descriptor's block shape, and read what the call site fixes.
+    descs = {n for n, v in named.items() if isinstance(v, TensorDescriptor)}
+    pinned = {n for n, v in named.items()
+              if not any(isinstance(x, (_Aval, TensorDescriptor)) for _, x in tuples.leaves(v))}
     configs, call_options = _configs(spec, label, options, call.meta)
     for c in configs:
         cfg = c.pop("_config", None)
@@ -507,8 +555,8 @@ def _descriptor(call: _Call, grid, zeroed_outputs, options) -> str:
         if any(not 0 <= z < n_out for z in c["zeroed"]):
             raise ValueError(f"{label}: zeroed_outputs {c['zeroed']} out of range ({n_out} outputs)")
         c["kwargs"] = {k: _encode(v, label, k) for k, v in c["kwargs"].items()}
-    d = {"v": jax_ffi.DESCRIPTOR_VERSION, "name": label, "kernel": ident, "args": args, "configs": configs,
-         "options": call_options}
+    d = {"v": jax_ffi.DESCRIPTOR_VERSION, "name": label, "kernel": ident, "args": args, "layout": call.layout,
+         "configs": configs, "options": call_options}
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 

@@ -185,6 +185,7 @@ def blocks(spec, index: int, cfg, named: dict, meta: dict, descriptors: set[str]
     arguments whose values the hook may read (default: constexpr and
     autotune-key arguments). HookRefused if the hook does anything else."""
     from .arrays import is_array
+    from .tensor_desc import TritonTensorDescriptor, is_descriptor
 
     hook = cfg.pre_hook
     if pinned is None:
@@ -192,8 +193,8 @@ def blocks(spec, index: int, cfg, named: dict, meta: dict, descriptors: set[str]
     args: dict[str, _Arg] = {}
     values: dict[str, Any] = {}
     for name, v in named.items():
-        if name in descriptors:
-            args[name] = _Arg(name, "desc", type(v))
+        if name in descriptors:  # a JAX descriptor passes isinstance(..., Triton's TensorDescriptor) too
+            args[name] = _Arg(name, "desc", type(v) if is_descriptor(v) else TritonTensorDescriptor)
         elif name in pinned and not is_array(v):
             values[name] = v
         else:

@@ -86,11 +86,47 @@ class Slot:
 
 @dataclass(frozen=True)
 class Shape:
-    names: tuple[str, ...]
+    """How a call's arguments are read: one slot per leaf. Without tuple
+    arguments a leaf is an argument (`paths`, `args` and `tuples` empty).
+    With them (lazytriton.tuples), `paths[i]` is slot i's path (argument index,
+    then element indices), `args` the call's argument names (what a grid
+    callable sees) and `tuples` the (path, length) of every tuple argument and
+    nested tuple, which the stub checks before reading the leaves."""
+    names: tuple[str, ...]  # per slot: the argument's name, or the leaf's ("xs[1][0]")
     slots: tuple[Slot, ...]
+    paths: tuple[tuple[int, ...], ...] = ()
+    args: tuple[str, ...] = ()
+    tuples: tuple[tuple[tuple[int, ...], int], ...] = ()
+
+    @property
+    def flat(self) -> bool:
+        return not self.paths
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return self.names if self.flat else self.args
+
+    def slot_paths(self) -> tuple[tuple[int, ...], ...]:
+        return tuple((i,) for i in range(len(self.slots))) if self.flat else self.paths
+
+    def leaf_values(self, args: tuple) -> list:
+        """The value of each slot in a call tuple of this shape."""
+        if self.flat:
+            return list(args[:len(self.slots)])
+        out = []
+        for path in self.paths:
+            v = args
+            for i in path:
+                v = v[i]
+            out.append(v)
+        return out
 
     def digest(self) -> str:
         text = "|".join(f"{n}={s.code()}" for n, s in zip(self.names, self.slots))
+        if not self.flat:  # only then: shapes without tuples keep their digests
+            text += "|args=" + ",".join(self.args) + "|paths=" + ";".join(
+                ".".join(map(str, p)) for p in self.paths) + "|tuples=" + ";".join(
+                ".".join(map(str, p)) + f"#{n}" for p, n in self.tuples)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def shape_word(self) -> int:
@@ -123,7 +159,7 @@ class Shape:
         depends on this process's history) replaced by the value itself."""
         out = list(key[:-1])
         w = (2 * len(self.slots) + 63) // 64
-        for s, v in zip(self.slots, args):
+        for s, v in zip(self.slots, self.leaf_values(args)):
             if s.kind == "constexpr" and out[w] in (5, 6):
                 out[w + 1] = v
             w += _value_words(s)
@@ -131,7 +167,7 @@ class Shape:
 
 
 def _value_words(s: Slot) -> int:
-    """Key words after the bit words that one argument takes."""
+    """Key words after the bit words that one slot takes."""
     if s.kind == "constexpr":
         return 2
     if s.kind == "desc":
@@ -139,11 +175,31 @@ def _value_words(s: Slot) -> int:
     return 1 if s.in_key else 0
 
 
-def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
-    """(member declaration, statements reading argument i into a.s{i}, next value word)."""
+def _node_var(path: tuple) -> str:
+    return "t_" + "_".join(map(str, path))
+
+
+def _item_expr(path: tuple) -> str:
+    """The C expression of the object at `path` of the call tuple (its tuples checked first)."""
+    parent = "args" if len(path) == 1 else _node_var(path[:-1])
+    return f"PyTuple_GET_ITEM({parent}, {path[-1]})"
+
+
+def _tuple_checks(shape: Shape) -> list[str]:
+    """Statements that check every tuple of the call and name it, outermost first."""
+    out = []
+    for path, n in shape.tuples:
+        v = _node_var(path)
+        out += [f"PyObject* {v} = {_item_expr(path)};",
+                f"if (!PyTuple_CheckExact({v}) || PyTuple_GET_SIZE({v}) != {n}) return false;"]
+    return out
+
+
+def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tuple[str, list[str], int]:
+    """(member declaration, statements reading slot i into a.s{i}, next value word)."""
     bit = f"a.key[{(2 * i) // 64}] |= "
     sh = (2 * i) % 64
-    arg = f"PyTuple_GET_ITEM(args, {i})"
+    arg = _item_expr(path or (i,))
     out = []
     if s.kind == "ptr":
         member = f"uint64_t s{i};"
@@ -207,11 +263,12 @@ def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
 
 def generate(shape: Shape, module_name: str) -> str:
     n = len(shape.slots)
+    n_args = len(shape.arg_names)
     words = shape.key_words()
     value_word = (2 * n + 63) // 64
-    members, body = [], []
-    for i, s in enumerate(shape.slots):
-        member, lines, value_word = _arg_code(i, s, value_word)
+    members, body = [], [f"  {line}" for line in _tuple_checks(shape)]
+    for i, (s, path) in enumerate(zip(shape.slots, shape.slot_paths())):
+        member, lines, value_word = _arg_code(i, s, value_word, path)
         members.append(f"  {member}  // {shape.names[i]}: {s.code()}")
         body += [f"  {line}" for line in lines]
     pack, n_desc = [], 0
@@ -220,7 +277,7 @@ def generate(shape: Shape, module_name: str) -> str:
             pack.append(f"    DescParams d{n_desc};")
             pack.append(f"    if (e->is_param[{i}]) np += pack_tensor_desc(e->kernel->meta().tensordesc, "
                         f"e->kernel->meta().tensordesc_abi, {n_desc}, a.s{i}, d{n_desc}, params + np, kernel->name(), "
-                        f"kNames[{i}]);")
+                        f"\"{shape.names[i]}\");")
             n_desc += 1
         else:
             pack.append(f"    if (e->is_param[{i}]) params[np++] = &a.s{i};")
@@ -228,8 +285,9 @@ def generate(shape: Shape, module_name: str) -> str:
               + ("Py_NewRef(Py_None)" if s.kind == "constexpr" else f"desc_tuple(a.s{i})" if s.kind == "desc" else
                  f"PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&a.s{i}), sizeof(a.s{i}))") + ");"
               for i, s in enumerate(shape.slots)]
-    n_params = f"kArgs + 1 + {n_desc} * kMaxDescParams"
-    names = ", ".join(f'"{nm}"' for nm in shape.names) or '""'
+    n_params = f"kSlots + 1 + {n_desc} * kMaxDescParams"
+    # The call's argument names (a tuple argument is one name): what a grid callable sees.
+    names = ", ".join(f'"{nm}"' for nm in shape.arg_names) or '""'
     # Plain CPython API, no pybind11: its headers made a stub's build take ~5 s of g++.
     return f"""// Generated by lazytriton.stubgen for argument shape {shape.digest()}. Do not edit.
 #include <Python.h>
@@ -242,7 +300,8 @@ using namespace lt;
 using namespace lt::pyargs;
 
 namespace {{
-constexpr Py_ssize_t kArgs = {n};
+constexpr Py_ssize_t kArgs = {n_args};  // call arguments
+constexpr Py_ssize_t kSlots = {n};  // their leaves (a tuple argument has one per element)
 constexpr size_t kKeyWords = {words};
 constexpr uint64_t kShapeWord = 0x{shape.shape_word():016x}ULL;  // the key's last word
 const char* kNames[] = {{{names}}};
@@ -307,15 +366,15 @@ PyObject* key(PyObject*, PyObject* args) {{
   return key_tuple(a);
 }}
 
-// params(args) -> per argument, the bytes the stub passes to the kernel (None for
+// params(args) -> per slot (leaf), the bytes the stub passes to the kernel (None for
 // a constexpr slot), or None (not this stub's shape). For tests: no GPU needed.
 PyObject* params(PyObject*, PyObject* args) {{
   Args a;
   if (!read(args, a)) Py_RETURN_NONE;
-  PyObject* t = PyTuple_New(kArgs);
+  PyObject* t = PyTuple_New(kSlots);
   if (!t) return nullptr;
 {chr(10).join(packed)}
-  for (Py_ssize_t i = 0; i < kArgs; ++i)
+  for (Py_ssize_t i = 0; i < kSlots; ++i)
     if (!PyTuple_GET_ITEM(t, i)) return Py_DECREF(t), nullptr;
   return t;
 }}
@@ -395,8 +454,9 @@ def generic_stub(shape: Shape):
     d = shape.digest()
     stub = _generic.get(d)
     if stub is None:
+        layout = () if shape.flat else (shape.args, shape.paths, shape.tuples)
         stub = _generic.setdefault(d, _generic_stub.Stub(shape.names, shape.table(), shape.key_words(),
-                                                         shape.shape_word()))
+                                                         shape.shape_word(), *layout))
     return stub
 
 

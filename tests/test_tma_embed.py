@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import lazytriton
-from lazytriton import _core, bundle, export_cpp, paths, tensor_desc
+from lazytriton import _core, bundle, export_cpp, paths, tensor_desc, tuples
 from lazytriton.arrays import DeviceArray, PointerArg
 from lazytriton.compiler import Binder, Candidate, compile_all, default_target
 from lazytriton.runtime import Resolved
@@ -75,8 +75,8 @@ def test_export_cpp_takes_descriptors_by_reference():
     assert 'kSignature = "tensordesc<fp16[64, 64]>,*fp16"' in source
     with pytest.raises(ValueError, match="argument in_desc: unknown type 'tensordesc<fp16>'"):
         export_cpp.generate(desc, "tensordesc<fp16>, *fp16", {"M": 64, "N": 64})
-    assert export_cpp.split_signature("tensordesc<fp16[64,64]>,*fp16, i32") == [
-        "tensordesc<fp16[64,64]>", "*fp16", "i32"]
+    assert tuples.split_top("tensordesc<fp16[64,64]>,*fp16, [i32, tensordesc<fp32[8, 16]>]") == [
+        "tensordesc<fp16[64,64]>", "*fp16", "[i32, tensordesc<fp32[8, 16]>]"]
 
 
 API_TEST = r"""

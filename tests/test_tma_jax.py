@@ -62,12 +62,12 @@ def copy(x, block, **kw):
 def test_lowering_describes_the_descriptor(cache_dir):
     before = lazytriton.stats()["compiles"]
     d = descriptor(lower(lambda x: copy(x, (32, 64), padding="nan"), jax.ShapeDtypeStruct((64, 128), jnp.float16)))
-    assert d["v"] == jax_ffi.DESCRIPTOR_VERSION == 5
+    assert d["v"] == jax_ffi.DESCRIPTOR_VERSION == 6
     a = d["args"][0]
-    assert a == {"buffer": 0, "dtype": "fp16", "shape": [64, 128],
+    assert a == {"buffer": 0, "dtype": "fp16", "shape": [64, 128], "name": "in_desc",
                  "desc": {"shape": [64, 128], "strides": [128, 1], "block": [32, 64], "padding": "nan",
                           "tf32": False}}
-    assert d["args"][1] == {"buffer": 1, "dtype": "fp16", "shape": [32, 64]}  # the output
+    assert d["args"][1] == {"buffer": 1, "dtype": "fp16", "shape": [32, 64], "name": "out_ptr"}  # the output
     assert lazytriton.stats()["compiles"] == before
 
 

@@ -150,28 +150,6 @@ bool parse_desc_type(const std::string& t, int* dtype, int* rank, int64_t* block
   return true;
 }
 
-// A signature's types: split on commas outside [] and <> (a descriptor's block has commas).
-std::vector<std::string> split_signature(const std::string& sig) {
-  std::vector<std::string> out;
-  std::string cur;
-  int depth = 0;
-  for (char ch : sig) {
-    if (ch == '[' || ch == '<') ++depth;
-    if (ch == ']' || ch == '>') --depth;
-    if (ch == ',' && depth == 0) {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += ch;
-    }
-  }
-  out.push_back(cur);
-  for (auto& t : out) {
-    t.erase(0, t.find_first_not_of(" \t"));
-    t.erase(t.find_last_not_of(" \t") + 1);
-  }
-  return out;
-}
 
 bool scalar_type(std::string_view name, Ty* out) {
   for (const auto& s : kScalarTypes)
@@ -206,6 +184,10 @@ struct Variant {
   Constants constexprs;  // sorted by name
   std::vector<std::pair<std::string, json::Value>> key_values;
   std::vector<bool> is_param;  // per call parameter
+  // Tuple arguments: per call parameter "" or its nesting ("[_,[_,_]]"); types,
+  // specs and is_param then have one entry per leaf (a tuple's elements, in
+  // order). Empty: no tuple argument.
+  std::vector<std::string> layout;
   Constants meta;
   LaunchMeta launch;
   std::string cubin_file;  // relative to the bundle
@@ -334,9 +316,59 @@ std::shared_ptr<Variant> variant_from(const json::Value& v, const KernelDesc& d,
   out->launch = launch_from(v.at("launch", what), what + ".launch");
   out->cubin_file = v.at("cubin", what).as_string(what + ".cubin");
   size_t n = d.params.size();
+  if (const json::Value* l = v.find("layout"); l && l->kind != json::Value::kNull) {
+    out->layout = strings_from(*l, what + ".layout");
+    if (out->layout.size() != n) throw Error(what + ": layout does not have one entry per argument of " + kernel_label(d));
+    n = 0;
+    for (const auto& s : out->layout) n += s.empty() ? 1 : size_t(std::count(s.begin(), s.end(), '_'));
+  }
   if (out->types.size() != n || out->specs.size() != n || out->is_param.size() != n)
-    throw Error(what + ": types/specs/is_param do not have one entry per argument of " + kernel_label(d));
+    throw Error(what + ": types/specs/is_param do not have one entry per argument (leaf) of " + kernel_label(d));
   return out;
+}
+
+// Splits a signature at the commas outside brackets: "[*fp32,i32],i32" -> "[*fp32,i32]", "i32".
+std::vector<std::string> split_top(std::string_view sig, const std::string& what) {
+  std::vector<std::string> out;
+  int depth = 0;
+  std::string cur;
+  auto flush = [&] {
+    size_t b = cur.find_first_not_of(" \t"), e = cur.find_last_not_of(" \t");
+    out.push_back(b == std::string::npos ? std::string() : cur.substr(b, e - b + 1));
+    cur.clear();
+  };
+  for (char ch : sig) {
+    depth += ch == '[';
+    depth -= ch == ']';
+    if (depth < 0) throw Error(what + ": unbalanced ']' in '" + std::string(sig) + "'");
+    if (ch == ',' && depth == 0) flush();
+    else cur += ch;
+  }
+  if (depth) throw Error(what + ": unbalanced '[' in '" + std::string(sig) + "'");
+  flush();
+  if (out.size() == 1 && out[0].empty()) out.clear();
+  return out;
+}
+
+// A tuple type "[*fp32,[i32,fp32]]" (Triton's spelling): each leaf's path
+// suffix ("[1][0]") and type, in order, and the nesting ("[_,[_,_]]").
+void tuple_leaves(const std::string& t, const std::string& path, std::vector<std::pair<std::string, std::string>>& leaves,
+                  std::string& structure, const std::string& what) {
+  if (t.size() < 2 || t.front() != '[' || t.back() != ']') throw Error(what + ": bad tuple type '" + t + "'");
+  structure += '[';
+  std::vector<std::string> items = split_top(std::string_view(t).substr(1, t.size() - 2), what);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) structure += ',';
+    std::string p = path + "[" + std::to_string(i) + "]";
+    if (items[i].empty()) throw Error(what + ": empty element in tuple type '" + t + "'");
+    if (items[i][0] == '[') {
+      tuple_leaves(items[i], p, leaves, structure, what);
+    } else {
+      leaves.emplace_back(p, items[i]);
+      structure += '_';
+    }
+  }
+  structure += ']';
 }
 
 std::string read_file(const std::string& path, bool* found) {
@@ -585,7 +617,8 @@ struct BundleKernel::Impl {
   std::string label;  // "kernel add_kernel"
   std::string signature;
   std::vector<RtArg> args;
-  std::vector<std::string> call_types;  // per call parameter, as variants spell them
+  std::vector<std::string> call_types;  // per leaf (a call parameter, or a tuple's element), as variants spell them
+  std::vector<std::string> layout;  // per call parameter: "" or a tuple argument's nesting ("[_,[_,_]]")
   Constants constexprs;  // sorted: call constexprs, None'd pointers, options
   Constants options;
   std::vector<std::string> key_names;  // by key word, after the context and the bits
@@ -636,11 +669,12 @@ struct BundleKernel::Impl {
 
 void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
   signature = sig;
-  std::vector<std::string> types = split_signature(sig);
-  for (const std::string& t : types)
+  // Entries at the commas outside brackets: a tuple argument is one entry, "[*fp32,[i32,fp32]]";
+  // a descriptor's block shape, "tensordesc<fp16[64, 64]>", stays in its entry too.
+  std::vector<std::string> types = split_top(sig, label + ": signature");
+  for (const auto& t : types)
     if (t.find(':') != std::string::npos)
       fail("signature entry '" + t + "': give types only; the specialization (:16, :1) comes from the arguments");
-  if (types.size() == 1 && types[0].empty()) types.clear();
   check_constexprs(given);
   size_t next = 0;
   for (const ParamDesc& p : desc.params) bind_param(p, types, next, given);
@@ -695,8 +729,34 @@ void BundleKernel::Impl::bind_param(const ParamDesc& p, std::vector<std::string>
     if (!value && !p.has_default) fail("constexpr " + p.name + " needs a value (pass it in constexprs)");
     constexprs.emplace_back(p.name, value ? *value : p.dflt);
     call_types.push_back("constexpr");
+    layout.emplace_back();
     return;
   }
+  if (next < types.size() && !types[next].empty() && types[next][0] == '[') {
+    // A tuple argument: one runtime argument per element, in order, each
+    // specialized as Triton specializes tuple elements (alignment, == 1 and
+    // % 16 on, whatever the parameter says; no annotation).
+    if (!p.annotation.empty()) fail("argument " + p.name + " is annotated " + p.annotation + ", not a tuple");
+    std::vector<std::pair<std::string, std::string>> leaves;
+    std::string structure;
+    tuple_leaves(types[next++], "", leaves, structure, label + ": argument " + p.name);
+    ParamDesc elem = p;
+    elem.annotation.clear();
+    elem.specialize = elem.align = true;
+    for (const auto& [suffix, type] : leaves) {
+      RtArg r;
+      r.name = p.name + suffix;
+      r.call_index = call_types.size();
+      r.type = type;
+      if (r.type[0] == '[') fail_arg(r, "bad type '" + r.type + "'");
+      check_type(r, elem);
+      call_types.push_back(r.type);
+      args.push_back(r);
+    }
+    layout.push_back(structure);
+    return;
+  }
+  layout.emplace_back();
   RtArg r;
   r.name = p.name;
   r.call_index = call_types.size();
@@ -744,7 +804,9 @@ void BundleKernel::Impl::check_type(RtArg& r, const ParamDesc& p) {
 }
 
 bool BundleKernel::Impl::compatible(const Variant& v) const {
-  return v.types == call_types && v.constexprs == constexprs;
+  if (v.types != call_types || v.constexprs != constexprs) return false;
+  if (v.layout.empty()) return std::all_of(layout.begin(), layout.end(), [](const auto& l) { return l.empty(); });
+  return v.layout == layout;
 }
 
 std::string BundleKernel::Impl::variant_list() const {
@@ -1097,17 +1159,27 @@ ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
   req.options = options;
   req.stream = rc.stream;
   if (rc.grid) req.grid = *rc.grid;
-  size_t next = 0;
+  if (std::any_of(layout.begin(), layout.end(), [](const auto& l) { return !l.empty(); })) req.layouts = layout;
+  size_t next = 0, leaf = 0;
   for (size_t i = 0; i < desc.params.size(); ++i) {
-    CallValue cv;
-    cv.name = desc.params[i].name;
-    cv.type = call_types[i];
-    if (call_types[i] == "constexpr") {
+    if (call_types[leaf] == "constexpr") {
+      CallValue cv;
+      cv.name = desc.params[i].name;
+      cv.type = "constexpr";
       cv.is_constexpr = true;
       cv.constant = std::find_if(constexprs.begin(), constexprs.end(), [&](const auto& kv) { return kv.first == cv.name; })->second;
-    } else {
-      const Arg& a = rc.args[next];
-      const RtArg& r = args[next++];
+      req.values.push_back(std::move(cv));
+      ++leaf;
+      continue;
+    }
+    // One runtime argument, or each element of a tuple argument (in order).
+    size_t n = layout[i].empty() ? 1 : size_t(std::count(layout[i].begin(), layout[i].end(), '_'));
+    for (size_t k = 0; k < n; ++k, ++leaf) {
+      CallValue cv;
+      cv.name = args[next].name;
+      cv.type = call_types[leaf];
+      const RtArg& r = args[next];
+      const Arg& a = rc.args[next++];
       cv.is_pointer = a.kind() == Arg::kPointer;
       cv.ptr = DevicePtr(static_cast<unsigned long long>(a.bits()));
       cv.ptr.nbytes = a.nbytes();
@@ -1116,8 +1188,8 @@ ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
         cv.is_desc = true;
         cv.desc = rc.call->descs[rc.call->slots[next - 1]];
       }
+      req.values.push_back(std::move(cv));
     }
-    req.values.push_back(std::move(cv));
   }
   return req;
 }

@@ -143,7 +143,10 @@ class PythonResolver : public Resolver {
       py::dict options;
       for (const auto& [k, c] : r.options) options[py::str(k)] = constant_to_python(c);
       auto stream = reinterpret_cast<uint64_t>(r.stream);
-      py::tuple out = module().attr("resolve")(r.bundle_dir, r.source, values, options, grid_to_python(r), stream);
+      py::object layouts = py::none();  // tuple arguments: how their elements in `values` nest
+      if (!r.layouts.empty()) layouts = py::cast(r.layouts);
+      py::tuple out =
+          module().attr("resolve")(r.bundle_dir, r.source, values, options, grid_to_python(r), stream, layouts);
       ++g_resolutions;
       return {out[0].cast<std::string>(), out[1].cast<std::string>()};
     } catch (py::error_already_set& e) {

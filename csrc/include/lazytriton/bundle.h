@@ -261,7 +261,10 @@ class Bundle {
   // ("*fp32,*fp32,i32"): pointers "*dtype", ints i32/i64/u64 (Triton's class
   // of the values passed) or the annotated type, fp32, u1. `constexprs` gives
   // constexpr arguments (defaults fill the rest), compile options (num_warps,
-  // ...) and None for pointer arguments left out. Throws lt::Error if the
+  // ...) and None for pointer arguments left out. A tuple argument is one
+  // entry in Triton's spelling of a tuple type, "[*fp32,[*fp32,fp32]]", and
+  // its elements are passed at launch as separate arguments, in order
+  // (arg_names() calls them "xs[0]", "xs[1][0]", ...). Throws lt::Error if the
   // kernel is unknown, the signature does not fit it, or (without lazy mode)
   // the bundle has no winner for this signature and constexprs.
   BundleKernel kernel(const std::string& name, const std::string& signature, const Constants& constexprs = {}) const;
@@ -299,7 +302,10 @@ struct CallValue {
 struct ResolveRequest {
   std::string bundle_dir;
   std::string source;  // "module:function"
-  std::vector<CallValue> values;  // the kernel's call arguments, in order
+  std::vector<CallValue> values;  // the kernel's call arguments, in order (a tuple argument: its elements)
+  // Per call parameter, "" or a tuple argument's nesting ("[_,[_,_]]", one '_'
+  // per element of `values`); empty when the call has no tuple argument.
+  std::vector<std::string> layouts;
   Constants options;  // compile options (num_warps, ...)
   cu::CUstream stream = nullptr;
   GridFn grid;  // the caller's grid (empty if none was given)
