@@ -112,7 +112,8 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     assert sum(r.startswith("matmul ") and r.endswith(": lazytriton") for r in tp) == 3  # the matmul at 3 shapes
     for w in ("vector add", "softmax", "layer norm", "permute rows", "in-place scale"):
         assert any(r.startswith(w) for r in tp) and any(r.startswith(w) for r in rows["jax_throughput"])
-    assert any("XLA's op" in r for r in rows["jax_throughput"]) and any("jax-triton" in r for r in rows["jax_throughput"])
+    jtp = rows["jax_throughput"]
+    assert any("XLA's op" in r for r in jtp) and any("jax-triton" in r for r in jtp)
     assert any(r.startswith("matmul") for r in rows["tuning"]) and "vector add 64M fp32" not in rows["tuning"]
     assert len(rows["first_call"]) == 7 and any("warm" in r for r in rows["first_call"])
     # The hook for the TMA matmul and flash attention: skipped with a note while their module is absent.
@@ -120,10 +121,11 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     assert any(n.startswith("flash attention forward: skipped (hook)") for n in notes)
     assert any("distributed" in n and "2 GPUs" in n for n in notes)
     # Budgets: the full suite in 3 processes fits a 10-minute device call; quick is about 2 minutes.
-    assert plan.estimate_s(full, 3) <= 7 * 60
+    assert plan.estimate_s(full, 3) <= 7.25 * 60
     quick, _ = plan.build("quick", gpus=1, importable=_all)
-    assert plan.estimate_s(quick, cli.DEFAULT_PROCESSES["quick"]) <= 2.5 * 60
-    assert "cold-jax-runtime-handler" not in [g.name for g in quick]
+    assert plan.estimate_s(quick, cli.DEFAULT_PROCESSES["quick"]) <= 2.4 * 60
+    assert {"cold-jax-runtime-handler", "warm-jax"}.isdisjoint(g.name for g in quick)
+    assert "small" not in next(g for g in quick if g.name == "torch").rows
     two, _ = plan.build("full", gpus=2, importable=_all)
     assert "distributed" in [g.name for g in two]
 
@@ -313,7 +315,8 @@ def _first_call_output(group: str, first: float) -> dict:
                                  "at": first - 0.05}])
     elif group == "cold-jax":
         raw.update(lower_s=0.01, xla_compile_s=0.1, execute_s=first - 0.11, backend_s=1.0,
-                   resolutions=[{"kernel": "m", "candidates": 8, "compiled_s": 0.7, "tuned_s": 1.0, "at": first - 0.02}])
+                   resolutions=[{"kernel": "m", "candidates": 8, "compiled_s": 0.7, "tuned_s": 1.0,
+                                 "at": first - 0.02}])
     return {"first_call": cold.section([cold.to_row(group, raw)], [])}
 
 
@@ -363,8 +366,8 @@ def test_report_and_every_plot_from_a_synthetic_results_json(tmp_path):
         assert (tmp_path / f"{png}.png").stat().st_size > 5000, png
         assert f"]({png}.png)" in md
     assert "| raw cuLaunchKernel loop (C++) (floor) | 2.7" in md and "| 1.00x |" in md
-    assert re.search(r"\| Triton's launcher kernel\[grid\]\(\.\.\.\) \| 11\.\d \| [\d.]+-[\d.]+ \| [\d.]+-[\d.]+ \| 4\.\d+x",
-                     md)
+    triton_row = r"\| Triton's launcher kernel\[grid\]\(\.\.\.\) \| 11\.\d \| [\d.]+-[\d.]+ \| [\d.]+-[\d.]+ \| 4\.\d+x"
+    assert re.search(triton_row, md)
     assert "**WRONG RESULT**" in md and "handler runs/kernel 0.000" in md
     assert "FAILED (exit 1" in md and "**Failed processes:**" in md
     assert "Ceilings measured in this run: copy 4201 GB/s, fp16 matmul 700 TFLOP/s." in md
@@ -419,7 +422,7 @@ def test_ffi_floor_handlers_build_and_every_chain_lowers_for_cuda(tmp_path, monk
 
 
 def test_jax_workload_paths_lower_for_cuda_and_their_checks_can_fail():
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
     import numpy as np
 

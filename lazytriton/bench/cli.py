@@ -26,7 +26,7 @@ DEFAULT_PROCESSES = {"cpu": 1, "quick": 1, "full": 3}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", choices=plan.SUITES, default=None,
                    help="cpu: what needs no GPU (CI); quick: about 2 minutes on a GPU, one process per group; full: "
-                        "every system, workload and shape (about 6.5 minutes with --processes 3) "
+                        "every system, workload and shape (about 7 minutes with --processes 3) "
                         "(default: quick with a GPU, else cpu)")
     p.add_argument("--out", default="lazytriton-bench", help="directory for results.json, report.md and plots")
     p.add_argument("--processes", type=int, default=None,

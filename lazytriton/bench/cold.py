@@ -141,7 +141,7 @@ ROWS = [
      ("quick", "full"), "torch"),
     ("cold-jax", "lazytriton.jax, cold", "lazytriton", JAX_LAZY, {}, None, ("quick", "full"), "jax"),
     ("warm-jax", "lazytriton.jax, warm (new process, persisted winner)", "lazytriton", JAX_LAZY, {}, "cold-jax",
-     ("quick", "full"), "jax"),
+     ("full",), "jax"),
     ("cold-jax-runtime-handler", "lazytriton.jax, cold, FFI handler built at run time", "lazytriton", JAX_LAZY,
      {"LAZYTRITON_PREBUILT_HANDLER": "0"}, None, ("full",), "jax"),
     ("cold-jax-triton", "jax-triton, cold", "other", JAX_TRITON, {}, None, ("quick", "full"), "jax_triton"),

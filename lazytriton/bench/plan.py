@@ -52,11 +52,12 @@ def build(suite: str, gpus: int, importable=cold.importable) -> tuple[list[Group
     q = (lambda a, b: b) if full else (lambda a, b: a)  # noqa: E731  (quick, full)
     groups = [
         Group("torch", "launch cost (Python paths, C++ program, floors) and launch-bound sizes",
-              {"launch": torch_group.launch_rows(suite), "small": torch_group.small_rows(suite)},
-              needs=("torch",), est_s=(q(20, 30), q(8, 12))),
+              {"launch": torch_group.launch_rows(suite),
+               **({"small": torch_group.small_rows(suite)} if full else {})},
+              needs=("torch",), est_s=(q(14, 30), q(7, 12))),
         Group("throughput", "tuned workloads: kernel time, rate vs the device's ceilings, tuning quality",
               {"throughput": throughput_group.throughput_rows(suite), "tuning": throughput_group.tuning_rows(suite)},
-              needs=("torch",), est_s=(q(25, 40), q(12, 18))),
+              needs=("torch",), est_s=(q(25, 40), q(12, 20))),
         Group("jax-cb-on", "JAX, command buffers on: 32-kernel chain and tuned workloads",
               {"chain": [r for r, _, _ in jax_group.chain_rows(True)],
                "jax_throughput": jax_group.throughput_rows(suite)},
@@ -94,8 +95,11 @@ def processes_of(g: Group, n: int) -> int:
     return 1 if g.once else n
 
 
+REPORT_S = 10.0  # the runner's start, report.md and the plots
+
+
 def estimate_s(groups: list[Group], n: int) -> float:
-    return sum(g.est_s[0] + (processes_of(g, n) - 1) * g.est_s[1] for g in groups)
+    return REPORT_S + sum(g.est_s[0] + (processes_of(g, n) - 1) * g.est_s[1] for g in groups)
 
 
 def schedule(groups: list[Group], n: int) -> list[tuple[Group, int]]:

@@ -35,7 +35,7 @@ def run(progress, suite: str) -> dict:
     from .workloads import optional_workloads
 
     notes += optional_workloads(suite)[1]
-    rep = 200 if suite == "full" else 100
+    rep = 100  # ms of do_bench per row: hundreds of samples of these 40-400 us kernels
     for w in throughput_workloads(suite):
         if w.torch is None:
             continue

@@ -44,7 +44,10 @@ def small_rows(suite: str) -> list[str]:
 
 
 def run(progress, suite: str) -> dict:
-    return {"sections": {"launch": _launch(progress, suite), "small": _small(progress, suite)}}
+    sections = {"launch": _launch(progress, suite)}
+    if small_workloads(suite):
+        sections["small"] = _small(progress, suite)
+    return {"sections": sections}
 
 
 def _launch(progress, suite: str) -> dict:

@@ -437,16 +437,18 @@ def throughput_workloads(suite: str) -> list[Workload]:
 
 
 def small_workloads(suite: str) -> list[Workload]:
-    """Launch-bound sizes: what a call costs back to back (host clock)."""
+    """Launch-bound sizes: what a call costs back to back (host clock); the full suite only."""
+    full = ("full",)
     out = [
         Workload("softmax 32x1024 fp16", bytes=4 * 32 * 1024, flops=4 * 32 * 1024, bound="memory",
-                 torch=_t_softmax(32, 1024)),
+                 torch=_t_softmax(32, 1024), suites=full),
         Workload("layer norm 32x1024 fp16", bytes=4 * 32 * 1024, flops=7 * 32 * 1024, bound="memory",
-                 torch=_t_layer_norm(32, 1024)),
-        _mm(128, 128, 128, suites=("full",)),
-        Workload("permute rows 64x256 fp32", bytes=8 * 64 * 256, flops=0, bound="memory", torch=_t_permute(64, 256)),
+                 torch=_t_layer_norm(32, 1024), suites=full),
+        _mm(128, 128, 128, suites=full),
+        Workload("permute rows 64x256 fp32", bytes=8 * 64 * 256, flops=0, bound="memory", torch=_t_permute(64, 256),
+                 suites=full),
         Workload("in-place scale 4096 fp32", bytes=8 * 4096, flops=4096, bound="memory", torch=_t_inplace(4096),
-                 suites=("full",)),
+                 suites=full),
     ]
     return [w for w in out if suite in w.suites]
 
