@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 from .common import row, why
+from .timing import interleaved
 from .workloads import throughput_workloads
 
 
@@ -26,16 +28,22 @@ def tuning_rows(suite: str) -> list[str]:
     return [w.name for w in throughput_workloads(suite) if w.torch is not None and w.tuning]
 
 
+def device_us(fn, rep_ms: float):
+    """A path for timing.interleaved: each sample is the median device time of
+    fn over rep_ms of triton.testing.do_bench (L2 flushed before every run)."""
+    from triton.testing import do_bench
+
+    return lambda b: do_bench(fn, warmup=5, rep=rep_ms, return_mode="median") * 1e-3 * b
+
+
 def run(progress, suite: str) -> dict:
     import torch
-    from triton.testing import do_bench
 
     ceil = ceilings(progress)
     rows, tuning, notes = [], [], []
     from .workloads import optional_workloads
 
     notes += optional_workloads(suite)[1]
-    rep = 100  # ms of do_bench per row: hundreds of samples of these 40-400 us kernels
     for w in throughput_workloads(suite):
         if w.torch is None:
             continue
@@ -47,22 +55,23 @@ def run(progress, suite: str) -> dict:
             s["run"]()
             torch.cuda.synchronize()
             correct = bool(s["check"]())
-            lazy = do_bench(s["run"], warmup=20, rep=rep, return_mode="all")
-            ref = do_bench(s["ref"], warmup=20, rep=rep, return_mode="all")
+            # lazytriton and torch's op in alternating rounds: drift hits both alike
+            got = interleaved({"lazy": device_us(s["run"], 25), "ref": device_us(s["ref"], 25)},
+                              torch.cuda.synchronize, rounds=8, batch=1)
         except Exception as exc:  # noqa: BLE001
             notes.append(f"{w.name}: not measured ({why(exc)})")
             continue
         unit = "TFLOP/s" if w.bound == "compute" else "GB/s"
         ceiling = ceil["matmul_TFLOPs"] if w.bound == "compute" else ceil["copy_GBps"]
 
-        def rate(ms):
-            return w.flops / ms / 1e9 if w.bound == "compute" else w.bytes / ms / 1e6
+        def rate(us):
+            return w.flops / us / 1e6 if w.bound == "compute" else w.bytes / us / 1e3
 
         common = dict(workload=w.name, rate_unit=unit, ceiling=ceiling, bound=w.bound, bytes=w.bytes, flops=w.flops)
-        rows.append(row(f"{w.name}: lazytriton", "lazytriton", [t * 1e3 for t in lazy], correct=correct,
-                        rate=[rate(t) for t in lazy], **common))
-        rows.append(row(f"{w.name}: torch", "other", [t * 1e3 for t in ref], op=s["ref_name"],
-                        rate=[rate(t) for t in ref], **common))
+        rows.append(row(f"{w.name}: lazytriton", "lazytriton", got["lazy"], correct=correct,
+                        rate=[rate(t) for t in got["lazy"]], **common))
+        rows.append(row(f"{w.name}: torch", "other", got["ref"], op=s["ref_name"],
+                        rate=[rate(t) for t in got["ref"]], **common))
         if not correct:
             notes.append(f"{w.name}: lazytriton gave a WRONG result")
         if w.tuning:
@@ -70,7 +79,8 @@ def run(progress, suite: str) -> dict:
                 tuning.append(_tuning_quality(w.name, s, progress))
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{w.name}: tuning quality not measured ({why(exc)})")
-    notes.append("device time (triton.testing.do_bench medians, L2 flushed); rate = bytes moved (or flops) / time, "
+    notes.append("device time: each sample the median of 25 ms of triton.testing.do_bench (L2 flushed), 8 rounds "
+                 "alternating lazytriton and torch's op; rate = bytes moved (or flops) / time, "
                  "against the device's copy bandwidth (a 1 GiB copy) and fp16 matmul rate (8192^3 torch.matmul) "
                  "measured in the same process")
     return {"sections": {
@@ -100,7 +110,6 @@ def ceilings(progress) -> dict:
 def _tuning_quality(name: str, s: dict, progress) -> dict:
     """Chosen config (a fresh re-tune) vs every config timed with Triton's own launch."""
     import torch
-    from triton.testing import do_bench
 
     import lazytriton
 
@@ -122,16 +131,23 @@ def _tuning_quality(name: str, s: dict, progress) -> dict:
     rec = fresh.records[-1]
     chosen = rec.winner_index
     tuned_ms = [c.get("time_ms") for c in rec.candidates]
-    times = []
-    for cfg in kernel.configs:
+    # Every config through Triton's own launch, in interleaved rounds; one that
+    # cannot run (out of resources) cannot win.
+    paths, failed = {}, set()
+    for i, cfg in enumerate(kernel.configs):
         meta = {**cfg.kwargs, **s["meta"]}
         g = s["grid"](meta)
-        launch = lambda: kernel.fn[g](*s["args"], **meta, num_warps=cfg.num_warps,  # noqa: E731
-                                      num_stages=cfg.num_stages)
+        launch = (lambda g, meta, cfg: lambda: kernel.fn[g](*s["args"], **meta, num_warps=cfg.num_warps,
+                                                            num_stages=cfg.num_stages))(g, meta, cfg)
         try:
-            times.append(do_bench(launch, warmup=10, rep=50, return_mode="median") * 1e3)
-        except Exception:  # noqa: BLE001  (out of resources: cannot win)
-            times.append(float("inf"))
+            launch()  # compiles (Triton's cache) and runs once
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001
+            failed.add(i)
+            continue
+        paths[i] = device_us(launch, 10)
+    got = interleaved(paths, torch.cuda.synchronize, rounds=3, batch=1)
+    times = [float("inf") if i in failed else statistics.median(got[i]) for i in range(len(kernel.configs))]
     best = min(range(len(times)), key=lambda i: times[i])
     progress(f"tuning: {name}: chose config {chosen}, best {best} ({times[chosen] / times[best]:.3f}x)")
     return row(name, "lazytriton", [tune_s * 1e3], configs=[str(c) for c in kernel.configs], times_us=times,
