@@ -10,8 +10,8 @@ it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``): the caller's
 CUDA context is never forked, and a process that never calls a kernel only
 pays for one idle process.
 
-A child compiles ``triton.compile(ASTSource(fn, ...), target=...)`` for a
-kernel it imports by module and qualified name, and returns the
+A child compiles ``triton.compile(ASTSource(fn, ...), target=...)`` (a Gluon
+kernel: ``GluonASTSource``) for a kernel it imports by module and qualified name, and returns the
 CompiledBinary (Triton's own cache is filled as a side effect). It checks that
 the function it imported has the caller's ``cache_key``, so a source file
 edited since the caller imported it is never compiled in its place. Kernels
@@ -113,7 +113,7 @@ def worker_job(spec, target, bound) -> dict | None:
     addr = kernel_address(spec.fn)
     if addr is None:
         return None
-    job = {"module": addr[0], "qualname": addr[1], "cache_key": spec.fn.cache_key,
+    job = {"module": addr[0], "qualname": addr[1], "cache_key": spec.fn.cache_key, "gluon": spec.gluon,
            "signature": bound.signature, "constexprs": bound.constexprs, "attrs": bound.attrs,
            "options": dict(bound.options.__dict__), "target": target, "sys_path": list(sys.path)}
     try:
@@ -266,10 +266,12 @@ def start() -> None:
 
 # -- the server: python -m lazytriton.compile_pool N -----------------------------------------
 
-def _import_kernel(module: str, qualname: str, cache_key: str):
+def _import_kernel(module: str, qualname: str, cache_key: str, gluon: bool = False):
     import importlib
 
     from triton.runtime.jit import JITFunction
+
+    from .spec import is_gluon
 
     try:
         obj = importlib.import_module(module)
@@ -282,6 +284,9 @@ def _import_kernel(module: str, qualname: str, cache_key: str):
         obj, seen = obj.fn, seen + 1
     if not isinstance(obj, JITFunction):
         raise WorkerUnavailable(f"{module}.{qualname} is not a Triton kernel in the worker")
+    if is_gluon(obj) != gluon:
+        raise WorkerUnavailable(f"{module}.{qualname} is {'not ' if gluon else ''}a Gluon kernel in the worker, unlike "
+                                "the caller's")
     if obj.cache_key != cache_key:
         raise WorkerUnavailable(f"{module}.{qualname} differs from the caller's (source edited since it was imported?)")
     return obj
@@ -289,15 +294,15 @@ def _import_kernel(module: str, qualname: str, cache_key: str):
 
 def _compile(job: dict):
     import triton
-    from triton.compiler import ASTSource
 
     from .cache import CompiledBinary
+    from .compiler import ast_source
 
     if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         sys.path[:] = [here] + [p for p in job["sys_path"] if not _shadows(p or ".", here)]
-    fn = _import_kernel(job["module"], job["qualname"], job["cache_key"])
-    src = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
+    fn = _import_kernel(job["module"], job["qualname"], job["cache_key"], job.get("gluon", False))
+    src = ast_source(fn, job["signature"], job["constexprs"], job["attrs"])  # Gluon kernels: GluonASTSource
     return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["options"]))
 
 

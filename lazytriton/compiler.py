@@ -18,7 +18,7 @@ from triton.runtime.jit import create_function_from_signature
 
 from . import compile_pool
 from .cache import CompiledBinary
-from .spec import KernelSpec
+from .spec import KernelSpec, is_gluon
 
 log = logging.getLogger("lazytriton.compiler")
 
@@ -79,8 +79,18 @@ class Candidate:
         return f"config {self.index} ({self.config})" if self.config is not None else "default config"
 
 
+def ast_source(fn, signature: dict, constexprs: dict, attrs: dict):
+    """Triton's source object for one specialization of `fn`. A Gluon kernel
+    needs Gluon's own (GluonASTSource: its IR starts at TTGIR, with the module's
+    warp and CTA counts set first), as GluonJITFunction.create_binder picks."""
+    if is_gluon(fn):
+        from triton.experimental.gluon._runtime import GluonASTSource
+        return GluonASTSource(fn, signature, constexprs, attrs)
+    return ASTSource(fn, signature, constexprs, attrs)
+
+
 def compile_one(spec: KernelSpec, target: GPUTarget, bound: Bound) -> CompiledBinary:
-    src = ASTSource(spec.fn, bound.signature, bound.constexprs, bound.attrs)
+    src = ast_source(spec.fn, bound.signature, bound.constexprs, bound.attrs)
     kernel = triton.compile(src, target=target, options=bound.options.__dict__)
     return CompiledBinary.from_triton(kernel)
 
