@@ -47,6 +47,12 @@ class Bound:
         return [t for t in self.signature.values() if t != "constexpr"]
 
 
+# Options JITFunction.run sets from Triton's knobs on every call (3.6: instrumentation_mode;
+# 3.7+: fpsan_homomorphic_casts too; 3.5: neither): passed where this Triton has the knob
+# and its backend the option. tests/triton_versions/check.py compares with Triton's run.
+_KNOB_OPTIONS = ("instrumentation_mode", "fpsan_homomorphic_casts")
+
+
 class Binder:
     """Triton's own argument binder/specializer for one kernel and target."""
 
@@ -54,10 +60,15 @@ class Binder:
         self.spec, self.target = spec, target
         self.backend = make_backend(target)
         self._bind = create_function_from_signature(spec.fn.signature, spec.fn.params, self.backend)
+        fields = vars(self.backend.parse_options({}))
+        self._knob_options = tuple(n for n in _KNOB_OPTIONS if n in fields and hasattr(triton.knobs.compilation, n))
 
     def bind(self, args: tuple, kwargs: dict) -> Bound:
         kwargs = dict(kwargs)
-        kwargs.setdefault("debug", bool(self.spec.fn.debug) or triton.knobs.runtime.debug)
+        # As JITFunction.run does before binding.
+        kwargs["debug"] = kwargs.get("debug", self.spec.fn.debug) or triton.knobs.runtime.debug
+        for name in self._knob_options:
+            kwargs[name] = getattr(triton.knobs.compilation, name)
         bound_args, specialization, options = self._bind(*args, **kwargs)
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options)

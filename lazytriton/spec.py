@@ -135,8 +135,8 @@ def describe(kernel: Any) -> KernelSpec:
             layers.append(obj)
             obj = obj.fn
         else:
-            raise KernelSpecError(f"{kernel!r} is not a @triton.jit or @gluon.jit function (or an autotune/heuristics "
-                                  "wrapper of one)")
+            raise KernelSpecError(f"{kernel!r} is not a @triton.jit function (or a Gluon @gluon.jit one, or an "
+                                  "autotune/heuristics wrapper of one)")
     fn = obj
     spec = KernelSpec(fn=fn, params=_params_of(fn))
     seen_autotune = False

@@ -56,7 +56,9 @@ def test_gluon_kernel_to_cubin(arch, case, tmp_path):
         "memcpy": (gluonk.memcpy, (X, X, 500, 64), {"num_warps": 1}),
     }[case]
     spec, c = bound(kernel, args, kwargs, target)
-    compile_all(spec, target, [c], max_workers=0)
+    # In the compile workers: Triton 3.9's Gluon expand_dims leaves nanobind objects that its
+    # leak check reports at interpreter exit (a worker leaves through os._exit).
+    compile_all(spec, target, [c])
     check_binary(c, case, arch, tmp_path)  # ELF arch, metadata, parameters = runtime args + 2 scratch pointers
     assert c.binary.metadata["num_warps"] == kwargs.get("num_warps", 4)
 
