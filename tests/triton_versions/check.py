@@ -297,6 +297,28 @@ def _flatten(sig) -> list:
     return out
 
 
+def launcher_bytes(t: str, v: Any) -> bytes:
+    """The bytes Triton's launcher passes for value v of parameter type t,
+    little-endian (the kernel reads the low bytes of a wider storage: u1 is a
+    u32 from 3.7 on). Conversions as backends/nvidia's: a C double to float,
+    PyFloat_Pack2 for fp16, the fp32's top half for bf16."""
+    import ctypes
+    import struct
+
+    if t.startswith("*"):
+        return int(v.data_ptr()).to_bytes(8, "little")
+    if t == "fp16":
+        return struct.pack("<e", float(v))
+    if t == "bf16":
+        return bytes(ctypes.c_float(float(v)))[2:]
+    if t == "fp32":
+        return bytes(ctypes.c_float(float(v)))
+    if t == "fp64":
+        return struct.pack("<d", float(v))
+    bits = 8 if t == "u1" else int(t[1:])
+    return (int(v) & ((1 << bits) - 1)).to_bytes(bits // 8, "little")
+
+
 def cubin_param_sizes(cubin: bytes) -> list[int] | None:
     if not CUOBJDUMP.exists():
         return None
@@ -441,6 +463,12 @@ def check_case(case: Case, rep: Report) -> None:
         our_sizes = [len(packed[i]) for i, p in enumerate(is_param) if p]
         t_types, t_sizes, t_scratch = triton_launcher_params(t0["signature"], t0["constexprs"])
         rep.expect(our_types == t_types, f"{label}: packed parameter types {our_types} != Triton's launcher's {t_types}")
+        values = [v for v, p in zip(call, is_param) if p]
+        for name, t, v, got in zip([n for n, p in zip(shape.names, is_param) if p], our_types, values,
+                                   [packed[i] for i, p in enumerate(is_param) if p]):
+            want = launcher_bytes(t, v)[:len(got)]
+            rep.expect(got == want, f"{label}: argument {name} ({t}, {v!r}) packed as {got.hex()}, Triton's "
+                                    f"launcher passes {want.hex()}")
         rep.expect(t_scratch == 2, f"{label}: Triton's launcher appends {t_scratch} scratch pointers, lazytriton 2")
         if ci < case.compile_calls:
             _compile_and_compare(case, fn, k, cands, theirs, our_sizes, t_sizes, label, rep, info)
