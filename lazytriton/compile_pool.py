@@ -115,13 +115,27 @@ def worker_job(spec, target, bound) -> dict | None:
         return None
     job = {"module": addr[0], "qualname": addr[1], "cache_key": spec.fn.cache_key, "gluon": spec.gluon,
            "signature": bound.signature, "constexprs": bound.constexprs, "attrs": bound.attrs,
-           "options": dict(bound.options.__dict__), "target": target, "sys_path": list(sys.path)}
+           "options": dict(bound.options.__dict__), "target": target, "sys_path": list(sys.path),
+           "env": _triton_env()}
     try:
         pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # a constexpr value that does not pickle
         log.debug("kernel %s: compiled in-process (%s)", spec.name, exc)
         return None
     return job
+
+
+def _is_triton_setting(name: str) -> bool:
+    from .keys import _EXTRA_ENV_VARS
+
+    return name.startswith("TRITON_") or name in _EXTRA_ENV_VARS
+
+
+def _triton_env() -> dict:
+    """The caller's Triton settings now (TRITON_*, PTXAS_OPTIONS, ...): a worker
+    compiles under these, not under those the server started with (Triton's
+    compiler reads some knobs itself, e.g. TRITON_INSTRUMENTATION_MODE)."""
+    return {k: v for k, v in os.environ.items() if _is_triton_setting(k)}
 
 
 def _shadows(entry: str, here: str) -> bool:
@@ -301,6 +315,11 @@ def _compile(job: dict):
     if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         sys.path[:] = [here] + [p for p in job["sys_path"] if not _shadows(p or ".", here)]
+    env = job.get("env")
+    if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
+        for k in [k for k in os.environ if _is_triton_setting(k) and k not in env]:
+            del os.environ[k]
+        os.environ.update(env)
     fn = _import_kernel(job["module"], job["qualname"], job["cache_key"], job.get("gluon", False))
     src = ast_source(fn, job["signature"], job["constexprs"], job["attrs"])  # Gluon kernels: GluonASTSource
     return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["options"]))

@@ -76,3 +76,27 @@ def test_matrix_on_triton_version(version, tmp_path):
     assert Path(report["lazytriton"]).resolve().is_relative_to(venv.resolve()), report["lazytriton"]
     check_report(report, report["triton"])
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_matrix_follows_tritons_knobs(cache_dir, tmp_path, monkeypatch):
+    """Settings JITFunction.run reads from Triton's knobs (TRITON_DEBUG; from 3.6 on
+    TRITON_INSTRUMENTATION_MODE, which also changes the debug and overflow options)
+    bind as Triton binds them, and the compile workers, whose server started before
+    the settings changed, compile under them (TRITON_DISABLE_LINE_INFO is read by
+    Triton's backend itself and changes the cubin): Triton's own cubin, in this
+    test's Triton cache."""
+    check = _module("lt_triton_matrix", MATRIX / "check.py")
+    from lazytriton import compile_pool
+
+    compile_pool.start()  # the server runs before the settings change
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TRITON_DEBUG", "1")
+    import triton
+
+    if hasattr(triton.knobs.compilation, "instrumentation_mode"):  # read from the environment at import
+        monkeypatch.setattr(triton.knobs.compilation, "instrumentation_mode", "consan")
+    monkeypatch.setenv("TRITON_DISABLE_LINE_INFO", "1")
+    report = check.run(["constexpr_kinds"])
+    assert not report["failures"], "\n".join(report["failures"])
+    assert report["cases"]["constexpr_kinds"]["compiled"] == 1
+    assert any((tmp_path / "triton").rglob("*.cubin"))  # the workers wrote to this test's cache
