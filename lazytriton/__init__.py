@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - only from an unbuilt source tre
     raise ImportError("lazytriton's C++ core is not built; install the package with `pip install .`") from exc
 
 from .runtime import LazyKernel, kernel, stats, stream_handle  # noqa: E402
+from .tensor_desc import TensorDescriptor  # noqa: E402
 from .tuner import TuneOptions  # noqa: E402
 
 RuntimeFailure = _core.RuntimeFailure
@@ -30,5 +31,5 @@ def gpu_available() -> tuple[bool, str]:
     return _core.driver_status()
 
 
-__all__ = ["LazyKernel", "kernel", "stats", "stream_handle", "TuneOptions", "RuntimeFailure", "gpu_available",
-           "__version__"]
+__all__ = ["LazyKernel", "kernel", "stats", "stream_handle", "TensorDescriptor", "TuneOptions", "RuntimeFailure",
+           "gpu_available", "__version__"]

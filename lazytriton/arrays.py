@@ -94,6 +94,13 @@ def is_array(obj: Any) -> bool:
     return pointer_strategy(obj) != NOT_ARRAY
 
 
+def is_tensor_descriptor(obj: Any) -> int:
+    """Called by the C++ stubs once per type: 1 for a host tensor descriptor."""
+    from .tensor_desc import is_descriptor
+
+    return int(is_descriptor(obj))
+
+
 @dataclass(frozen=True)
 class ArrayInfo:
     ptr: int

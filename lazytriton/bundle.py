@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import paths
+from . import paths, tuples
 from .arrays import array_info, is_array
 from .cache import atomic_write
 from .spec import KernelSpec, ReadRecorder
@@ -143,7 +143,12 @@ def _int_type(value: int) -> str:
 
 
 def arg_type(param: dict, value: Any, what: str) -> str:
-    """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it."""
+    """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it
+    (a tensor descriptor's: Triton's type, tensordesc<fp16[64, 64]>)."""
+    from . import tensor_desc
+
+    if tensor_desc.is_descriptor(value):
+        return tensor_desc.read(value, what).type_string()
     if is_array(value):
         return "*" + array_info(value, what).dtype
     ann = param["annotation"]
@@ -162,7 +167,11 @@ def arg_type(param: dict, value: Any, what: str) -> str:
 
 
 def arg_spec(param: dict, value: Any) -> str:
-    """Triton's specialization of one runtime argument: "16", "1" or ""."""
+    """Triton's specialization of one runtime argument: "16", "1" or "" (a descriptor: none)."""
+    from . import tensor_desc
+
+    if tensor_desc.is_descriptor(value):
+        return ""
     if is_array(value):
         return "16" if param["align"] and array_info(value).ptr % 16 == 0 else ""
     ann = param["annotation"]
@@ -192,20 +201,34 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
     `values`; `device` (the GPU's name) defaults to the current device's."""
     _check_heuristics(desc, lk)
     name = desc["name"]
-    types, specs, constexprs, key_values = [], [], dict(options), {}
-    for i, (p, v) in enumerate(zip(desc["params"], values)):
+    types, specs, constexprs, key_values, layout = [], [], dict(options), {}, []
+    i = 0  # leaf index: a tuple argument has one leaf per element (lazytriton.tuples), as resolved.types
+    for p, v in zip(desc["params"], values):
         if p["constexpr"] or v is None:
             types.append("constexpr")
             specs.append("")
             constexprs[p["name"]] = v
+            layout.append("")
+            i += 1
             continue
-        t = arg_type(p, v, f"kernel {name}, argument {p['name']}")
-        if resolved.entry.is_param[i] and resolved.types[i] != t:
-            raise RuntimeError(f"kernel {name}, argument {p['name']}: packed as {resolved.types[i]}, described as {t}")
-        types.append(t)
-        specs.append(arg_spec(p, v))
-        if (p["key"] or p["heuristic"]) and not t.startswith("*"):
-            key_values[p["name"]] = float(v) if t in FLOAT_TYPES else v  # a float's key: the double it converts to
+        elem = p
+        if tuples.is_tuple(v):  # its elements, specialized with Triton's defaults for tuple elements
+            elem = {**p, "annotation": "", "specialize": True, "align": True}
+        layout.append(tuples.structure_text(v))
+        for sub, leaf in tuples.leaves(v):
+            what = f"kernel {name}, argument {tuples.leaf_name(p['name'], sub)}"
+            if sub and (leaf is None or tuples.is_tuple(leaf) or not (is_array(leaf) or isinstance(leaf, (int, float)))):
+                raise TypeError(f"{what}: a tuple element that is not an array, an int, a float or a bool (here "
+                                f"{type(leaf).__name__}) cannot be in a C++ bundle")
+            t = arg_type(elem, leaf, what)
+            if resolved.entry.is_param[i] and resolved.types[i] != t:
+                raise RuntimeError(f"{what}: packed as {resolved.types[i]}, described as {t}")
+            types.append(t)
+            specs.append(arg_spec(elem, leaf))
+            if (p["key"] or p["heuristic"]) and not t.startswith("*"):
+                # a float's key: the double it converts to
+                key_values[tuples.leaf_name(p["name"], sub)] = float(leaf) if t in FLOAT_TYPES else leaf
+            i += 1
     for k, v in {**constexprs, **resolved.meta}.items():
         if not _jsonable(v):
             raise TypeError(f"kernel {name}: {k}={v!r} is not a plain value (None, bool, int, float, str); "
@@ -217,19 +240,26 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
         device = _core.device_info(_core.current_device())["name"]
     variant = {"arch": launch["arch"], "device": device, "types": types, "specs": specs,
                "constexprs": constexprs, "key_values": key_values,
-               "is_param": [bool(b) for b in resolved.entry.is_param[:len(values)]],
-               "meta": dict(resolved.meta), "launch": launch, "signature": signature_text(types, specs)}
+               "is_param": [bool(b) for b in resolved.entry.is_param[:i]],
+               "meta": dict(resolved.meta), "launch": launch, "signature": signature_text(types, specs, layout)}
+    if any(layout):
+        # Tuple arguments: types, specs and is_param have one entry per leaf; "layout" gives, per
+        # call parameter, "" or its nesting ("[_,[_,_]]", the leaves in order).
+        variant["layout"] = layout
     return variant, bytes(resolved.kernel.cubin)
 
 
-def signature_text(types: list, specs: list) -> str:
-    """e.g. "*fp32:16,*fp32:16,i32:16" (constexprs left out)."""
-    return ",".join(t + (f":{s}" if s else "") for t, s in zip(types, specs) if t != "constexpr")
+def signature_text(types: list, specs: list, layout: list | None = None) -> str:
+    """e.g. "*fp32:16,*fp32:16,i32:16" (constexprs left out); a tuple argument
+    as "[*fp32:16,[*fp32,fp32]]"."""
+    entries = iter([t + (f":{s}" if s else "") for t, s in zip(types, specs)])
+    parts = [tuples.type_text(tuples.nest(lay, entries)) for lay in (layout or [""] * len(types))]
+    return ",".join(p for p in parts if p != "constexpr")
 
 
 def _identity(v: dict) -> tuple:
     return (v["arch"], v["types"], v["specs"], json.dumps(v["constexprs"], sort_keys=True),
-            json.dumps(v["key_values"], sort_keys=True))
+            json.dumps(v["key_values"], sort_keys=True), v.get("layout"))
 
 
 # -- the directory -------------------------------------------------------------------------

@@ -4,9 +4,12 @@ candidate for the device's target, in parallel worker processes
 (compile_pool), skipping those that fail."""
 from __future__ import annotations
 
+import _imp
 import concurrent.futures as cf
 import logging
 import os
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -16,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import compile_pool
+from . import compile_pool, tuples
 from .cache import CompiledBinary
 from .spec import KernelSpec, is_gluon
 
@@ -44,7 +47,57 @@ class Bound:
     bound_args: dict
 
     def runtime_types(self) -> list[str]:
-        return [t for t in self.signature.values() if t != "constexpr"]
+        return [t for t in self.flat_signature.values() if t != "constexpr"]
+
+    @property
+    def flat_signature(self) -> dict[str, str]:
+        """{leaf name: type}: a tuple parameter's elements as "xs[0]", "xs[1][0]"
+        (lazytriton.tuples), in the order of the kernel's parameters."""
+        return tuples.flat_signature(self.signature)
+
+
+_specializer_ready = threading.Lock()
+_specializer_primed = False
+
+
+def prime_specializer_without_torch() -> None:
+    """Triton's native specializer (3.5+) imports torch on its first use, only
+    to register a fast path for torch.Tensor. In a process that has not
+    imported torch (JAX), that import costs seconds of a first call. Its first
+    use here runs with torch hidden from import (under the import lock, so no
+    other thread's import of torch sees it hidden); torch tensors still
+    specialize identically, through the specializer's data_ptr fallback."""
+    global _specializer_primed
+    if _specializer_primed:
+        return
+    with _specializer_ready:
+        if _specializer_primed:
+            return
+        try:
+            from triton._C.libtriton import native_specialize_impl
+            from triton.backends.compiler import BaseBackend
+        except ImportError:  # a Triton without the native specializer imports nothing extra
+            native_specialize_impl = None
+        if native_specialize_impl is not None and "torch" not in sys.modules:
+            _imp.acquire_lock()
+            sys.meta_path.insert(0, _HideTorch)  # `import torch` raises ImportError, which Triton clears
+            try:
+                native_specialize_impl(BaseBackend, 16, False, True, True)
+            finally:
+                sys.meta_path.remove(_HideTorch)
+                _imp.release_lock()
+        _specializer_primed = True
+
+
+class _HideTorch:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "torch":
+            raise ModuleNotFoundError("hidden while Triton's specializer starts", name="torch")
+        return None
+
+
+_WIDER_FLOATS = frozenset({"fp64"})
 
 
 # Options JITFunction.run sets from Triton's knobs on every call (3.6: instrumentation_mode;
@@ -57,6 +110,7 @@ class Binder:
     """Triton's own argument binder/specializer for one kernel and target."""
 
     def __init__(self, spec: KernelSpec, target: GPUTarget):
+        prime_specializer_without_torch()
         self.spec, self.target = spec, target
         self.backend = make_backend(target)
         self._bind = create_function_from_signature(spec.fn.signature, spec.fn.params, self.backend)
@@ -72,6 +126,9 @@ class Binder:
         bound_args, specialization, options = self._bind(*args, **kwargs)
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options)
+        for p in self.spec.params:  # a float type given by lazytriton, not by the source (JAX's fp64 rule)
+            if p.annotation in _WIDER_FLOATS and signature.get(p.name) == "fp32":
+                signature[p.name] = p.annotation
         return Bound(signature, constexprs, attrs, options, bound_args)
 
 

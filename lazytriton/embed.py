@@ -9,7 +9,7 @@ import logging
 import sys
 import threading
 
-from . import bundle
+from . import bundle, tuples
 
 log = logging.getLogger("lazytriton.embed")
 
@@ -44,21 +44,29 @@ def describe(source: str) -> str:
 
 
 def _value(v):
-    """A call value from C++: ("ptr", address, dtype, nbytes or 0) or a plain value."""
-    if isinstance(v, tuple) and v and v[0] == "ptr":
-        from . import _core
+    """A call value from C++: ("ptr", address, dtype, nbytes or 0), ("desc",
+    base, dtype, nbytes or 0, shape, strides, block, padding, tf32) or a plain value."""
+    if isinstance(v, tuple) and v and v[0] in ("ptr", "desc"):
+        from . import _core, tensor_desc
         from .arrays import DeviceArray
 
-        _, ptr, dtype, nbytes = v
-        return DeviceArray(ptr, dtype, nbytes or _core.allocation_extent(ptr))
+        _, ptr, dtype, nbytes, *desc = v
+        base = DeviceArray(ptr, dtype, nbytes or _core.allocation_extent(ptr))
+        return tensor_desc.unchecked(base, *desc) if desc else base
     return v
 
 
-def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, stream: int) -> tuple[str, bytes]:
+def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, stream: int,
+            layouts: list | None = None) -> tuple[str, bytes]:
     """The winner for one C++ call, as (variant JSON, cubin). It is persisted
-    into the bundle when the directory is writable (else only used)."""
+    into the bundle when the directory is writable (else only used). With
+    tuple arguments `values` are leaves and `layouts` gives, per call
+    parameter, "" or its tuple's nesting (lazytriton.tuples.structure_text)."""
     lk = _kernel(source)
     args = [_value(v) for v in values]
+    if layouts:
+        leaves = iter(args)
+        args = [tuples.nest(layout, leaves) for layout in layouts]
     resolved = lk.resolve(*args, grid=grid, stream=stream, **options)
     desc = bundle.describe(lk, source)
     variant, cubin = bundle.make_variant(desc, lk, resolved, args, options)

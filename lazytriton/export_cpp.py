@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import bundle
+from . import bundle, tuples
 
 # Half-precision scalars are taken as double: converted once, from the double, as
 # Triton's launcher converts them (through float they could round twice).
@@ -57,10 +57,13 @@ def _unsupported(value: Any) -> str:
     raise ValueError(f"constexpr value {value!r} cannot be written as a C++ constant")
 
 
+_DESC_TYPE = re.compile(r"tensordesc<(\w+)\[\s*\d+(?:\s*,\s*\d+)*\s*\]>")
+
+
 def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[str, str]]:
     """(name, type) of each runtime argument, checked against the kernel."""
     name = desc["name"]
-    types = [t.strip() for t in signature.split(",")] if signature.strip() else []
+    types = tuples.split_top(signature)  # a tuple argument is one entry, "[*fp32,[i32,fp32]]"
     names = {p["name"] for p in desc["params"]}
     for k in constexprs:
         if k in desc["supplied"]:
@@ -74,10 +77,25 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
     if len(types) != len(runtime):
         raise ValueError(f"kernel {name}: the signature {signature!r} has {len(types)} types but the kernel takes "
                          f"{len(runtime)} runtime arguments ({', '.join(p['name'] for p in runtime)})")
-    for p, t in zip(runtime, types):
-        if not (t.startswith("*") or t in CPP_TYPES):
-            raise ValueError(f"kernel {name}, argument {p['name']}: unknown type {t!r} in the signature")
-    return [(p["name"], t) for p, t in zip(runtime, types)]
+    out = []
+    for p, entry in zip(runtime, types):
+        # A tuple argument: one C++ parameter per element, in order (xs[1][0] -> xs_1_0).
+        for sub, t in tuples.leaves(tuples.parse_type(entry)):
+            leaf = tuples.leaf_name(p["name"], sub)
+            if not (t.startswith("*") or t in CPP_TYPES or _DESC_TYPE.fullmatch(t)):
+                raise ValueError(f"kernel {name}, argument {leaf}: unknown type {t!r} in the signature")
+            if sub and p["annotation"]:
+                raise ValueError(f"kernel {name}, argument {p['name']}: annotated {p['annotation']}, not a tuple")
+            out.append((p["name"] + "".join(f"_{i}" for i in sub), t))
+    return out
+
+
+def _cpp_type(t: str) -> str:
+    if t.startswith("*"):
+        return "lt::DevicePtr"
+    if t.startswith("tensordesc"):
+        return "const lt::TensorDesc&"  # encoded into a CUtensorMap on every launch
+    return CPP_TYPES[t]
 
 
 def generate(desc: dict, signature: str, constexprs: dict, function: str | None = None) -> tuple[str, str, str]:
@@ -86,7 +104,7 @@ def generate(desc: dict, signature: str, constexprs: dict, function: str | None 
     if not re.fullmatch(r"[A-Za-z_]\w*", function):
         raise ValueError(f"{function!r} is not a C++ function name")
     params = runtime_params(desc, signature, constexprs)
-    decl = [f"{'lt::DevicePtr' if t.startswith('*') else CPP_TYPES[t]} {_cpp_name(n)}" for n, t in params]
+    decl = [f"{_cpp_type(t)} {_cpp_name(n)}" for n, t in params]
     args = ", ".join(_cpp_name(n) for n, _ in params)
     plist = "".join(f", {d}" for d in decl)
     doc = ", ".join(f"{n}: {t}" for n, t in params)
@@ -113,7 +131,7 @@ void {function}(const lt::BundleKernel& kernel, lt::Stream stream, const lt::Gri
 
 namespace {{
 const char* const kSource = "{desc['source']}";
-const char* const kSignature = "{','.join(t for _, t in params)}";
+const char* const kSignature = "{','.join(tuples.split_top(signature))}";
 
 const lt::Constants& constexprs() {{
   static const lt::Constants c = {{{cx_init}}};

@@ -38,11 +38,12 @@ from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef, ReadEffect, TransformedRef, WriteEffect
 from jax.interpreters import ad, mlir
 
-from . import jax_ffi, keys
-from .arrays import triton_dtype
-from .spec import KernelSpecError, describe
+from . import _core, jax_ffi, keys, pre_hooks, tuples
+from .arrays import DTYPE_IDS, triton_dtype
+from .spec import KernelSpecError, PreHookRefused, describe
 
-__all__ = ["triton_call", "handler_stats", "register", "CUSTOM_CALL_TARGET_NAME", "triton_call_p"]
+__all__ = ["triton_call", "TensorDescriptor", "handler_stats", "register", "CUSTOM_CALL_TARGET_NAME",
+           "triton_call_p"]
 
 handler_stats = jax_ffi.handler_stats
 jax_ffi.prepare_in_background()
@@ -54,6 +55,46 @@ CUSTOM_CALL_TARGET_NAME: str = jax_ffi.TARGET
 # Compile options lazytriton's compiler takes (backend_options= and the explicit arguments).
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "enable_fp_fusion")
 _OPTION_DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "debug": False, "launch_pdl": False}
+
+
+def _strides_from_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    size = int(np.prod(shape))
+    strides = []
+    for d in shape:
+        size = size // d
+        strides.append(size)
+    return tuple(strides)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TensorDescriptor:
+    """Host-side TMA descriptor for use with :func:`triton_call` (jax-triton
+    0.4's): `base` is the operand, the rest is static. The handler encodes its
+    CUtensorMap on every execution from the operand's address."""
+
+    base: jax.Array
+    shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    strides: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    block_shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    layout: Any | None = dataclasses.field(default=None, metadata=dict(static=True))
+    padding: str = dataclasses.field(default="zero", metadata=dict(static=True))
+    round_f32_to_tf32: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    def __post_init__(self):
+        if self.padding not in ("zero", "nan"):
+            raise ValueError(f"padding must be 'zero' or 'nan', got {self.padding!r}")
+        if not (len(self.shape) == len(self.strides) == len(self.block_shape)):
+            raise ValueError(
+                "shape, strides, and block_shape must have the same length, got"
+                f" {len(self.shape)}, {len(self.strides)}, {len(self.block_shape)}")
+
+    @classmethod
+    def from_array(cls, array: jax.Array, block_shape: Sequence[int], layout: Any | None = None,
+                   padding: str = "zero", round_f32_to_tf32: bool = False) -> "TensorDescriptor":
+        """Constructs a :class:`TensorDescriptor` from a JAX array."""
+        return cls(array, array.shape, _strides_from_shape(array.shape), tuple(block_shape), layout, padding,
+                   round_f32_to_tf32)
 
 
 def register() -> None:
@@ -126,8 +167,9 @@ def triton_call(*args: Any, kernel: Any, out_type: Any = None,
 
 
 def _refuse_hooks(kernel: Any) -> None:
-    """Config pre-hooks and autotuner hooks are Python run around every
-    launch; launches from C++ (and inside CUDA graphs) cannot run them."""
+    """Autotuner hooks are Python run around every launch; launches from C++
+    (and inside CUDA graphs) cannot run them. A config pre_hook may only set
+    tensor descriptors' block shapes (pre_hooks.py): it runs at trace time."""
     at = kernel if isinstance(kernel, triton.runtime.Autotuner) else None
     if at is None:
         return
@@ -138,11 +180,19 @@ def _refuse_hooks(kernel: Any) -> None:
             "from C++ and inside CUDA graphs, where no Python runs. Use reset_to_zero=/restore_value= of "
             "triton.autotune, zeroed_outputs=, or pass the buffer as a jax.Ref zeroed beforehand.")
     for i, c in enumerate(at.configs):
-        if getattr(c, "pre_hook", None) is not None or getattr(c, "post_hook", None) is not None:
-            raise NotImplementedError(
-                f"triton_call {name}: autotune config {i} ({c}) has a pre_hook, which is not supported: "
-                "lazytriton.jax launches from C++ and inside CUDA graphs, where no Python runs. Remove the hook: "
-                "zero buffers with reset_to_zero= or zeroed_outputs=, or prepare them in JAX before the call.")
+        if getattr(c, "post_hook", None) is not None:
+            raise NotImplementedError(_hook_refusal(name, i, c, "is a post_hook"))
+    try:
+        describe(kernel)
+    except PreHookRefused as exc:
+        raise NotImplementedError(_hook_refusal(name, exc.index, at.configs[exc.index], exc.why)) from None
+
+
+def _hook_refusal(name: str, i: int, c: Any, why: str) -> str:
+    return (f"triton_call {name}: autotune config {i} ({c}) has a pre_hook, which is not supported: "
+            "lazytriton.jax launches from C++ and inside CUDA graphs, where no Python runs. Remove the hook: "
+            "zero buffers with reset_to_zero= or zeroed_outputs=, or prepare them in JAX before the call (a "
+            f"pre_hook that only sets tensor descriptors' block_shape is supported; this one {why}).")
 
 
 def _options(label: str, backend_options: dict | None, **explicit) -> dict:
@@ -224,12 +274,18 @@ class _Call:
     kernel: Any
     spec: Any
     label: str
-    params: list  # the call parameters (spec.Param), in order
-    values: list  # per parameter: ("input", i) | ("output", o) | ("scalar", v) | ("const", v)
+    params: list  # per value: its call parameter (spec.Param)
+    values: list  # per leaf: ("input", i) | ("output", o) | ("scalar", v) | ("const", v) | ("desc", i, d)
     inputs: list  # the array and Ref operands, in parameter order (the custom call's operands)
     out_types: list
     meta: dict  # meta-parameters: constexpr values, the kernel's defaults, names only the grid reads
     aliases: dict  # input index -> output index (the kernel writes that input; no parameter for the output)
+    # A tuple argument is flattened (lazytriton.tuples): each element is one value, `paths` gives its
+    # path in the tuple (() for a whole parameter), `layout` per call parameter the index of its value,
+    # or for a tuple argument nested lists of its elements' indices.
+    call_params: list = dataclasses.field(default_factory=list)
+    paths: list = dataclasses.field(default_factory=list)
+    layout: list = dataclasses.field(default_factory=list)
 
 
 def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases: dict) -> _Call:
@@ -269,42 +325,79 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
         if k in given:
             raise TypeError(f"{label}: got multiple values for argument {k!r} (given both positionally and as a keyword)")
         given[k] = v
-    values, inputs, refs = [], [], []
+    values, inputs, refs, layout = [], [], [], []
     operand_inputs = []  # per operand (non-constexpr parameter given a value), its input index or None
     unaliased = iter([o for o in range(len(out_types)) if o not in aliased_outs])
     missing = [p.name for p in runtime if p.name not in given]
+    leaf_params, paths = [], []  # per entry of `values`: its parameter, and its path in a tuple argument
+
+    def operand(p, path: tuple, v) -> None:
+        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.tuples)."""
+        what = tuples.leaf_name(p.name, path)
+        if isinstance(v, TransformedRef):
+            raise NotImplementedError(f"{label}: argument {what} is a transformed Ref (ref.at[...]); pass "
+                                      "the whole Ref")
+        leaf_params.append(p)
+        paths.append(path)
+        if isinstance(v, TensorDescriptor):  # its base is the operand, the rest is static
+            _check_descriptor(label, what, v)
+            if _is_ref(v.base):
+                refs.append(len(inputs))
+            values.append(("desc", len(inputs), v))
+            operand_inputs.append(len(inputs))
+            inputs.append(v.base)
+            return
+        if _is_scalar(v):
+            v = _scalar(v)
+            values.append(("scalar", v))
+            operand_inputs.append(None)
+            return
+        if path and (isinstance(v, (list, dict, triton.language.constexpr)) or callable(v)):
+            raise TypeError(f"{label}: argument {what} is a {type(v).__name__}; a tuple argument's elements are "
+                            "arrays, Refs, Python scalars, None or tuples of these")
+        if _is_ref(v):
+            refs.append(len(inputs))
+        values.append(("input", len(inputs)))
+        operand_inputs.append(len(inputs))
+        inputs.append(v)
+
     for p in params:
         if p.name in given:
             v = given[p.name]
-            if isinstance(v, (tuple, list)):
-                raise NotImplementedError(
-                    f"{label}: argument {p.name} is a {type(v).__name__}; tuple parameters are not supported by "
-                    "lazytriton.jax yet: pass the tuple's arrays as separate kernel parameters")
-            if isinstance(v, TransformedRef):
-                raise NotImplementedError(f"{label}: argument {p.name} is a transformed Ref (ref.at[...]); pass "
-                                          "the whole Ref")
-            if _is_scalar(v):
-                v = _scalar(v)
-                if p.is_constexpr:
-                    values.append(("const", v))
-                    meta[p.name] = v
-                    continue
-                _check_float(label, p, v)
-                values.append(("scalar", v))
-                operand_inputs.append(None)
-                continue
             if p.is_constexpr:
-                raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives an array; pass "
-                                "meta-parameters as keyword arguments")
-            if _is_ref(v):
-                refs.append(len(inputs))
-            values.append(("input", len(inputs)))
-            operand_inputs.append(len(inputs))
-            inputs.append(v)
-        elif p.is_constexpr:
+                if not _is_scalar(v):
+                    raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives "
+                                    f"{'a tuple' if isinstance(v, (tuple, list)) else 'an array'}; pass "
+                                    "meta-parameters (None, bool, int, float, str) as keyword arguments")
+                v = _scalar(v)
+                layout.append(len(values))
+                leaf_params.append(p)
+                paths.append(())
+                values.append(("const", v))
+                meta[p.name] = v
+                continue
+            if isinstance(v, list) or (isinstance(v, tuple) and type(v) is not tuple):
+                raise TypeError(f"{label}: argument {p.name} is a {type(v).__name__}; pass a plain tuple")
+            if isinstance(v, tuple):  # flattened: each element is one operand, as in jax-triton 0.4
+                for sub, n in tuples.nodes(v):
+                    node = tuples.at(v, sub)
+                    if type(node) is not tuple:
+                        raise TypeError(f"{label}: argument {tuples.leaf_name(p.name, sub)} is a "
+                                        f"{type(node).__name__}; pass a plain tuple")
+                layout.append(_layout_of(v, len(values)))
+                for sub, leaf in tuples.leaves(v):
+                    operand(p, sub, leaf)
+                continue
+            layout.append(len(values))
+            operand(p, (), v)
+            continue
+        layout.append(len(values))
+        leaf_params.append(p)
+        paths.append(())
+        if p.is_constexpr:
             if p.name in meta:
                 values.append(("const", meta[p.name]))
-            elif sum(1 for kind, _ in values if kind == "output") < n_fill:
+            elif sum(1 for kind, *_ in values if kind == "output") < n_fill:
                 raise TypeError(f"{label}: argument {p.name} is a tl.constexpr but receives an array (an output); "
                                 "pass meta-parameters as keyword arguments")
             else:
@@ -332,7 +425,39 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
         if tuple(src.shape) != tuple(dst.shape) or np.dtype(src.dtype) != np.dtype(dst.dtype):
             raise ValueError(f"{label}: input_output_aliases {{{i}: {o}}}: the input is {src.dtype}{list(src.shape)} "
                              f"but output {o} is {dst.dtype}{list(dst.shape)}")
-    return _Call(kernel, spec, label, params, values, inputs, out_types, meta, by_input)
+    return _Call(kernel, spec, label, leaf_params, values, inputs, out_types, meta, by_input, params, paths, layout)
+
+
+def _layout_of(value: tuple, start: int) -> list:
+    """A tuple argument as nested lists of the indices its leaves take in the call's values, from `start`."""
+    counter = iter(range(start, start + sum(1 for _ in tuples.leaves(value))))
+
+    def walk(v):
+        return [walk(x) for x in v] if isinstance(v, tuple) else next(counter)
+
+    return walk(value)
+
+
+def _check_descriptor(label: str, name: str, d: TensorDescriptor) -> None:
+    """What jax-triton refuses, and what no launch could encode (checked again,
+    with the operand's real address, on every execution)."""
+    if d.layout is not None:
+        raise NotImplementedError(f"{label}: argument {name}: a TensorDescriptor with a layout (a Gluon kernel's) is "
+                                  "not supported by lazytriton.jax")
+    aval = jax.typeof(d.base)
+    aval = getattr(aval, "inner_aval", aval)
+    if d.round_f32_to_tf32 and np.dtype(aval.dtype) != np.float32:
+        raise ValueError("TMA descriptors with round_f32_to_tf32=True must have a float32 input type, but got "
+                         f"{aval.dtype}")
+    dtype = triton_dtype(np.dtype(aval.dtype).name)
+    if dtype is None:
+        raise TypeError(f"{label}: argument {name}: a TensorDescriptor over {aval.dtype}, which Triton kernels "
+                        "cannot take")
+    why = _core.check_tensor_desc((0, DTYPE_IDS[dtype], tuple(int(x) for x in d.shape),
+                                   tuple(int(x) for x in d.strides), tuple(int(x) for x in d.block_shape),
+                                   d.padding == "nan", bool(d.round_f32_to_tf32)))
+    if why:
+        raise ValueError(f"{label}: argument {name}: {why}")
 
 
 def _unfilled(label: str, n_fill: int, missing: list, aliases: dict) -> str:
@@ -348,17 +473,13 @@ def _unfilled(label: str, n_fill: int, missing: list, aliases: dict) -> str:
 _F32 = np.finfo(np.float32)
 
 
-def _check_float(label: str, p, v: Any) -> None:
-    """A Python float is an fp32 parameter (Triton's binder). jax-triton passes
-    one that fp32 cannot hold as fp64; lazytriton's binder has no such type
-    for an unannotated parameter, so it refuses rather than pass inf or 0."""
-    if type(v) is not float or p.annotation:
-        return
+def needs_fp64(v: Any) -> bool:
+    """jax-triton's rule for a Python float passed to an unannotated parameter:
+    fp32 when fp32 holds it (or it is 0, inf or nan), else fp64."""
+    if type(v) is not float:
+        return False
     a = abs(v)
-    if np.isnan(v) or np.isinf(v) or a == 0.0 or _F32.tiny <= a <= _F32.max:
-        return
-    raise ValueError(f"{label}: argument {p.name}={v!r} does not fit fp32, the type of an unannotated float "
-                     f"parameter; annotate the parameter ({p.name}: tl.float64) or pass the value in an array")
+    return not (np.isnan(v) or np.isinf(v) or a == 0.0 or _F32.tiny <= a <= _F32.max)
 
 
 class _Aval:
@@ -379,35 +500,63 @@ def _descriptor(call: _Call, grid, zeroed_outputs, options) -> str:
     ident = _kernel_identity(call.kernel)
     jax_ffi.register_kernel(ident["id"], call.kernel)
     n_out = len(call.out_types)
-    args, named = [], {}
-    for p, (kind, v) in zip(call.params, call.values):
-        if kind == "input":
+    args, seen = [], []  # per value: its descriptor entry, and what a grid or heuristic sees of it
+    for p, path, (kind, v, *rest) in zip(call.params, call.paths, call.values):
+        name = tuples.leaf_name(p.name, path)
+        if kind == "desc":  # a host TMA descriptor: its base is operand v, the rest is static
+            d = rest[0]
+            aval = jax.typeof(call.inputs[v])
+            aval = getattr(aval, "inner_aval", aval)
+            args.append({"input": v, **_buffer(name, aval, label),
+                         "desc": {"shape": [int(x) for x in d.shape], "strides": [int(x) for x in d.strides],
+                                  "block": [int(x) for x in d.block_shape], "padding": d.padding,
+                                  "tf32": bool(d.round_f32_to_tf32)}})
+            seen.append(dataclasses.replace(d, base=_Aval(aval.shape, aval.dtype)))
+        elif kind == "input":
             a = call.inputs[v]
             aval = jax.typeof(a)
             aval = getattr(aval, "inner_aval", aval)  # a Ref's array
-            args.append({"input": v, **_buffer(p.name, aval, label)})
-            named[p.name] = _Aval(aval.shape, aval.dtype)
+            args.append({"input": v, **_buffer(name, aval, label)})
+            seen.append(_Aval(aval.shape, aval.dtype))
         elif kind == "output":
-            args.append({"output": v, **_buffer(p.name, call.out_types[v], label)})
-            named[p.name] = _Aval(call.out_types[v].shape, call.out_types[v].dtype)
+            args.append({"output": v, **_buffer(name, call.out_types[v], label)})
+            seen.append(_Aval(call.out_types[v].shape, call.out_types[v].dtype))
         else:
-            args.append({"scalar": _encode(v, label, p.name)})
-            named[p.name] = v
+            args.append({"scalar": _encode(v, label, name)})
+            seen.append(v)
+        args[-1]["name"] = name
+
+    def nest(item):  # a tuple argument as the kernel sees it
+        return tuple(nest(x) for x in item) if isinstance(item, list) else seen[item]
+
+    named = {p.name: nest(item) for p, item in zip(call.call_params, call.layout)}
+    # A config pre_hook may set a (top-level) descriptor's block shape, and read what the call site fixes.
+    descs = {n for n, v in named.items() if isinstance(v, TensorDescriptor)}
+    pinned = {n for n, v in named.items()
+              if not any(isinstance(x, (_Aval, TensorDescriptor)) for _, x in tuples.leaves(v))}
     configs, call_options = _configs(spec, label, options, call.meta)
     for c in configs:
+        cfg = c.pop("_config", None)
         meta = {**call.meta, **c["kwargs"]}
         heuristics = _heuristic_values(spec, label, {**named, **meta}, meta)
         meta.update(heuristics)
         if heuristics:  # evaluated once, here: the grid, the compile and every launch use these values
             c["heuristics"] = {k: _encode(v, label, k) for k, v in heuristics.items()}
+        if cfg is not None and getattr(cfg, "pre_hook", None) is not None:
+            # Run here, on stand-ins: the block shapes it sets travel with the config (jax_ffi replays them).
+            try:
+                blocks = pre_hooks.blocks(spec, spec.configs.index(cfg), cfg, named, meta, descs, pinned | set(meta))
+            except pre_hooks.HookRefused as exc:
+                raise NotImplementedError(_hook_refusal(spec.name, exc.args[0], cfg, exc.args[1])) from None
+            c["blocks"] = {k: list(b) for k, b in sorted(blocks.items())}
         c["grid"] = _grid(grid, meta, label)
         zeroed = zeroed_outputs(meta) if callable(zeroed_outputs) else zeroed_outputs
         c["zeroed"] = sorted(int(z) for z in zeroed)
         if any(not 0 <= z < n_out for z in c["zeroed"]):
             raise ValueError(f"{label}: zeroed_outputs {c['zeroed']} out of range ({n_out} outputs)")
         c["kwargs"] = {k: _encode(v, label, k) for k, v in c["kwargs"].items()}
-    d = {"v": jax_ffi.DESCRIPTOR_VERSION, "name": label, "kernel": ident, "args": args, "configs": configs,
-         "options": call_options}
+    d = {"v": jax_ffi.DESCRIPTOR_VERSION, "name": label, "kernel": ident, "args": args, "layout": call.layout,
+         "configs": configs, "options": call_options}
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
@@ -458,7 +607,7 @@ def _configs(spec, label: str, options: dict, meta: dict) -> tuple[list[dict], d
         raise KernelSpecError(f"{label}: no autotune config agrees with the meta-parameters {fixed}")
     out = []
     for c in kept:
-        d = {"kwargs": {**fixed, **c.kwargs}}
+        d = {"kwargs": {**fixed, **c.kwargs}, "_config": c}
         for f in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
             if getattr(c, f, None) is not None:
                 d[f] = getattr(c, f)

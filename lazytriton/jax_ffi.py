@@ -11,15 +11,19 @@ import struct
 import threading
 from typing import Any
 
-from . import _core, keys, paths, stubgen
+from . import _core, keys, paths, stubgen, tensor_desc
 from .arrays import DeviceArray
 
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
-DESCRIPTOR_VERSION = 4  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
+DESCRIPTOR_VERSION = 6  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
 # output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute; v4: heuristic values
-# per config, evaluated at trace time)
+# per config, evaluated at trace time; v5: tuple arguments: "args" has one entry per leaf (a tuple
+# argument's elements, depth first) with its "name" ("xs[1][0]"), "layout" per call parameter the index
+# of its entry or, for a tuple, nested lists of its elements' indices; v6: host TMA descriptor arguments
+# ("desc": shape, strides, block, padding, tf32 on a buffer) and per config the block shapes its pre_hook
+# set ("blocks"))
 STATE_TYPE = "lazytriton_site"
 
 _lock = threading.Lock()
@@ -200,17 +204,39 @@ class Site:
         # Options of an untuned kernel went into its one config when its heuristics were frozen.
         self.options = {} if self.lazy.spec.autotuned else d["options"]
 
-    def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
-        d = self.d
-        # One value per call parameter, positionally: exactly what the C++
-        # launches below pass, so tuning trials and replays see the same call.
-        args = []
-        for a in d["args"]:
+    def call_leaves(self, buffers: tuple) -> list:
+        """One value per entry of the descriptor's "args" (a leaf): an array,
+        a host TMA descriptor on a buffer, or a scalar. `buffers`: (address,
+        bytes) of each buffer."""
+        leaves = []
+        for a in self.d["args"]:
             if "buffer" in a:
                 ptr, nbytes = buffers[a["buffer"]]
-                args.append(DeviceArray(ptr, a["dtype"], nbytes, tuple(a["shape"])))
+                base = DeviceArray(ptr, a["dtype"], nbytes, tuple(a["shape"]))
+                if "desc" in a:  # a host TMA descriptor on this buffer: the launch path checks it
+                    dd = a["desc"]
+                    base = tensor_desc.unchecked(base, dd["shape"], dd["strides"], dd["block"], dd["padding"],
+                                                 dd["tf32"])
+                leaves.append(base)
             else:
-                args.append(a["scalar"])
+                leaves.append(a["scalar"])
+        return leaves
+
+    def call_args(self, buffers: tuple, leaves: list | None = None) -> list:
+        """One value per call parameter, positionally (a tuple argument rebuilt
+        from its leaves): exactly what the C++ launches pass, so tuning trials
+        and replays see the same call."""
+        leaves = self.call_leaves(buffers) if leaves is None else leaves
+
+        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.tuples)
+            return tuple(nest(x) for x in item) if isinstance(item, list) else leaves[item]
+
+        return [nest(item) for item in self.d["layout"]]
+
+    def resolve(self, buffers: tuple, stream: int, device: int, capturing: bool):
+        d = self.d
+        leaves = self.call_leaves(buffers)
+        args = self.call_args(buffers, leaves)
         mode = "tune"
         if capturing:
             mode = "first" if os.environ.get("LAZYTRITON_CAPTURE_FALLBACK") == "first_config" else "record"
@@ -231,10 +257,14 @@ class Site:
                                f"arguments but the call site has {len(d['args'])}")
         cfg = self._config_of(res.meta)
         sources = []
-        for a, t in zip(d["args"], res.types):
+        for a, t, v, name in zip(d["args"], res.types, leaves, res.leaf_names):
             if t == "constexpr":
                 continue
-            sources.append((a["buffer"], 0) if "buffer" in a else (-1, scalar_bits(a["scalar"], t)))
+            if "desc" in a:  # encoded from the buffer's address on every execution
+                info = tensor_desc.read(v, f"{self.name}, argument {name}")
+                sources.append((a["buffer"], info.as_tuple(name)))
+            else:
+                sources.append((a["buffer"], 0) if "buffer" in a else (-1, scalar_bits(a["scalar"], t)))
         n_in = d["n_inputs"]
         zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
         return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)
@@ -256,11 +286,10 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
 
     import triton
 
+    from . import pre_hooks
     from .spec import describe
 
     spec = describe(kernel)
-    supplied = {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
-    names = [p.name for p in spec.params if p.name not in supplied]  # the call parameters, as d["args"]
     # Heuristics were evaluated at trace time (they chose the grid): their values
     # become part of each config, so the compile uses exactly those values.
     # An untuned kernel whose options a Config cannot carry keeps evaluating them.
@@ -269,11 +298,22 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
         configs = []
         for c in d["configs"]:
             fields = {**(d["options"] if not spec.configs else {}), **{k: c[k] for k in _CONFIG_FIELDS if k in c}}
+            # The block shapes the config's pre_hook set at trace time, replayed (pre_hooks.SetBlocks).
+            hook = pre_hooks.SetBlocks(c["blocks"]) if c.get("blocks") else None
             configs.append(triton.Config({**c["kwargs"], **(c.get("heuristics", {}) if frozen else {})},
-                                         **{k: v for k, v in fields.items() if v is not None}))
+                                         **{k: v for k, v in fields.items() if v is not None}, pre_hook=hook))
         spec = dataclasses.replace(spec, configs=configs, heuristics=[] if frozen else spec.heuristics)
+    # jax-triton passes a float that fp32 cannot hold as fp64: the site's
+    # parameter gets that type, as if annotated (the binder and stubs follow).
+    from .jax import needs_fp64
+
+    wide = {a["name"] for a in d["args"] if "scalar" in a and needs_fp64(a["scalar"])}
+    if wide:
+        spec = dataclasses.replace(spec, params=[dataclasses.replace(p, annotation="fp64")
+                                                 if p.name in wide and not p.annotation else p for p in spec.params])
     n_in = d["n_inputs"]
-    out_names = {a["buffer"] - n_in: names[i] for i, a in enumerate(d["args"]) if a.get("buffer", -1) >= n_in}
+    # By leaf name: a tuple element is "xs[0]" (what tuning names its buffer by).
+    out_names = {a["buffer"] - n_in: a["name"] for a in d["args"] if a.get("buffer", -1) >= n_in}
     zeroed = {out_names[o] for c in d["configs"] for o in c["zeroed"]}
     spec = dataclasses.replace(spec, reset_to_zero=sorted(set(spec.reset_to_zero) | zeroed))
     lk = LazyKernel(spec)

@@ -18,12 +18,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import _core, compile_pool, keys, stubgen
+import triton
+from triton.runtime.jit import JITFunction
+
+from . import _core, compile_pool, keys, pre_hooks, stubgen, tensor_desc, tuples
 from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, compile_stream, device_target
-from .spec import KernelSpec, ReadRecorder, describe
+from .spec import KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
 from .stubgen import Shape, Slot
 from .tuner import TuneOptions, tune
 
@@ -157,15 +160,20 @@ class LazyKernel(_core.LaunchBase):
         if key is None:
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
-        names = list(shape.names[:self._n_call])
-        types = [sl.param_type() if p else "constexpr" for sl, p in zip(shape.slots, entry.is_param)]
+        names = list(shape.arg_names[:self._n_call])
+        n_leaves = _call_leaves(shape, self._n_call)
+        # A descriptor's type is its dtype and block shape (Triton's tensordesc<fp16[64, 64]>).
+        types = [(tensor_desc.read(v, f"kernel {self.name}, argument {n}").type_string() if sl.kind == "desc"
+                  else sl.param_type()) if p else "constexpr"
+                 for sl, p, v, n in zip(shape.slots, entry.is_param, shape.leaf_values(args), shape.names)]
         meta = dict(entry.meta or {})
         dims = None
         if grid is not None:
             g = grid({**dict(zip(names, args)), **meta}) if callable(grid) else grid
             g = (g,) if isinstance(g, int) else tuple(g)
             dims = (*g, 1, 1, 1)[:3]
-        return Resolved(entry, names, tuple(args[:self._n_call]), types[:self._n_call], meta, dims, tuple(key))
+        return Resolved(entry, names, tuple(args[:self._n_call]), types[:n_leaves], meta, dims, tuple(key),
+                        list(shape.names[:n_leaves]))
 
     def _bind_call(self, args: tuple, kwargs: dict) -> tuple:
         """The positional call tuple the stubs read."""
@@ -288,8 +296,8 @@ class LazyKernel(_core.LaunchBase):
                     fn(rec)
                     read |= rec.read & named.keys()
         except Exception:
-            read = {n for n in named if is_array(named[n])}
-        if any(is_array(named[n]) for n in read):
+            read = {n for n in named if _holds_array(named[n])}
+        if any(_holds_array(named[n]) for n in read):
             log.debug("kernel %s: heuristics read arrays (%s): evaluated in Python on every call", self.name, read)
             self._python_heuristics = True
         else:
@@ -305,14 +313,39 @@ class LazyKernel(_core.LaunchBase):
 
     def _shape(self, args: tuple) -> Shape:
         keyed = set(self.spec.tune_keys) | (self._heuristic_reads or set())
-        names, slots = [], []
-        for p, v in zip(self._call_params, args):
+        names, slots, paths, nodes = [], [], [], []
+        for i, (p, v) in enumerate(zip(self._call_params, args)):
+            if tuples.is_tuple(v) and not p.is_constexpr and p.annotation.removeprefix("tl.") not in _SCALAR_ANNOTATIONS:
+                # A tuple argument: one slot per element, specialized as Triton's
+                # binder specializes tuple elements (lazytriton.tuples).
+                what = f"kernel {self.name}, argument {p.name}"
+                self._check_tuple_param(p, v, what)
+                nodes += [((i, *sub), n) for sub, n in tuples.nodes(v)]
+                for sub, leaf in tuples.leaves(v):
+                    name = tuples.leaf_name(p.name, sub)
+                    names.append(name)
+                    slots.append(self._value_slot(leaf, p.name in keyed, f"kernel {self.name}, argument {name}"))
+                    paths.append((i, *sub))
+                continue
             names.append(p.name)
             slots.append(self._slot(p, v, p.name in keyed))
-        for name in self._extra_arg_names(args):
+            paths.append((i,))
+        for j, name in enumerate(self._extra_arg_names(args)):
             names.append(name)
             slots.append(Slot("constexpr"))
-        return Shape(tuple(names), tuple(slots))
+            paths.append((self._n_call + j,))
+        if not nodes:
+            return Shape(tuple(names), tuple(slots))
+        arg_names = tuple(p.name for p in self._call_params[:len(args)]) + tuple(self._extra_arg_names(args))
+        return Shape(tuple(names), tuple(slots), tuple(paths), arg_names, tuple(nodes))
+
+    def _check_tuple_param(self, p, v: tuple, what: str) -> None:
+        for sub, n in tuples.nodes(v):
+            tuples.check_plain(tuples.at(v, sub), tuples.leaf_name(what, sub))
+        for role in ("reset_to_zero", "restore_value"):
+            if p.name in getattr(self.spec, role):
+                raise TypeError(f"{what}: is a tuple, and {role} names it; Triton's autotuner cannot zero or restore "
+                                "a tuple (it calls .zero_()/.copy_() on the argument): name array parameters only")
 
     def _extra_arg_names(self, args: tuple) -> list[str]:
         n = len(args) - self._n_call
@@ -329,15 +362,22 @@ class LazyKernel(_core.LaunchBase):
         ann = p.annotation.removeprefix("tl.")
         if ann in _SCALAR_ANNOTATIONS:
             return self._annotated_slot(p, ann, v, in_key, what)
-        if v is None:
-            return Slot("constexpr")
+        return self._value_slot(v, in_key, what, specialize=not p.do_not_specialize,
+                                align=not p.do_not_specialize_on_alignment)
+
+    def _value_slot(self, v: Any, in_key: bool, what: str, specialize: bool = True, align: bool = True) -> Slot:
+        """The slot of an unannotated argument or a tuple element (whose flags
+        are always Triton's defaults: its binder specializes tuple elements
+        with specialize and align on, whatever the parameter says)."""
+        if v is None or _is_constexpr_value(v):
+            return Slot("constexpr")  # folded into the binary (Triton: a constexpr, keyed by value)
         if isinstance(v, bool):
             return Slot("bool", in_key=in_key)
         if isinstance(v, int):
             # Triton: == 1 becomes a constexpr unless do_not_specialize; % 16 == 0
             # gets tt.divisibility unless do_not_specialize(_on_alignment).
-            spec = not p.do_not_specialize
-            div = spec and not p.do_not_specialize_on_alignment
+            spec = specialize
+            div = spec and align
             if -2**31 <= v < 2**31:
                 t = "i32"
             elif -2**63 <= v < 2**63:
@@ -351,10 +391,13 @@ class LazyKernel(_core.LaunchBase):
             return Slot("float", in_key=in_key)
         if is_array(v):
             info = array_info(v, what)
-            spec = not (p.do_not_specialize or p.do_not_specialize_on_alignment)
-            return Slot("ptr", dtype=DTYPE_IDS[info.dtype], specialize=spec)
+            return Slot("ptr", dtype=DTYPE_IDS[info.dtype], specialize=specialize and align)
+        if tensor_desc.is_descriptor(v):
+            # Triton specializes a descriptor on its dtype and block shape only (its type).
+            d = tensor_desc.read(v, what)
+            return Slot("desc", dtype=DTYPE_IDS[d.dtype], rank=d.rank)
         raise TypeError(f"{what}: unsupported argument type {type(v).__name__} "
-                        "(expected a device array, int, float, bool or None)")
+                        "(expected a device array, a tensor descriptor, int, float, bool, None or a tuple of these)")
 
     def _annotated_slot(self, p, ann: str, v: Any, in_key: bool, what: str) -> Slot:
         """A parameter annotated with a scalar type (n: tl.int64, x: tl.float16):
@@ -392,7 +435,7 @@ class LazyKernel(_core.LaunchBase):
     def _check_launchable(self, shape: Shape, args: tuple) -> None:
         """Values whose slot is their parameter's type but that Triton's launcher
         refuses to convert to it: a float for an integer or tl.int1 parameter."""
-        for name, slot, v in zip(shape.names, shape.slots, args):
+        for name, slot, v in zip(shape.names, shape.slots, shape.leaf_values(args)):
             if slot.annotated and slot.kind in ("int", "bool") and isinstance(v, float):
                 raise TypeError(f"kernel {self.name}, argument {name}: a float ({v!r}) cannot be passed as "
                                 f"{slot.param_type()}, its annotated type (Triton's launcher takes only ints "
@@ -438,6 +481,22 @@ class LazyKernel(_core.LaunchBase):
 
 
 _EMPTY = inspect.Parameter.empty
+
+
+def _holds_array(v: Any) -> bool:
+    """An array or a tensor descriptor (whose contents, shape, strides the call key
+    does not hold), or a tuple with one among its elements."""
+    return any(is_array(leaf) or tensor_desc.is_descriptor(leaf) for _, leaf in tuples.leaves(v))
+
+
+def _call_leaves(shape: Shape, n_call: int) -> int:
+    """Slots of the call arguments (those of the trailing pseudo-arguments left out)."""
+    return sum(1 for path in shape.slot_paths() if path[0] < n_call)
+
+
+def _is_constexpr_value(v: Any) -> bool:
+    """A tl.constexpr or a @triton.jit function: Triton's binder makes either a constexpr."""
+    return isinstance(v, (triton.language.constexpr, JITFunction))
 # Annotations that fix a scalar parameter's type (Triton's annotation_type):
 # ints, tl.int1 (u1), floats; the fp8 types cannot be passed as scalars.
 _SCALAR_ANNOTATIONS = frozenset(stubgen.FIXED_INTS) | frozenset(stubgen.FLOAT_CTYPES) | {"u1"} | {
@@ -455,10 +514,13 @@ class Resolved:
     entry: Any  # _core.Entry: .kernel (cubin, metadata), .is_param, .meta
     names: list  # the kernel's call arguments, in order
     args: tuple  # their values in this call
-    types: list  # each argument's kernel parameter type ("*fp16", "i32", "fp32", "u1") or "constexpr"
+    # Each leaf's kernel parameter type ("*fp16", "i32", "fp32", "u1") or "constexpr": one per
+    # argument, a tuple argument one per element (depth first; lazytriton.tuples), as entry.is_param.
+    types: list
     meta: dict  # the winner's meta-parameters (what a grid callable sees besides the arguments)
     grid: tuple | None  # (x, y, z) when a grid was given
     key: tuple  # the call key: the specialization this winner serves
+    leaf_names: list | None = None  # per entry of `types`: "n", or "xs[1][0]" in a tuple argument
 
     @property
     def kernel(self):
@@ -477,16 +539,30 @@ class Resolution:
         self.extras = args[k._n_call:]
         self.names = [p.name for p in k._call_params]
         self.named = dict(zip(self.names, self.values))
+        # Leaves: an argument, or each element of a tuple argument (lazytriton.tuples).
+        # Tuning, kernel parameters and written buffers are per leaf.
+        n_leaves = _call_leaves(shape, k._n_call)
+        self.leaf_names = list(shape.names[:n_leaves])
+        self.leaf_values = tuple(shape.leaf_values(args)[:n_leaves])
         self.arrays = {}
-        bind_values = []
-        for name, v in zip(self.names, self.values):
+        self.descs: dict[str, tensor_desc.DescInfo] = {}  # host tensor descriptor leaves
+        for name, v in zip(self.leaf_names, self.leaf_values):
             if is_array(v):
                 info = array_info(v, f"kernel {k.name}, argument {name}")
                 self.arrays[name] = (info.ptr, info.nbytes or 0)
-                bind_values.append(PointerArg(info.ptr, info.dtype))
-            else:
-                bind_values.append(v)
-        self.bind_values = tuple(bind_values)
+            elif tensor_desc.is_descriptor(v):
+                d = self.descs[name] = tensor_desc.read(v, f"kernel {k.name}, argument {name}")
+                self.arrays[name] = (d.ptr, d.nbytes)  # its base: what a trial may write
+
+        def bind_value(v):
+            if is_array(v):
+                info = array_info(v)
+                return PointerArg(info.ptr, info.dtype)
+            if tensor_desc.is_descriptor(v):  # what Triton's binder sees: its dtype and block shape
+                return tensor_desc.bind_value(tensor_desc.read(v, "a tensor descriptor"))
+            return v
+
+        self.bind_values = tuple(tuples.map_leaves(v, bind_value) for v in self.values)
         self.options, _ = k.split_extras(args)
 
     def run(self):
@@ -499,6 +575,8 @@ class Resolution:
         # alignment, ==1, %16, key values), so a cached winner is found without
         # running Triton's binder (whose first use can import torch: seconds).
         shape_sig = {n: sl.code() for n, sl in zip(self.shape.names, self.shape.slots)}
+        if not self.shape.flat:  # tuple arguments: their nesting too (an empty tuple has no slot)
+            shape_sig["(tuples)"] = [[list(p), n] for p, n in self.shape.tuples]
         self.portable_key = self.shape.portable_key(tuple(self.key), self.values + self.extras)
         tkey = keys.tuning_key(self.spec.fn, shape_sig, {}, {}, self.spec.configs, self.options, self.target,
                                dev["name"], self.portable_key, dev["driver_version"])
@@ -535,10 +613,30 @@ class Resolution:
             meta = self.k._meta_kwargs(cfg, self.named, self.options)
             # By name: a parameter its configs set may sit between call parameters
             # (softmax(x, y, n, ROWS, BLOCK) with ROWS in the configs).
-            c = Candidate(i, cfg, binder.bind((), {**dict(zip(self.names, self.bind_values)), **meta}))
+            values = dict(zip(self.names, self.bind_values))
+            blocks = self._hook_blocks(i, cfg, meta)
+            for name, block in blocks.items():  # the config's block shapes are the descriptors' types
+                values[name] = tensor_desc.bind_value(self.descs[name], block)
+            c = Candidate(i, cfg, binder.bind((), {**values, **meta}))
             c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES}
+            if blocks:
+                c.extra["desc_blocks"] = {n: list(b) for n, b in blocks.items()}
             cands.append(c)
         return cands
+
+    def _hook_blocks(self, i: int, cfg, meta: dict) -> dict:
+        """The block shape config i's pre_hook sets per descriptor argument (pre_hooks.py)."""
+        if cfg is None or getattr(cfg, "pre_hook", None) is None:
+            return {}
+        try:
+            blocks = pre_hooks.blocks(self.spec, i, cfg, self.named, meta, set(self.descs))
+        except pre_hooks.HookRefused as exc:
+            raise pre_hook_refusal(self.k.name, self.spec.configs, *exc.args) from None
+        for name, block in blocks.items():
+            if len(block) != self.descs[name].rank:
+                raise KernelSpecError(f"kernel {self.k.name}: config {i}'s pre_hook sets {name}.block_shape to "
+                                      f"{list(block)}, but the descriptor has rank {self.descs[name].rank}")
+        return blocks
 
     def _ckey(self, c: Candidate) -> str:
         b = c.bound
@@ -593,7 +691,7 @@ class Resolution:
         ready = compile_stream(self.spec, self.target, pruned, load=lambda c: cache.load_binary(ckeys[id(c)]),
                                store=store)
         with contextlib.closing(ready):
-            winner = tune(k.name, ready, self.names, self.values, self.arrays, self._grid_of, self.stream,
+            winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays, self._grid_of, self.stream,
                           self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options,
                           scratch=k.scratch_args)
         _stats["tunes"] += int(len(pruned) > 1)
@@ -626,8 +724,12 @@ class Resolution:
     def _launch_info(self, c: Candidate) -> dict:
         """What a later process needs to launch the winner: which call arguments
         are kernel parameters, and the meta-parameters a grid callable sees."""
-        is_param = [c.bound.signature.get(n, "constexpr") != "constexpr" for n in self.names]
-        return {"is_param": is_param + [False] * len(self.extras), "meta": dict(c.extra["meta"])}
+        flat = c.bound.flat_signature
+        is_param = [flat.get(n, "constexpr") != "constexpr" for n in self.leaf_names]
+        info = {"is_param": is_param + [False] * len(self.extras), "meta": dict(c.extra["meta"])}
+        if self.descs:  # each descriptor's compiled type (the block shape a pre_hook chose is in it)
+            info["descriptors"] = {n: flat.get(n) for n in self.descs}
+        return info
 
     def _entry(self, c: Candidate):
         info = self._launch_info(c)

@@ -10,9 +10,20 @@ import triton
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction
 
+from . import pre_hooks
+
 
 class KernelSpecError(ValueError):
     """A kernel description lazytriton cannot run; the message names the kernel."""
+
+
+class PreHookRefused(KernelSpecError, NotImplementedError):
+    """A config pre_hook that does more than set tensor descriptors' block
+    shapes (pre_hooks.py). Also a NotImplementedError, as jax-triton raises."""
+
+    def __init__(self, message: str, index: int, why: str):
+        super().__init__(message)
+        self.index, self.why = index, why
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,12 @@ class KernelSpec:
         """Triton's prune_configs_by semantics: early_config_prune, then perf_model/top_k."""
         pruned = configs
         if self.early_config_prune:
-            pruned = list(self.early_config_prune(configs, named_args, **kwargs))
+            # Triton passes the call's keyword arguments too (tutorial 06 reads
+            # kwargs["N_CTX"]); a call here has no keywords left, so a function
+            # taking **kwargs gets every argument by name.
+            extra = {k: v for k, v in named_args.items() if k not in kwargs} if _takes_var_kwargs(
+                self.early_config_prune) else {}
+            pruned = list(self.early_config_prune(configs, named_args, **kwargs, **extra))
             if not pruned:
                 raise KernelSpecError(f"kernel {self.name}: early_config_prune returned no configs")
         if self.perf_model:
@@ -111,6 +127,13 @@ def is_gluon(fn: Any) -> bool:
     binder as @triton.jit, but its own ASTSource (IR starts at TTGIR)."""
     check = getattr(fn, "is_gluon", None)  # JITFunction.is_gluon(), Triton 3.5+
     return bool(check()) if callable(check) else False
+
+
+def _takes_var_kwargs(fn: Callable) -> bool:
+    try:
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
 
 
 def _params_of(fn: JITFunction) -> list[Param]:
@@ -175,10 +198,19 @@ def _validate(spec: KernelSpec) -> None:
                 raise KernelSpecError(f"kernel {spec.name}: {what} names {n!r}, which is not a parameter "
                                       f"(parameters: {', '.join(spec.arg_names)})")
     for i, cfg in enumerate(spec.configs):
-        if getattr(cfg, "pre_hook", None) is not None:
-            raise KernelSpecError(
-                f"kernel {spec.name}: config {i} ({cfg}) has a pre_hook; lazytriton launches from C++ without "
-                "Python and cannot run it. Use reset_to_zero=/restore_value= on triton.autotune instead")
         for k in cfg.kwargs:
             if k not in names:
                 raise KernelSpecError(f"kernel {spec.name}: config {i} sets {k!r}, which is not a parameter")
+    try:
+        pre_hooks.check(spec)
+    except pre_hooks.HookRefused as exc:
+        raise pre_hook_refusal(spec.name, spec.configs, *exc.args) from None
+
+
+def pre_hook_refusal(name: str, configs: list, index: int, why: str) -> PreHookRefused:
+    """The error for a config pre_hook lazytriton cannot run (pre_hooks.py)."""
+    return PreHookRefused(
+        f"kernel {name}: config {index} ({configs[index]}) has a pre_hook; lazytriton launches from C++ without "
+        "Python and cannot run it. Use reset_to_zero=/restore_value= on triton.autotune instead (a pre_hook that "
+        f"only sets tensor descriptors' block_shape from the config's meta-parameters is supported; this one {why})",
+        index, why)

@@ -36,7 +36,7 @@ FIXED_INTS = {"i8": "kFixI8", "i16": "kFixI16", "i32": "kFixI32", "i64": "kFixI6
 INT_RANGES = {t: ((-2**(int(t[1:]) - 1), 2**(int(t[1:]) - 1) - 1) if t[0] == "i" else (0, 2**int(t[1:]) - 1))
               for t in FIXED_INTS}
 # Codes of the table-driven stub (generic_stub.cc; FixedInt in python_args.h).
-_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4}
+_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4, "desc": 5}
 _FIXED_CODES = {t: i for i, t in enumerate(("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"))}
 _FLOAT_CODES = {"fp16": 0, "bf16": 1, "fp32": 2, "fp64": 3}
 # Float parameter types, with the C type the stub packs each as (Triton's launcher's bytes).
@@ -45,9 +45,10 @@ FLOAT_CTYPES = {"fp16": "uint16_t", "bf16": "uint16_t", "fp32": "float", "fp64":
 
 @dataclass(frozen=True)
 class Slot:
-    """How one call argument is read. kind: ptr | int | float | bool | constexpr."""
+    """How one call argument is read. kind: ptr | int | float | bool | constexpr |
+    desc (a host tensor descriptor: its block shape goes into the call key)."""
     kind: str
-    dtype: int = -1  # ptr: lazytriton.arrays.DTYPE_IDS value
+    dtype: int = -1  # ptr, desc: lazytriton.arrays.DTYPE_IDS value
     int_type: str = ""  # int: Triton type of this call ("i32"/"i64"/"u64", or the annotation)
     # Type fixed by the parameter's annotation. int: no class switching, and a
     # bool is taken too, as 0 or 1 with no bits keyed (as Triton's binder does);
@@ -58,11 +59,15 @@ class Slot:
     in_key: bool = False  # value goes into the call key (autotune key, read by heuristics)
     divisibility: bool = True  # ints: the % 16 bit (tt.divisibility 16)
     float_type: str = "fp32"  # float: the parameter type, fp16 | bf16 | fp32 | fp64
+    rank: int = 0  # desc: the descriptor's rank
 
     def param_type(self) -> str:
-        """The kernel parameter type the stub packs this argument as."""
+        """The kernel parameter type the stub packs this argument as (a
+        descriptor's: its dtype and rank; its block shape is per call)."""
         if self.kind == "ptr":
             return "*" + DTYPES[self.dtype]
+        if self.kind == "desc":
+            return f"tensordesc<{DTYPES[self.dtype]}>[rank {self.rank}]"
         return {"int": self.int_type, "float": self.float_type, "bool": "u1"}.get(self.kind, "constexpr")
 
     def code(self) -> str:
@@ -74,16 +79,54 @@ class Slot:
             text += f":div{int(self.divisibility)}"
         if self.kind == "float" and self.float_type != "fp32":
             text += f":{self.float_type}"
+        if self.kind == "desc":
+            text += f":r{self.rank}"
         return text
 
 
 @dataclass(frozen=True)
 class Shape:
-    names: tuple[str, ...]
+    """How a call's arguments are read: one slot per leaf. Without tuple
+    arguments a leaf is an argument (`paths`, `args` and `tuples` empty).
+    With them (lazytriton.tuples), `paths[i]` is slot i's path (argument index,
+    then element indices), `args` the call's argument names (what a grid
+    callable sees) and `tuples` the (path, length) of every tuple argument and
+    nested tuple, which the stub checks before reading the leaves."""
+    names: tuple[str, ...]  # per slot: the argument's name, or the leaf's ("xs[1][0]")
     slots: tuple[Slot, ...]
+    paths: tuple[tuple[int, ...], ...] = ()
+    args: tuple[str, ...] = ()
+    tuples: tuple[tuple[tuple[int, ...], int], ...] = ()
+
+    @property
+    def flat(self) -> bool:
+        return not self.paths
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return self.names if self.flat else self.args
+
+    def slot_paths(self) -> tuple[tuple[int, ...], ...]:
+        return tuple((i,) for i in range(len(self.slots))) if self.flat else self.paths
+
+    def leaf_values(self, args: tuple) -> list:
+        """The value of each slot in a call tuple of this shape."""
+        if self.flat:
+            return list(args[:len(self.slots)])
+        out = []
+        for path in self.paths:
+            v = args
+            for i in path:
+                v = v[i]
+            out.append(v)
+        return out
 
     def digest(self) -> str:
         text = "|".join(f"{n}={s.code()}" for n, s in zip(self.names, self.slots))
+        if not self.flat:  # only then: shapes without tuples keep their digests
+            text += "|args=" + ",".join(self.args) + "|paths=" + ";".join(
+                ".".join(map(str, p)) for p in self.paths) + "|tuples=" + ";".join(
+                ".".join(map(str, p)) + f"#{n}" for p, n in self.tuples)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def shape_word(self) -> int:
@@ -93,8 +136,7 @@ class Shape:
 
     def key_words(self) -> int:
         bits_words = (2 * len(self.slots) + 63) // 64
-        value_words = sum(2 if s.kind == "constexpr" else 1 for s in self.slots if s.in_key or s.kind == "constexpr")
-        return bits_words + value_words + 1
+        return bits_words + sum(_value_words(s) for s in self.slots) + 1
 
     def table(self) -> tuple:
         """The slot table of the table-driven stub (csrc/python/generic_stub.cc)."""
@@ -103,6 +145,8 @@ class Shape:
             kind = _KINDS[sl.kind]
             if sl.kind == "int":
                 code = _FIXED_CODES[sl.int_type] if sl.annotated else INT_CLASSES[sl.int_type]
+            elif sl.kind == "desc":
+                code = sl.rank
             else:
                 code = 0
             rows.append((kind, sl.dtype, code, int(sl.annotated), int(sl.specialize), int(sl.in_key),
@@ -115,21 +159,47 @@ class Shape:
         depends on this process's history) replaced by the value itself."""
         out = list(key[:-1])
         w = (2 * len(self.slots) + 63) // 64
-        for s, v in zip(self.slots, args):
-            if s.kind == "constexpr":
-                if out[w] in (5, 6):
-                    out[w + 1] = v
-                w += 2
-            elif s.in_key:
-                w += 1
+        for s, v in zip(self.slots, self.leaf_values(args)):
+            if s.kind == "constexpr" and out[w] in (5, 6):
+                out[w + 1] = v
+            w += _value_words(s)
         return tuple(out)
 
 
-def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
-    """(member declaration, statements reading argument i into a.s{i}, next value word)."""
+def _value_words(s: Slot) -> int:
+    """Key words after the bit words that one slot takes."""
+    if s.kind == "constexpr":
+        return 2
+    if s.kind == "desc":
+        return s.rank  # its block shape: part of the kernel's type
+    return 1 if s.in_key else 0
+
+
+def _node_var(path: tuple) -> str:
+    return "t_" + "_".join(map(str, path))
+
+
+def _item_expr(path: tuple) -> str:
+    """The C expression of the object at `path` of the call tuple (its tuples checked first)."""
+    parent = "args" if len(path) == 1 else _node_var(path[:-1])
+    return f"PyTuple_GET_ITEM({parent}, {path[-1]})"
+
+
+def _tuple_checks(shape: Shape) -> list[str]:
+    """Statements that check every tuple of the call and name it, outermost first."""
+    out = []
+    for path, n in shape.tuples:
+        v = _node_var(path)
+        out += [f"PyObject* {v} = {_item_expr(path)};",
+                f"if (!PyTuple_CheckExact({v}) || PyTuple_GET_SIZE({v}) != {n}) return false;"]
+    return out
+
+
+def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tuple[str, list[str], int]:
+    """(member declaration, statements reading slot i into a.s{i}, next value word)."""
     bit = f"a.key[{(2 * i) // 64}] |= "
     sh = (2 * i) % 64
-    arg = f"PyTuple_GET_ITEM(args, {i})"
+    arg = _item_expr(path or (i,))
     out = []
     if s.kind == "ptr":
         member = f"uint64_t s{i};"
@@ -180,6 +250,12 @@ def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
         member = f"uint64_t s{i};"
         out.append(f"constexpr_key({arg}, &a.key[{value_word}]);")
         value_word += 2
+    elif s.kind == "desc":
+        member = f"HostTensorDesc s{i};"
+        out.append(f"if (!get_tensor_desc({arg}, {s.dtype}, {s.rank}, &a.s{i})) return false;")
+        for j in range(s.rank):
+            out.append(f"a.key[{value_word}] = uint64_t(a.s{i}.block[{j}]);")
+            value_word += 1
     else:
         raise ValueError(f"unknown slot kind {s.kind}")
     return member, out, value_word
@@ -187,19 +263,31 @@ def _arg_code(i: int, s: Slot, value_word: int) -> tuple[str, list[str], int]:
 
 def generate(shape: Shape, module_name: str) -> str:
     n = len(shape.slots)
+    n_args = len(shape.arg_names)
     words = shape.key_words()
     value_word = (2 * n + 63) // 64
-    members, body = [], []
-    for i, s in enumerate(shape.slots):
-        member, lines, value_word = _arg_code(i, s, value_word)
+    members, body = [], [f"  {line}" for line in _tuple_checks(shape)]
+    for i, (s, path) in enumerate(zip(shape.slots, shape.slot_paths())):
+        member, lines, value_word = _arg_code(i, s, value_word, path)
         members.append(f"  {member}  // {shape.names[i]}: {s.code()}")
         body += [f"  {line}" for line in lines]
-    pack = [f"  if (e->is_param[{i}]) params[np++] = &a.s{i};" for i in range(n)]
+    pack, n_desc = [], 0
+    for i, s in enumerate(shape.slots):
+        if s.kind == "desc":  # encoded for the resolved kernel (may throw: inside the try)
+            pack.append(f"    DescParams d{n_desc};")
+            pack.append(f"    if (e->is_param[{i}]) np += pack_tensor_desc(e->kernel->meta().tensordesc, "
+                        f"e->kernel->meta().tensordesc_abi, {n_desc}, a.s{i}, d{n_desc}, params + np, kernel->name(), "
+                        f"\"{shape.names[i]}\");")
+            n_desc += 1
+        else:
+            pack.append(f"    if (e->is_param[{i}]) params[np++] = &a.s{i};")
     packed = [f"  PyTuple_SET_ITEM(t, {i}, "
-              + ("Py_NewRef(Py_None)" if s.kind == "constexpr" else
+              + ("Py_NewRef(Py_None)" if s.kind == "constexpr" else f"desc_tuple(a.s{i})" if s.kind == "desc" else
                  f"PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&a.s{i}), sizeof(a.s{i}))") + ");"
               for i, s in enumerate(shape.slots)]
-    names = ", ".join(f'"{nm}"' for nm in shape.names) or '""'
+    n_params = f"kSlots + 1 + {n_desc} * kMaxDescParams"
+    # The call's argument names (a tuple argument is one name): what a grid callable sees.
+    names = ", ".join(f'"{nm}"' for nm in shape.arg_names) or '""'
     # Plain CPython API, no pybind11: its headers made a stub's build take ~5 s of g++.
     return f"""// Generated by lazytriton.stubgen for argument shape {shape.digest()}. Do not edit.
 #include <Python.h>
@@ -212,7 +300,8 @@ using namespace lt;
 using namespace lt::pyargs;
 
 namespace {{
-constexpr Py_ssize_t kArgs = {n};
+constexpr Py_ssize_t kArgs = {n_args};  // call arguments
+constexpr Py_ssize_t kSlots = {n};  // their leaves (a tuple argument has one per element)
 constexpr size_t kKeyWords = {words};
 constexpr uint64_t kShapeWord = 0x{shape.shape_word():016x}ULL;  // the key's last word
 const char* kNames[] = {{{names}}};
@@ -257,12 +346,12 @@ PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{
   if (!read(args, a)) Py_RETURN_NONE;
   const Entry* e = kernel->find(a.key, kKeyWords);
   if (!e) return key_tuple(a);
-  void* params[kArgs + 1];
-  size_t np = 0;
-{chr(10).join(pack)}
   Dim3 g;
   if (!eval_grid(grid, *e, g_names, args, kArgs, &g, kernel->name().c_str())) return nullptr;
   try {{
+    void* params[{n_params}];
+    size_t np = 0;
+{chr(10).join(pack)}
     e->kernel->launch(stream, g, params, np);
   }} catch (const std::exception& ex) {{
     return raise(ex, kernel->name().c_str());
@@ -277,15 +366,15 @@ PyObject* key(PyObject*, PyObject* args) {{
   return key_tuple(a);
 }}
 
-// params(args) -> per argument, the bytes the stub passes to the kernel (None for
+// params(args) -> per slot (leaf), the bytes the stub passes to the kernel (None for
 // a constexpr slot), or None (not this stub's shape). For tests: no GPU needed.
 PyObject* params(PyObject*, PyObject* args) {{
   Args a;
   if (!read(args, a)) Py_RETURN_NONE;
-  PyObject* t = PyTuple_New(kArgs);
+  PyObject* t = PyTuple_New(kSlots);
   if (!t) return nullptr;
 {chr(10).join(packed)}
-  for (Py_ssize_t i = 0; i < kArgs; ++i)
+  for (Py_ssize_t i = 0; i < kSlots; ++i)
     if (!PyTuple_GET_ITEM(t, i)) return Py_DECREF(t), nullptr;
   return t;
 }}
@@ -365,8 +454,9 @@ def generic_stub(shape: Shape):
     d = shape.digest()
     stub = _generic.get(d)
     if stub is None:
+        layout = () if shape.flat else (shape.args, shape.paths, shape.tuples)
         stub = _generic.setdefault(d, _generic_stub.Stub(shape.names, shape.table(), shape.key_words(),
-                                                         shape.shape_word()))
+                                                         shape.shape_word(), *layout))
     return stub
 
 

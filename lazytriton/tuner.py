@@ -57,14 +57,21 @@ class CallBuffers:
 
 
 def runtime_args(c: Candidate, names: list[str], values: tuple, arrays: dict) -> tuple[list[str], list]:
-    """Kernel parameter types and values for one candidate (constexprs dropped)."""
+    """Kernel parameter types and values for one candidate (constexprs dropped);
+    a tensor descriptor as the tuple the C++ core encodes for the candidate."""
+    from . import tensor_desc
+
     types, vals = [], []
+    sig = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.tuples)
     for name, value in zip(names, values):
-        t = c.bound.signature.get(name, "constexpr")
+        t = sig.get(name, "constexpr")
         if t == "constexpr":
             continue
         types.append(t)
-        vals.append(arrays[name][0] if name in arrays else value)
+        if t.startswith("tensordesc"):
+            vals.append(tensor_desc.read(value, name).as_tuple(name))
+        else:
+            vals.append(arrays[name][0] if name in arrays else value)
     return types, vals
 
 
@@ -72,7 +79,8 @@ def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict,
     """Pointer arguments any candidate may write (from its TTIR), plus restore_value."""
     out = set(restore_value)
     for c in candidates:
-        runtime = [n for n in names if c.bound.signature.get(n, "constexpr") != "constexpr"]
+        sig = c.bound.flat_signature
+        runtime = [n for n in names if sig.get(n, "constexpr") != "constexpr"]
         written = written_pointer_args(c.binary.ttir, runtime) if c.binary.ttir else None
         out |= set(written) if written is not None else {n for n in runtime if n in arrays}
     return sorted(n for n in out if n in arrays)

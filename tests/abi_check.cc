@@ -43,6 +43,13 @@ SAME_VALUE(CU_EVENT_DEFAULT, CU_EVENT_DEFAULT);
 SAME_VALUE(CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_CAPTURE_STATUS_NONE);
 SAME_VALUE(CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_RELAXED);
 
+SAME_VALUE(CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, CU_TENSOR_MAP_DATA_TYPE_TFLOAT32);
+SAME_VALUE(CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_INTERLEAVE_NONE);
+SAME_VALUE(CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_128B);
+SAME_VALUE(CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+SAME_VALUE(CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+SAME_VALUE(CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA, CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA);
+
 SAME_VALUE(LAUNCH_ATTR_COOPERATIVE, CU_LAUNCH_ATTRIBUTE_COOPERATIVE);
 SAME_VALUE(LAUNCH_ATTR_CLUSTER_DIMENSION, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
 SAME_VALUE(LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE, CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE);
@@ -64,6 +71,8 @@ static_assert(std::is_pointer_v<cu::CUevent> && std::is_pointer_v<CUevent>, "CUe
 #define SAME_FIELD(type, field)                                                   \
   static_assert(offsetof(cu::type, field) == offsetof(type, field), #type "." #field " offset"); \
   static_assert(sizeof(cu::type::field) == sizeof(type::field), #type "." #field " size")
+SAME_SIZE(CUtensorMap, CUtensorMap);
+static_assert(alignof(cu::CUtensorMap) >= alignof(CUtensorMap), "CUtensorMap alignment");
 SAME_SIZE(CUlaunchAttributeValue, CUlaunchAttributeValue);
 SAME_FIELD(CUlaunchAttributeValue, cooperative);
 SAME_FIELD(CUlaunchAttributeValue, clusterDim);
@@ -135,6 +144,7 @@ using pfn_cuStreamSynchronize = PFN_cuStreamSynchronize_v2000;
 using pfn_cuStreamIsCapturing = PFN_cuStreamIsCapturing_v10000;
 using pfn_cuStreamGetCtx = PFN_cuStreamGetCtx_v9020;
 using pfn_cuThreadExchangeStreamCaptureMode = PFN_cuThreadExchangeStreamCaptureMode_v10010;
+using pfn_cuTensorMapEncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
 }  // namespace want
 
 namespace abi {
@@ -147,6 +157,7 @@ template <> struct Real<cu::CUfunction> { using type = CUfunction; };
 template <> struct Real<cu::CUstream> { using type = CUstream; };
 template <> struct Real<cu::CUevent> { using type = CUevent; };
 template <> struct Real<cu::CUlaunchConfig> { using type = CUlaunchConfig; };
+template <> struct Real<cu::CUtensorMap> { using type = CUtensorMap; };
 
 // One parameter: identical after mapping, or an int where cuda.h has an enum of
 // the same size (CUresult, CUdevice_attribute, ...), through matching pointers.

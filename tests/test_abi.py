@@ -53,7 +53,14 @@ def test_declarations_match_cuda_h():
      "LT_DRIVER_FN(cuMemsetD8Async, cu::CUdeviceptr, unsigned,", "cuMemsetD8Async: signature differs"),
     ("driver_fns.inc", "LT_DRIVER_FN(cuStreamGetCtx, cu::CUstream, cu::CUcontext*)",
      "LT_DRIVER_FN(cuStreamGetCtx, cu::CUstream, cu::CUcontext*, void*)", "cuStreamGetCtx: signature differs"),
-], ids=["enum-value", "union-member-size", "struct-field-order", "parameter-type", "parameter-count"])
+    ("driver_fns.inc", "cu::CUtensorMap*, int, uint32_t, void*, const uint64_t*, const uint64_t*, const uint32_t*,",
+     "cu::CUtensorMap*, int, uint32_t, void*, const uint64_t*, const uint32_t*, const uint32_t*,",
+     "cuTensorMapEncodeTiled: signature differs"),
+    ("cuda_abi.h", "struct alignas(128) CUtensorMap", "struct alignas(64) CUtensorMap", "CUtensorMap alignment"),
+    ("cuda_abi.h", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 2",
+     "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA != CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA"),
+], ids=["enum-value", "union-member-size", "struct-field-order", "parameter-type", "parameter-count",
+        "tensor-map-strides", "tensor-map-alignment", "tensor-map-oob-fill"])
 def test_a_wrong_declaration_fails_the_check(tmp_path, file, old, new, message):
     copy = tmp_path / "include"
     shutil.copytree(INCLUDE, copy)

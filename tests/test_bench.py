@@ -1,16 +1,27 @@
-"""The benchmark harness on a machine without a GPU: `lazytriton bench --suite cpu`
-runs for real (lowering, cold compiles for sm_90, a stub build) and writes
-results.json, report.md and a plot."""
+"""The benchmark harness. Without a GPU: the `cpu` suite end to end (real
+lowering, cold compiles for sm_90, a stub build, through the runner's
+subprocesses), suite composition and --dry-run, merging processes, failures
+and timeouts of processes, the report and every plot from a synthetic
+results.json, the first-call timeline phases, the C++ program's build, the
+FFI floor handlers' build and the CUDA lowering of every JAX path the GPU
+suites time, and the reference checks those paths use. With a GPU: the quick
+suite end to end, every planned row measured and correct."""
 import json
 import math
 import os
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from lazytriton.bench import cli, cold, cpp, plan, report
 from lazytriton.bench.timing import interleaved, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"}
 
 
 def test_interleaved_keeps_every_sample_and_summary_reads_them():
@@ -28,17 +39,22 @@ def test_cpu_suite_writes_results_report_and_plot(tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "bench"
     r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "cpu", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
-                       env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"})
+                       capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "section 1/1: cpu" in r.stderr and "compiling each demo config" in r.stderr  # progress is shown
+    assert "[1/1] cpu:" in r.stderr and "compile config 7 (8/8)" in r.stderr  # progress: what runs, what is left
+    assert "left after it: 0 processes" in r.stderr
     res = json.loads((out / "results.json").read_text())
     rows = res["sections"]["cpu"]["rows"]
     names = [row["system"] for row in rows]
+    # What ran is what --dry-run lists.
+    groups, _ = plan.build("cpu", gpus=0)
+    assert names == groups[0].rows["cpu"]
     assert names[0].startswith("lazytriton.jax: jit(...).lower()")
     assert sum(n.startswith("compile config") for n in names) == 8 and names[-1].startswith("launch stub build")
     assert all(row["samples"] and all(math.isfinite(v) and v > 0 for v in row["samples"]) for row in rows)
-    assert res["environment"]["triton"] and res["suite"] == "cpu"
+    assert all(len(row["process_samples"]) == 1 for row in rows)
+    assert res["environment"]["triton"] and res["suite"] == "cpu" and res["runs"][0]["ok"]
+    assert not (out / ".work").exists()  # the run's caches are removed
     md = (out / "report.md").read_text()
     assert "| compile config 7" in md and "launch stub build" in md
     pytest.importorskip("matplotlib")
@@ -53,3 +69,433 @@ def test_gpu_suite_without_a_gpu_says_so(tmp_path):
     r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "quick", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120, cwd=str(tmp_path))  # the installed package
     assert r.returncode == 2 and "no GPU here" in r.stderr and "--suite cpu" in r.stderr
+
+
+def test_cli_refuses_bad_arguments(tmp_path):
+    assert cli.main(["--suite", "full", "--only", "launch,nonsense", "--dry-run", "--out", str(tmp_path)]) == 2
+    assert cli.main(["--suite", "cpu", "--processes", "0", "--out", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["--suite", "huge"])
+    with pytest.raises(ValueError, match="unknown suite"):
+        plan.build("huge", gpus=1)
+
+
+# -- suite composition -----------------------------------------------------------------------
+
+
+def _all(_module):
+    return True
+
+
+def test_suites_compose_every_system_and_fit_their_budgets():
+    full, notes = plan.build("full", gpus=1, importable=_all)
+    names = [g.name for g in full]
+    assert names == ["torch", "throughput", "jax-cb-on", "jax-cb-off", "cold-triton", "cold-lazy", "warm-lazy",
+                     "cold-jax", "warm-jax", "cold-jax-runtime-handler", "cold-jax-triton", "cpu"]
+    rows = {}
+    for g in full:
+        for sec, rs in g.rows.items():
+            rows.setdefault(sec, []).extend(rs)
+    for sec, rs in rows.items():
+        assert len(rs) == len(set(rs)), f"section {sec}: a row name twice"
+    launch, chain = rows["launch"], rows["chain"]
+    assert "raw cuLaunchKernel loop (C++)" in launch and "CUDA graph replay, per kernel" in launch
+    assert "Triton's launcher kernel[grid](...)" in launch and "lazytriton k[grid](...), CuPy" in launch
+    assert {"C++ program: BundleKernel::launch(Dim3)", "C++ program: typed stub launch_bench_add(k, ...)",
+            "C++ program: raw cuLaunchKernel loop"} <= set(launch)
+    for want in ("lazytriton.jax, command buffers on", "lazytriton.jax, command buffers on, donated input",
+                 "lazytriton.jax, command buffers off", "jax-triton, command buffers on",
+                 "floor: bare XLA FFI handler, no launch, command buffers off",
+                 "floor: CUDA graph replay of the same cubin", "floor: raw cuLaunchKernel loop, same cubin"):
+        assert want in chain
+    tp = rows["throughput"]
+    assert sum(r.startswith("matmul ") and r.endswith(": lazytriton") for r in tp) == 3  # the matmul at 3 shapes
+    for w in ("vector add", "softmax", "layer norm", "permute rows", "in-place scale"):
+        assert any(r.startswith(w) for r in tp) and any(r.startswith(w) for r in rows["jax_throughput"])
+    jtp = rows["jax_throughput"]
+    assert any("XLA's op" in r for r in jtp) and any("jax-triton" in r for r in jtp)
+    assert any(r.startswith("matmul") for r in rows["tuning"]) and "vector add 64M fp32" not in rows["tuning"]
+    assert len(rows["first_call"]) == 7 and any("warm" in r for r in rows["first_call"])
+    # The hook for the TMA matmul and flash attention: skipped with a note while their module is absent.
+    assert any(n.startswith("TMA persistent matmul: skipped (hook)") for n in notes)
+    assert any(n.startswith("flash attention forward: skipped (hook)") for n in notes)
+    assert any("distributed" in n and "2 GPUs" in n for n in notes)
+    # Budgets: the full suite in 3 processes fits a 10-minute device call; quick is about 2 minutes.
+    assert plan.estimate_s(full, 3) <= 7.25 * 60
+    quick, _ = plan.build("quick", gpus=1, importable=_all)
+    assert plan.estimate_s(quick, cli.DEFAULT_PROCESSES["quick"]) <= 2.4 * 60
+    assert {"cold-jax-runtime-handler", "warm-jax"}.isdisjoint(g.name for g in quick)
+    assert "small" not in next(g for g in quick if g.name == "torch").rows
+    two, _ = plan.build("full", gpus=2, importable=_all)
+    assert "distributed" in [g.name for g in two]
+
+
+def test_schedule_is_round_robin_and_cold_rows_precede_their_warm_rows():
+    groups, _ = plan.build("full", gpus=1, importable=_all)
+    order = plan.schedule(groups, 3)
+    reps = [rep for _, rep in order]
+    assert reps == sorted(reps)  # repetition by repetition: drift hits every group alike
+    assert [g.name for g, rep in order if rep == 2][:4] == ["torch", "throughput", "jax-cb-on", "jax-cb-off"]
+    once = [g.name for g, _ in order if g.name in ("cpu", "cold-jax-runtime-handler")]
+    assert once == ["cold-jax-runtime-handler", "cpu"]  # once, whatever --processes says
+    for rep in range(3):
+        names = [g.name for g, r in order if r == rep]
+        assert names.index("cold-lazy") < names.index("warm-lazy") and names.index("cold-jax") < names.index("warm-jax")
+    warm = next(g for g in groups if g.name == "warm-lazy")
+    assert warm.fresh_cache == "cold-lazy" and warm.script == cold.LAZY
+
+
+def test_missing_modules_skip_their_groups_with_a_note():
+    groups, notes = plan.build("full", gpus=1, importable=lambda m: m in ("triton", "jax"))
+    assert {g.name for g in groups} == {"jax-cb-on", "jax-cb-off", "cold-jax", "warm-jax", "cold-jax-runtime-handler",
+                                        "cpu"}
+    assert any("torch not importable" in n for n in notes) and any("jax_triton not importable" in n for n in notes)
+
+
+def test_dry_run_lists_processes_rows_and_estimate(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "full", "--dry-run", "--out",
+                        str(tmp_path / "never")], capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                       env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert "lazytriton bench --suite full:" in r.stdout and "min by estimate" in r.stdout
+    assert "group cpu:" in r.stdout and "    - launch stub build (generated C, g++)" in r.stdout
+    assert "skipped:" in r.stdout and "TMA persistent matmul" in r.stdout
+    assert not (tmp_path / "never").exists()  # nothing ran
+    r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "full", "--dry-run", "--only", "cpu"],
+                       capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=ENV)
+    assert r.returncode == 0 and "group cpu:" in r.stdout and "group jax-cb-on" not in r.stdout
+
+
+@pytest.mark.parametrize("script,section", [("launch_overhead.py", "launch"), ("cpp_launch_overhead.py", "launch"),
+                                            ("jax_chain.py", "chain"), ("cold_warm_start.py", "first_call"),
+                                            ("distributed_first_step.py", "distributed")])
+def test_benchmark_scripts_are_entry_points_to_the_harness(script, section, tmp_path):
+    src = (ROOT / "benchmarks" / script).read_text()
+    assert "script_main" in src and "perf_counter" not in src and "def " not in src  # no timing loop of their own
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--dry-run"], capture_output=True,
+                       text=True, timeout=120, cwd=str(tmp_path), env=ENV)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "lazytriton bench --suite full:" in r.stdout
+    planned = {s for g in plan.build("full", gpus=2, importable=_all)[0] for s in g.sections}
+    assert section in planned
+
+
+def test_tuning_kernels_name_the_harness_kernel():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import tuning_kernels
+
+        from lazytriton.bench import kernels
+        assert tuning_kernels.softmax is kernels.softmax_rows and len(tuning_kernels.SOFTMAX_CONFIGS) == 9
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+# -- the runner's processes ---------------------------------------------------------------------
+
+
+def test_a_failing_or_hanging_process_becomes_a_note_not_a_lost_run(tmp_path):
+    boom = plan.Group("boom", "a process that fails", {"launch": ["x"]},
+                      script="import sys; print('about to fail', flush=True); sys.exit(3)")
+    sections, error = cli._process(boom, 0, "quick", tmp_path, timeout=60)
+    assert sections is None and "exit 3" in error and "about to fail" in error
+    hang = plan.Group("hang", "a process that hangs", {"chain": ["y"]}, script="import time; time.sleep(600)")
+    sections, error = cli._process(hang, 0, "quick", tmp_path, timeout=3)
+    assert sections is None and "timed out after 3 s" in error
+    merged = cli.merge([{"group": "boom", "rep": 0, "error": error, "planned": ["launch", "chain"]}])
+    assert list(merged) == ["launch", "chain"] and "FAILED (timed out" in merged["chain"]["notes"][0]
+
+
+def test_a_cold_script_process_yields_its_timeline_row(tmp_path):
+    raw = {"first_call_s": 1.5, "imports_s": 2.0, "steady_call_s": 0.001, "max_err": 0.0,
+           "stats": {"compiles": 8, "tunes": 1, "record_hits": 0, "resolves": 1},
+           "stub_events": [[0.01, "building launch stub lt_stub_x for (a, b)"], [0.75, "built launch stub x in 0.74s"]],
+           "resolutions": [{"kernel": "demo_matmul", "candidates": 8, "compiled_s": 0.9, "tuned_s": 1.3, "at": 1.35}]}
+    g = plan.Group("cold-lazy", "first call", {"first_call": ["lazytriton, cold"]},
+                   script=cold.PRELUDE + f"done({raw!r})\n", fresh_cache="cold-lazy")
+    sections, error = cli._process(g, 1, "full", tmp_path, timeout=60)
+    assert error is None
+    (row,) = sections["first_call"]["rows"]
+    assert row["system"] == "lazytriton, cold" and row["samples"] == [1.5]
+    lanes = {p[0]: p[1:] for p in row["phases"]}
+    assert lanes["bind + cache lookup"] == pytest.approx([0.0, 0.05])
+    assert lanes["compile candidates"] == pytest.approx([0.05, 0.95])
+    assert lanes["compile + tune (overlapped)"] == pytest.approx([0.05, 1.35])
+    assert lanes["launch stub build (background)"] == pytest.approx([0.01, 0.75])
+    assert lanes["first launch"] == pytest.approx([1.35, 1.5])
+    assert row["split"]["imports_s"] == 2.0 and row["stats"]["compiles"] == 8
+
+
+def test_cold_scripts_are_python():
+    for group, _, _, script, *_ in cold.ROWS:
+        compile(script, group, "exec")  # they run only on a GPU: at least they parse
+
+
+def test_timeline_phases_of_each_kind_of_row():
+    jax_cold = {"first_call_s": 1.2, "lower_s": 0.01, "xla_compile_s": 0.09, "execute_s": 1.1, "import_s": 1,
+                "handler": {"how": "built", "seconds": 0.5, "ready_after_s": 0.3},
+                "resolutions": [{"kernel": "demo_matmul", "candidates": 8, "compiled_s": 0.7, "tuned_s": 1.0,
+                                 "at": 1.15}]}
+    lanes = {p[0]: p[1:] for p in cold.phases(jax_cold)}
+    assert lanes["jit(...).lower()"] == [0.0, 0.01] and lanes["XLA compile"] == pytest.approx([0.01, 0.1])
+    assert lanes["first execution"] == pytest.approx([0.1, 1.2]) and lanes["FFI handler (built)"] == [0.0, 0.3]
+    assert lanes["compile + tune (overlapped)"] == pytest.approx([0.15, 1.15])
+    warm = cold.phases({"first_call_s": 0.02, "stats": {}, "resolutions": []})
+    assert warm == [["cached winner: load + launch", 0.0, 0.02]]
+    assert cold.phases({"first_call_s": 5.0}) == [["compile + benchmark every config (serial)", 0.0, 5.0]]
+
+
+# -- merging and the report ------------------------------------------------------------------
+
+
+def _bars(title, unit, rows, ratio_to=None, **extra):
+    return {"title": title, "unit": unit, "better": "lower", "rows": rows, "notes": [f"{title} note"],
+            **({"ratio_to": ratio_to} if ratio_to else {}), **extra}
+
+
+def _process_output(rep: int, rng: random.Random) -> dict:
+    """One process's sections, as the workers write them (numbers invented)."""
+    def s(v, n=6):
+        return [v * (1 + 0.02 * rng.random()) for _ in range(n)]
+
+    launch = [{"system": "raw cuLaunchKernel loop (C++)", "kind": "floor", "samples": s(2.7)},
+              {"system": "lazytriton k[grid](...), torch", "kind": "lazytriton", "samples": s(3.6), "correct": True},
+              {"system": "Triton's launcher kernel[grid](...)", "kind": "other", "samples": s(11.0)},
+              {"system": "CUDA graph replay, per kernel", "kind": "floor", "samples": s(0.9)},
+              {"system": "C++ program: typed stub, default bundle", "kind": "lazytriton", "samples": s(2.8)}]
+    small = [{"system": f"softmax 32x1024 fp16: {k}", "kind": kind, "samples": s(v), "workload": "softmax 32x1024 fp16"}
+             for k, kind, v in (("lazytriton k[grid](...)", "lazytriton", 4.0),
+                                ("Triton's launcher (autotuner)", "other", 14.0), ("torch", "other", 6.0))]
+    chain = [{"system": "lazytriton.jax, command buffers on", "kind": "lazytriton", "samples": s(1.0),
+              "correct": True, "handler_runs_per_kernel": 0.0},
+             {"system": "lazytriton.jax, command buffers off", "kind": "lazytriton", "samples": s(3.5),
+              "correct": rep == 0, "handler_runs_per_kernel": 1.0},
+             {"system": "floor: CUDA graph replay of the same cubin", "kind": "floor", "samples": s(0.95)}]
+    ceil = {"copy_GBps": 4200.0 + rep, "matmul_TFLOPs": 700.0}
+
+    def tp(w, system, kind, us, bound, nbytes, flops, **kw):
+        rates = [flops / t / 1e6 if bound == "compute" else nbytes / t / 1e3 for t in s(us)]
+        return {"system": f"{w}: {system}", "kind": kind, "samples": s(us), "workload": w, "rate": rates,
+                "rate_unit": "TFLOP/s" if bound == "compute" else "GB/s", "bound": bound, "bytes": nbytes,
+                "flops": flops, **kw}
+
+    mm = 2 * 4096 ** 3
+    throughput = [tp("softmax 8192x4096 fp16", "lazytriton", "lazytriton", 38.0, "memory", 4 * 8192 * 4096,
+                     4 * 8192 * 4096, correct=True),
+                  tp("softmax 8192x4096 fp16", "torch", "other", 110.0, "memory", 4 * 8192 * 4096, 4 * 8192 * 4096,
+                     op="torch.softmax"),
+                  tp("matmul 4096^3 fp16", "lazytriton", "lazytriton", 204.0, "compute", 6 * 4096 ** 2, mm,
+                     correct=True),
+                  tp("permute rows 8192x2048 fp32 (index-driven)", "lazytriton", "lazytriton", 40.0, "memory",
+                     8 * 8192 * 2048, 0, correct=True)]
+    jthroughput = [tp("matmul 4096^3 fp16", "lazytriton.jax triton_call", "lazytriton", 206.0, "compute",
+                      6 * 4096 ** 2, mm, correct=True),
+                   tp("matmul 4096^3 fp16", "XLA's op", "other", 199.0, "compute", 6 * 4096 ** 2, mm,
+                      op="XLA: jnp.dot (cuBLAS)")]
+    times = [210.0, 207.0, 260.0, 250.0, 400.0, 204.0 + rep, 230.0, float("inf")]
+    tuning = [{"system": "matmul 4096^3 fp16", "kind": "lazytriton", "samples": [300.0 + rep],
+               "configs": [f"cfg{i}" for i in range(8)], "times_us": times, "chosen": 5 if rep else 1, "best": 5,
+               "ratio": times[5 if rep else 1] / times[5]}]
+    return {"launch": _bars("Host cost per launch", "us/launch", launch, "raw cuLaunchKernel loop (C++)"),
+            "small": _bars("Launch-bound sizes", "us/call", small),
+            "chain": _bars("Per-kernel time in a chain", "us/kernel", chain,
+                           "floor: CUDA graph replay of the same cubin"),
+            "throughput": {"title": "Kernel time of tuned workloads", "unit": "us", "rows": throughput,
+                           "ceilings": ceil, "notes": []},
+            "jax_throughput": {"title": "From JAX", "unit": "us", "rows": jthroughput, "notes": []},
+            "tuning": {"title": "Tuning quality", "unit": "ms", "rows": tuning, "notes": []}}
+
+
+def _first_call_output(group: str, first: float) -> dict:
+    raw = {"first_call_s": first, "imports_s": 3.0, "max_err": 0.01}
+    if group == "cold-lazy":
+        raw.update(stats={"compiles": 8, "tunes": 1}, stub_events=[[0.0, "building launch stub"],
+                                                                   [0.7, "built launch stub"]],
+                   resolutions=[{"kernel": "m", "candidates": 8, "compiled_s": 0.8, "tuned_s": first - 0.1,
+                                 "at": first - 0.05}])
+    elif group == "cold-jax":
+        raw.update(lower_s=0.01, xla_compile_s=0.1, execute_s=first - 0.11, backend_s=1.0,
+                   resolutions=[{"kernel": "m", "candidates": 8, "compiled_s": 0.7, "tuned_s": 1.0,
+                                 "at": first - 0.02}])
+    return {"first_call": cold.section([cold.to_row(group, raw)], [])}
+
+
+def _synthetic_results(tmp_path) -> dict:
+    rng = random.Random(0)
+    outputs = []
+    for rep in range(3):
+        outputs.append({"group": "torch+", "rep": rep, "sections": _process_output(rep, rng)})
+        for group, first in (("cold-triton", 5.0), ("cold-lazy", 1.4), ("warm-lazy", 0.03), ("cold-jax", 1.3)):
+            outputs.append({"group": group, "rep": rep, "sections": _first_call_output(group, first + 0.01 * rep)})
+    outputs.append({"group": "jax-cb-off", "rep": 1, "error": "exit 1; last output: boom", "planned": ["chain"]})
+    return {"command": "lazytriton bench --suite full", "suite": "full", "processes_per_group": 3,
+            "started": "2026-11-30T10:00:00", "finished": "2026-11-30T10:06:00", "wall_s": 360.0,
+            "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "skipped": ["TMA persistent matmul: hook"],
+            "runs": [{"group": "jax-cb-off", "rep": 1, "ok": False, "error": "exit 1; last output: boom"}],
+            "sections": cli.merge(outputs)}
+
+
+def test_merge_pools_processes_by_row_and_keeps_each_process():
+    res = _synthetic_results(None)
+    secs = res["sections"]
+    assert list(secs) == ["launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call"]
+    raw = secs["launch"]["rows"][0]
+    assert raw["system"] == "raw cuLaunchKernel loop (C++)" and len(raw["process_samples"]) == 3
+    assert len(raw["samples"]) == 18 and len(raw["per_process"]) == 3
+    off = next(r for r in secs["chain"]["rows"] if r["system"].endswith("command buffers off"))
+    assert off["correct"] is False  # wrong in one process: wrong
+    assert any("jax-cb-off, process 2: FAILED (exit 1" in n for n in secs["chain"]["notes"])
+    assert [c["copy_GBps"] for c in secs["throughput"]["ceilings_per_process"]] == [4200.0, 4201.0, 4202.0]
+    assert len(secs["throughput"]["rows"][0]["rate"]) == 18
+    assert [r["system"] for r in secs["first_call"]["rows"]] == [
+        "Triton's @triton.autotune, cold", "lazytriton, cold", "lazytriton, warm (new process, persisted winner)",
+        "lazytriton.jax, cold"]
+    assert report.ceilings(res)["copy_GBps"] == 4201.0
+    t = report.tuning_summary(secs["tuning"]["rows"][0])
+    assert t["chosen"] == [1, 5, 5] and t["best"] == 5 and t["times"][7] == float("inf")
+    assert t["ratio"] == pytest.approx(1.0)
+
+
+def test_report_and_every_plot_from_a_synthetic_results_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    res = _synthetic_results(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    assert cli.main(["--report-only", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    for png in ("launch", "small", "chain", "throughput", "roofline", "tuning", "first_call"):
+        assert (tmp_path / f"{png}.png").stat().st_size > 5000, png
+        assert f"]({png}.png)" in md
+    assert "| raw cuLaunchKernel loop (C++) (floor) | 2.7" in md and "| 1.00x |" in md
+    triton_row = r"\| Triton's launcher kernel\[grid\]\(\.\.\.\) \| 11\.\d \| [\d.]+-[\d.]+ \| [\d.]+-[\d.]+ \| 4\.\d+x"
+    assert re.search(triton_row, md)
+    assert "**WRONG RESULT**" in md and "handler runs/kernel 0.000" in md
+    assert "FAILED (exit 1" in md and "**Failed processes:**" in md
+    assert "Ceilings measured in this run: copy 4201 GB/s, fp16 matmul 700 TFLOP/s." in md
+    assert re.search(r"\| matmul 4096\^3 fp16 \| lazytriton \| 20\d\.?\d* \|", md)
+    assert "| matmul 4096^3 fp16 | 1 (207.0 us), 5 (205.0 us), 5 (205.0 us) | 5 (205.0 us) | 1.000 |" in md
+    assert "x faster" in md and "compiles 8, tunes 1" in md and "before the clock: imports 3.00 s" in md
+    assert "Skipped:" in md and "TMA persistent matmul" in md
+
+
+def test_report_without_matplotlib_sections_still_renders(tmp_path, monkeypatch):
+    res = _synthetic_results(tmp_path)
+    monkeypatch.setattr(report, "_plots", lambda results, out: {})  # the tables need no plotting library
+    md = report.write(res, tmp_path).read_text()
+    assert "## Host cost per launch" in md and "![" not in md
+
+
+# -- pieces the GPU suites run, checked without a GPU ----------------------------------------------
+
+
+def test_cpp_program_builds_and_refuses_a_missing_bundle(tmp_path):
+    names = re.findall(r'\{"([^"]+)", \[&\]', cpp.source().read_text())
+    assert names == [n for n, _ in cpp.PATHS]  # the rows --dry-run lists are the program's
+    prog = cpp.build(tmp_path)
+    assert prog.exists() and cpp.build(tmp_path) == prog  # built once
+    r = subprocess.run([str(prog), str(tmp_path / "no-bundle"), "2", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "error:" in r.stderr and "no-bundle" in r.stderr
+    r = subprocess.run([str(prog), str(tmp_path), "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and "positive" in r.stderr
+
+
+def test_ffi_floor_handlers_build_and_every_chain_lowers_for_cuda(tmp_path, monkeypatch):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from lazytriton.bench import jax_group
+
+    monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path / "cache"))
+    mod = jax_group._ffi_floor_module(None)
+    assert mod.runs() == 0 and set(mod.handlers()) == {"noop", "raw"}
+    x = jax.ShapeDtypeStruct((jax_group.N,), jnp.float32)
+    for what in ("lazytriton", "lazytriton-donated", "xla", "ffi-raw", "ffi-noop", "ffi-raw-donated"):
+        f, _, _ = jax_group._chain_fn(what)
+        text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        if what.startswith("ffi"):
+            assert text.count(f"lt_bench_{what.split('-')[1]}") == jax_group.CHAIN
+        elif what.startswith("lazytriton"):
+            assert text.count("custom_call") == jax_group.CHAIN
+        if what.endswith("donated"):
+            assert "tf.aliasing_output" in text or "jax.buffer_donor" in text
+    names = [r for r, _, _ in jax_group.chain_rows(True)] + [r for r, _, _ in jax_group.chain_rows(False)]
+    assert len(names) == len(set(names))
+
+
+def test_jax_workload_paths_lower_for_cuda_and_their_checks_can_fail():
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+
+    from lazytriton.bench import workloads as w
+
+    for setup in (w._j_vector_add(4096), w._j_softmax(64, 256), w._j_layer_norm(64, 256), w._j_matmul(128, 64, 256),
+                  w._j_permute(64, 32), w._j_inplace(4096)):
+        p = setup()
+        assert {k for _, k in p["fns"].values()} == {"lazytriton", "other"}
+        for name, (fn, _) in p["fns"].items():
+            text = fn.trace(*p["args"]).lower(lowering_platforms=("cuda",)).as_text()
+            assert ("custom_call" in text) == name.startswith(("lazytriton", "jax-triton")), name
+        if "first" in p:  # the in-place update: exactly one update of 2x
+            first, check_first = p["first"]
+            once = jnp.asarray(np.asarray(p["args"][0]) * 2)
+            assert check_first(once) and p["check"](once)
+            assert not check_first(p["args"][0]) and not check_first(jnp.asarray(np.asarray(once) * 2))
+            first.trace(*p["args"]).lower(lowering_platforms=("cuda",))
+            continue
+        xla = next(fn for n, (fn, _) in p["fns"].items() if n.startswith("XLA"))
+        good = xla(*p["args"])  # XLA's op on the CPU: a right answer the check must accept
+        assert p["check"](good)
+        assert not p["check"](jnp.full_like(good, jnp.nan))
+
+
+def test_throughput_workloads_count_bytes_and_flops():
+    from lazytriton.bench import workloads as w
+
+    full = {x.name: x for x in w.throughput_workloads("full")}
+    assert full["matmul 4096^3 fp16"].flops == 2 * 4096 ** 3 and full["matmul 4096^3 fp16"].bound == "compute"
+    assert full["vector add 64M fp32"].bytes == 12 * (1 << 26)
+    assert all(x.bytes > 0 and x.bound in ("memory", "compute") for x in full.values())
+    quick = {x.name for x in w.throughput_workloads("quick")}
+    assert quick < set(full) and "matmul 1024x1024x8192 fp16" not in quick
+    assert all(x.torch is not None for x in full.values())
+
+
+# -- on a GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.exclusive_gpu
+def test_gpu_quick_suite_measures_every_planned_row_correctly(tmp_path):
+    """The quick suite on this GPU: every row --dry-run plans is measured (or
+    its absence is explained by a note), no process fails, every lazytriton
+    row that checks its result is right, and the report has its plots."""
+    out = tmp_path / "bench"
+    r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=ENV)
+    assert r.returncode == 0, r.stderr[-5000:]
+    res = json.loads((out / "results.json").read_text())
+    assert all(run["ok"] for run in res["runs"])
+    groups, _ = plan.build("quick", gpus=1)
+    for g in groups:
+        for sec, planned in g.rows.items():
+            got = {row["system"] for row in res["sections"][sec]["rows"]}
+            notes = " ".join(res["sections"][sec].get("notes", []))
+            for name in planned:
+                absent_ok = name.startswith("jax-triton") or "jax-triton" in name
+                assert name in got or (absent_ok and "jax-triton" in notes), f"{sec}: {name} missing; notes: {notes}"
+    for sec in res["sections"].values():
+        for row in sec["rows"]:
+            assert row.get("correct", True), f"{row['system']}: wrong result"
+            assert row["samples"] and all(math.isfinite(v) and v > 0 for v in row["samples"]), row["system"]
+    launch = {row["system"]: report.median_process(row) for row in res["sections"]["launch"]["rows"]}
+    assert launch["lazytriton C++ core loop"] < 2 * launch["raw cuLaunchKernel loop (C++)"]
+    chain = {row["system"]: row for row in res["sections"]["chain"]["rows"]}
+    assert chain["lazytriton.jax, command buffers on"]["handler_runs_per_kernel"] < 0.1  # replayed, not run
+    assert chain["lazytriton.jax, command buffers off"]["handler_runs_per_kernel"] == pytest.approx(1.0, abs=0.05)
+    tuning = res["sections"]["tuning"]["rows"]
+    assert tuning and all(report.tuning_summary(t)["ratio"] < 1.25 for t in tuning)
+    first = {row["system"]: row for row in res["sections"]["first_call"]["rows"]}
+    assert report.median_process(first["lazytriton, warm (new process, persisted winner)"]) < \
+        report.median_process(first["lazytriton, cold"])
+    for png in ("launch", "chain", "throughput", "tuning", "first_call", "cpu"):
+        assert (out / f"{png}.png").stat().st_size > 5000, png

@@ -136,6 +136,20 @@ def test_backend_options_callable_constexpr_and_floats(cache_dir):
     np.testing.assert_array_equal(np.asarray(call(mul_fn)), np.arange(64) * 3.0)
 
 
+@triton.jit
+def wide_scale_kernel(x, s, t, out, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs, (tl.load(x + offs) * (s * t)).to(tl.float32))
+
+
+def test_floats_fp32_cannot_hold_are_passed_as_fp64(cache_dir):
+    """s * t == 1 only when both arrive as fp64 (in fp32: 0 * inf = nan)."""
+    x = jax.random.normal(jax.random.key(7), (64,), jnp.float32)
+    out = jax.jit(lambda x: ltj.triton_call(x, 1e-300, 1e300, kernel=wide_scale_kernel, out_type=x, grid=(1,),
+                                            BLOCK=64))(x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(x), rtol=1e-6)
+
+
 def test_has_side_effect_keeps_an_unused_call(cache_dir):
     x = jnp.arange(64, dtype=jnp.float32)
 

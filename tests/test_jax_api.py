@@ -129,14 +129,8 @@ def test_scalar_before_ref_and_ref_with_an_allocated_output():
     assert d["aliases"] == [[1, 1]]
 
 
-def test_refs_inside_tuples_and_aliases_with_refs_are_refused_clearly():
-    def in_tuple(x):
-        r = jax.new_ref(x)
-        return ltj.triton_call((r, x), 64, kernel=inc_kernel, out_type=(), grid=(1,), BLOCK=64)
-
-    with pytest.raises(NotImplementedError, match="inc_kernel: argument x is a tuple"):
-        lowered(in_tuple, F32)
-
+def test_aliases_with_refs_are_refused_clearly():
+    # (Refs inside tuple arguments are taken: tests/test_tuples.py.)
     def both(x):
         r = jax.new_ref(x)
         return ltj.triton_call(r, 64, kernel=inc_kernel, out_type=x, grid=(1,), BLOCK=64,
@@ -244,12 +238,26 @@ def test_callable_constexpr_travels_by_name():
         lowered(call(lambda a, b: a), F32, F32)
 
 
-def test_python_floats_are_fp32_when_representable():
+def test_python_floats_are_fp32_when_representable_else_fp64():
+    """jax-triton 0.4's rule: the binder's type of a float for an unannotated
+    parameter, checked on the call site the handler rebuilds (signature, stub
+    slot) and in the compiled kernel's parameter list."""
+    from lazytriton import jax_ffi
+    from lazytriton.compiler import Binder, compile_one, default_target
+    from lazytriton.arrays import PointerArg
+
     call = lambda s: lambda x: ltj.triton_call(x, s, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731
-    for ok in (42.0, 1e-30, float("inf"), float("-inf"), 0.0, np.float32(3.0)):
-        lowered(call(ok), F32)
-    with pytest.raises(ValueError, match=r"scale_kernel: argument s=1e-300 does not fit fp32"):
-        lowered(call(1e-300), F32)
+    for s_val, want in ((42.0, "fp32"), (1e-30, "fp32"), (float("inf"), "fp32"), (0.0, "fp32"),
+                        (np.float32(3.0), "fp32"), (1e-300, "fp64"), (-3e200, "fp64")):
+        d = descriptor(text(call(s_val), F32))
+        site = jax_ffi.Site(d)
+        args = (PointerArg(1 << 20, "fp32"), float(s_val), PointerArg(1 << 21, "fp32"))
+        slot = site.lazy._shape(args).slots[1]
+        assert slot.kind == "float" and slot.float_type == want, (s_val, slot)
+        bound = Binder(site.lazy.spec, default_target()).bind(args, {"BLOCK": 64})
+        assert bound.signature["s"] == want, (s_val, bound.signature)
+    binary = compile_one(site.lazy.spec, default_target(), bound)  # the last one: fp64
+    assert re.search(r"%s: f64", binary.ttir), binary.ttir[:600]
 
 
 # -- errors, transformations ----------------------------------------------------

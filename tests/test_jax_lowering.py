@@ -53,7 +53,7 @@ def test_lowering_an_8_config_matmul_compiles_nothing(cache_dir):
     for c in d["configs"]:  # every config carries its own grid
         assert c["grid"] == [triton.cdiv(512, c["kwargs"]["BM"]), triton.cdiv(384, c["kwargs"]["BN"]), 1]
     assert [a.get("buffer") for a in d["args"]][:2] == [0, 1] and d["args"][-1]["buffer"] == 2
-    assert d["args"][2] == {"scalar": 512} and d["kernel"]["name"] == "matmul_kernel"
+    assert d["args"][2] == {"name": "M", "scalar": 512} and d["kernel"]["name"] == "matmul_kernel"
     assert lazytriton.stats()["compiles"] == before["compiles"]
     assert not list(Path(cache_dir).rglob("*.cubin*")) and not list(Path(cache_dir).glob("**/binaries/*"))
 
@@ -218,7 +218,7 @@ def test_keyword_operands_conflicts_and_meta_defaults():
 
     d = descriptor(lower(lambda x: ltj.triton_call(x, 1000, kernel=with_default, out_type=x,
                                                    grid=lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)), F32))
-    assert d["args"][-1] == {"scalar": 128} and d["configs"][0]["grid"] == [8, 1, 1]
+    assert d["args"][-1] == {"name": "BLOCK", "scalar": 128} and d["configs"][0]["grid"] == [8, 1, 1]
 
 
 def test_heuristics_are_evaluated_once_at_trace_time_and_carried_to_the_compile():

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 
+#include "lazytriton/bundle.h"
 #include "lazytriton/call_site.h"
 #include "lazytriton/python_args.h"
 #include "lazytriton/runtime.h"
@@ -24,6 +26,44 @@ int dict_int(const py::dict& d, const char* k, int dflt) {
 }
 uint64_t dict_u64(const py::dict& d, const char* k, uint64_t dflt) {
   return d.contains(k) && !d[k].is_none() ? d[k].cast<uint64_t>() : dflt;
+}
+
+// One entry of Triton's tensordesc_meta.
+TmaMeta tma_meta_from(const py::dict& d) {
+  TmaMeta t;
+  t.swizzle = dict_int(d, "swizzle", 0);
+  t.elem_size = dict_int(d, "elem_size", 0);
+  t.elem_type = dict_int(d, "elem_type", 0);
+  auto block = d["block_size"].cast<std::vector<int64_t>>();
+  if (block.empty() || block.size() > size_t(kMaxDescRank))
+    throw py::value_error("tensordesc_meta: block_size must have 1 to 5 entries");
+  t.rank = int(block.size());
+  for (int i = 0; i < t.rank; ++i) t.block[i] = uint32_t(block[size_t(i)]);
+  t.fp4_padded = d.contains("fp4_padded") && d["fp4_padded"].cast<bool>();
+  t.im2col = d.contains("is_im2col") && d["is_im2col"].cast<bool>();
+  return t;
+}
+
+// A descriptor argument as Python hands it over (lazytriton.tensor_desc.DescInfo.as_tuple):
+// (base, dtype id, shape, strides, block_shape, nan padding, round_f32_to_tf32[, argument name]).
+HostTensorDesc host_desc_from(py::handle h, std::string* name = nullptr) {
+  auto t = h.cast<py::tuple>();
+  if (t.size() != 7 && t.size() != 8)
+    throw py::value_error("a tensor descriptor argument is (base, dtype, shape, strides, block, nan, tf32[, name])");
+  if (name && t.size() == 8) *name = t[7].cast<std::string>();
+  HostTensorDesc d;
+  d.base = t[0].cast<uint64_t>();
+  d.dtype = t[1].cast<int>();
+  auto shape = t[2].cast<std::vector<int64_t>>(), strides = t[3].cast<std::vector<int64_t>>(),
+       block = t[4].cast<std::vector<int64_t>>();
+  if (shape.empty() || shape.size() > size_t(kMaxDescRank) || strides.size() != shape.size() ||
+      block.size() != shape.size())
+    throw py::value_error("a tensor descriptor has 1 to 5 dimensions, with as many strides and block dimensions");
+  d.rank = int(shape.size());
+  for (int i = 0; i < d.rank; ++i) d.shape[i] = shape[size_t(i)], d.strides[i] = strides[size_t(i)], d.block[i] = block[size_t(i)];
+  d.nan_padding = t[5].cast<bool>();
+  d.tf32 = t[6].cast<bool>();
+  return d;
 }
 
 // Triton launch metadata, read by field name so any 3.x layout works.
@@ -49,7 +89,24 @@ LaunchMeta meta_from(const py::dict& d) {
     auto c = d["cluster_dims"].cast<std::vector<unsigned>>();
     for (size_t i = 0; i < c.size() && i < 3; ++i) m.cluster[i] = std::max(1u, c[i]);
   }
+  if (d.contains("tensordesc_meta") && !d["tensordesc_meta"].is_none())
+    for (py::handle t : d["tensordesc_meta"]) m.tensordesc.push_back(tma_meta_from(py::reinterpret_borrow<py::dict>(t)));
+  if (d.contains("lt_tensordesc_abi"))
+    m.tensordesc_abi = d["lt_tensordesc_abi"].cast<int>();
+  else if (d.contains("triton_version") && py::isinstance<py::str>(d["triton_version"]))
+    m.tensordesc_abi = tensor_desc_abi_of(d["triton_version"].cast<std::string>());
   return m;
+}
+
+py::dict tma_meta_to_dict(const TmaMeta& t) {
+  py::dict d;
+  d["swizzle"] = t.swizzle;
+  d["elem_size"] = t.elem_size;
+  d["elem_type"] = t.elem_type;
+  d["block_size"] = std::vector<uint32_t>(t.block, t.block + t.rank);
+  d["fp4_padded"] = t.fp4_padded;
+  d["is_im2col"] = t.im2col;
+  return d;
 }
 
 py::dict meta_to_dict(const LaunchMeta& m) {
@@ -66,21 +123,41 @@ py::dict meta_to_dict(const LaunchMeta& m) {
   d["launch_cooperative_grid"] = m.cooperative;
   d["launch_pdl"] = m.pdl;
   d["arch"] = m.arch;
+  py::list descs;
+  for (const TmaMeta& t : m.tensordesc) descs.append(tma_meta_to_dict(t));
+  d["tensordesc_meta"] = descs;
+  d["lt_tensordesc_abi"] = m.tensordesc_abi;
   return d;
 }
 
-// Runtime arguments packed into 8-byte slots, one per kernel parameter, in the
-// C types Triton's launcher uses for each signature type.
+// Runtime arguments packed as the kernel's parameters, in the C types Triton's
+// launcher uses for each signature type: scalars and pointers in 8-byte slots,
+// a host tensor descriptor ("tensordesc<...>") expanded into its parameters
+// for the kernel `meta` (tensor_desc.h).
 struct ArgPack {
   std::vector<uint64_t> slots;
+  std::deque<DescParams> descs;  // stable addresses
   std::vector<void*> ptrs;
 
-  ArgPack(const std::vector<std::string>& types, const py::sequence& values) {
+  ArgPack(const std::vector<std::string>& types, const py::sequence& values, const LaunchMeta* meta = nullptr) {
     if (types.size() != size_t(py::len(values)))
       throw py::value_error("argument count does not match the signature");
     slots.assign(types.size(), 0);
-    for (size_t i = 0; i < types.size(); ++i) pack(types[i], values[i], &slots[i]);
-    for (auto& s : slots) ptrs.push_back(&s);
+    size_t n_desc = 0;
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (types[i].rfind("tensordesc", 0) == 0) {
+        if (!meta) throw py::type_error("a tensor descriptor argument needs the kernel's metadata");
+        void* p[kMaxDescParams];
+        std::string name = "#" + std::to_string(i);
+        HostTensorDesc d = host_desc_from(values[i], &name);
+        size_t n = pack_tensor_desc(meta->tensordesc, meta->tensordesc_abi, n_desc++, d, descs.emplace_back(), p,
+                                    meta->name, name.c_str());
+        ptrs.insert(ptrs.end(), p, p + n);
+        continue;
+      }
+      pack(types[i], values[i], &slots[i]);
+      ptrs.push_back(&slots[i]);
+    }
   }
 
   static void pack(const std::string& t, py::handle v, uint64_t* slot) {
@@ -182,8 +259,35 @@ PYBIND11_MODULE(_core, m) {
     d["scratch_allocs"] = c.scratch_allocs.load();
     return d;
   });
+  m.def("launch_meta_from_json", [](const std::string& text) { return meta_to_dict(launch_meta_from_json(text)); },
+        "A bundle variant's launch metadata (JSON) as the C++ bundles read it, as a dict (for tests).");
   m.def("check_fits", [](const py::dict& meta, int dev) { return check_fits(meta_from(meta), device_info(dev)); },
         "Empty string if a kernel with this metadata fits the device, else the reason.");
+
+  // Host tensor descriptors (tensor_desc.h), for Python's own checks and tests.
+  m.def("check_tensor_desc", [](py::tuple d) { return check_tensor_desc(host_desc_from(d)); },
+        "Why (base, dtype, shape, strides, block, nan, tf32) cannot be a tensor descriptor argument, or ''.");
+  m.def(
+      "pack_tensor_desc",
+      [](const py::dict& meta, size_t index, py::tuple d, const std::string& kernel, const std::string& arg) {
+        LaunchMeta lm = meta_from(meta);
+        DescParams out;
+        void* p[kMaxDescParams];
+        size_t n = pack_tensor_desc(lm.tensordesc, lm.tensordesc_abi, index, host_desc_from(d), out, p, kernel, arg.c_str());
+        // Each parameter's bytes: its size is the gap to the next one's storage, by type.
+        py::list params;
+        for (size_t i = 0; i < n; ++i) {
+          size_t size = p[i] == &out.map ? sizeof(out.map)
+                        : (p[i] == &out.padding || p[i] == &out.tf32) ? 1
+                        : (p[i] >= static_cast<void*>(out.shape32) && p[i] < static_cast<void*>(out.shape32 + kMaxDescRank)) ? 4
+                        : 8;
+          params.append(py::bytes(static_cast<const char*>(p[i]), size));
+        }
+        return params;
+      },
+      py::arg("metadata"), py::arg("index"), py::arg("desc"), py::arg("kernel"), py::arg("arg"),
+      "The kernel parameters (bytes each) a descriptor expands into for a kernel with this metadata: exactly "
+      "what every launch path passes. Encoding a CUtensorMap needs the driver; the checks before it do not.");
 
   py::class_<Kernel, std::shared_ptr<Kernel>>(m, "Kernel")
       .def(py::init([](py::bytes cubin, const py::dict& meta) {
@@ -199,7 +303,7 @@ PYBIND11_MODULE(_core, m) {
       .def("load", [](Kernel& k) { k.function(current_context()); }, "Load the module in the current context.")
       .def("launch",
            [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args) {
-             ArgPack pack(types, args);
+             ArgPack pack(types, args, &k.meta());
              Dim3 g = dim3_from(grid);
              k.launch(as_stream(stream), g, pack.ptrs.data(), pack.ptrs.size());
            },
@@ -220,22 +324,35 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Entry, std::shared_ptr<Entry>>(m, "Entry")
       .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid,
-                       const std::vector<std::pair<int32_t, uint64_t>>& sources,
-                       const std::vector<std::pair<int32_t, uint64_t>>& zero) {
+                       const py::list& sources, const std::vector<std::pair<int32_t, uint64_t>>& zero) {
              auto e = std::make_shared<Entry>();
              e->kernel = std::move(k);
              e->is_param = std::move(is_param);
              if (!grid.is_none()) e->grid = dim3_from(grid);
              e->user = hold(std::move(meta));
-             for (auto& [buffer, bits] : sources) e->sources.push_back({buffer, bits});
+             for (py::handle src : sources) {
+               auto t = src.cast<py::tuple>();
+               ParamSource ps;
+               ps.buffer = t[0].cast<int32_t>();
+               if (py::isinstance<py::tuple>(t[1])) {  // a descriptor whose base is call buffer ps.buffer
+                 DescSource ds;
+                 ds.buffer = ps.buffer;
+                 ds.desc = host_desc_from(t[1], &ds.name);
+                 ps.desc = int32_t(e->descs.size());
+                 e->descs.push_back(std::move(ds));
+               } else {
+                 ps.bits = t[1].cast<uint64_t>();
+               }
+               e->sources.push_back(ps);
+             }
              for (auto& [buffer, bytes] : zero) e->zero.push_back({buffer, bytes});
              return e;
            }),
            py::arg("kernel"), py::arg("is_param"), py::arg("meta") = py::none(), py::arg("grid") = py::none(),
-           py::arg("sources") = std::vector<std::pair<int32_t, uint64_t>>{},
-           py::arg("zero") = std::vector<std::pair<int32_t, uint64_t>>{},
-           "sources/zero: for fixed-layout callers, (buffer index or -1, scalar bits) per kernel parameter "
-           "and (buffer index, bytes) to zero before every launch.")
+           py::arg("sources") = py::list(), py::arg("zero") = std::vector<std::pair<int32_t, uint64_t>>{},
+           "sources/zero: for fixed-layout callers, per kernel parameter (buffer index or -1, scalar bits), or "
+           "(buffer index, descriptor tuple) for a tensor descriptor on that buffer; and (buffer index, bytes) "
+           "to zero before every launch.")
       .def("share",
            [](std::shared_ptr<Entry> e) {
              return reinterpret_cast<uintptr_t>(new std::shared_ptr<const Entry>(std::move(e)));
@@ -245,8 +362,20 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("grid", [](const Entry& e) { return py::make_tuple(e.grid.x, e.grid.y, e.grid.z); })
       .def_property_readonly("sources",
                              [](const Entry& e) {
-                               std::vector<std::pair<int32_t, uint64_t>> out;
-                               for (auto& s : e.sources) out.emplace_back(s.buffer, s.bits);
+                               py::list out;
+                               for (auto& s : e.sources) {
+                                 if (s.desc < 0) {
+                                   out.append(py::make_tuple(s.buffer, s.bits));
+                                   continue;
+                                 }
+                                 const HostTensorDesc& d = e.descs[size_t(s.desc)].desc;
+                                 out.append(py::make_tuple(
+                                     s.buffer, py::make_tuple(d.base, d.dtype,
+                                                              std::vector<int64_t>(d.shape, d.shape + d.rank),
+                                                              std::vector<int64_t>(d.strides, d.strides + d.rank),
+                                                              std::vector<int64_t>(d.block, d.block + d.rank),
+                                                              d.nan_padding, d.tf32, e.descs[size_t(s.desc)].name)));
+                               }
                                return out;
                              })
       .def_property_readonly("kernel", [](const Entry& e) { return e.kernel; })
@@ -321,7 +450,7 @@ PYBIND11_MODULE(_core, m) {
   // Same loop through lazytriton's own C++ launch path (Kernel::launch).
   m.def("core_launch_loop", [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types,
                                py::sequence args, int n) {
-    ArgPack pack(types, args);
+    ArgPack pack(types, args, &k.meta());
     Dim3 g = dim3_from(grid);
     cu::CUcontext ctx = current_context();
     auto t0 = std::chrono::steady_clock::now();
@@ -337,7 +466,7 @@ PYBIND11_MODULE(_core, m) {
       "bench",
       [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args,
          const Snapshot* snapshot, const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
-        ArgPack pack(types, args);
+        ArgPack pack(types, args, &k.meta());
         Dim3 g = dim3_from(grid);
         BenchOptions o;
         o.warmup = dict_int(opt, "warmup", o.warmup);

@@ -8,13 +8,20 @@
 //
 // Slot table (built by stubgen.Shape.table(), one tuple per argument):
 //   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
-//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr
-//   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h
+//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor
+//   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h; a descriptor's rank
 //   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
+// Tuple arguments (lazytriton.tuples): Stub(..., arg_names, paths, tuples)
+// reads slot i at paths[i] (argument index, then element indices) after
+// checking every (path, length) of `tuples` is a tuple of that length; the
+// grid callable sees the arg_names. Without them, slot i is argument i.
 // Plain CPython API (no pybind11), like the generated stubs.
 #include <Python.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "lazytriton/python_args.h"
@@ -24,7 +31,7 @@ using namespace lt::pyargs;
 
 namespace {
 
-enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4 };
+enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4, kDesc = 5 };
 enum FloatCode { kFp16 = 0, kBf16 = 1, kFp32 = 2, kFp64 = 3 };
 
 struct SlotSpec {
@@ -43,32 +50,60 @@ size_t fixed_size(int code) {
   }
 }
 
+using Path = std::vector<Py_ssize_t>;
+
+struct Layout {  // tuple arguments: where each slot is, and the tuples to check
+  std::vector<Path> paths;  // per slot
+  std::vector<std::pair<Path, Py_ssize_t>> tuples;  // outermost first
+};
+
 struct Stub {
   PyObject_HEAD
   std::vector<SlotSpec>* slots;
+  std::vector<std::string>* slot_names;  // per slot (a tuple's leaf: "xs[1]")
   PyObject** names;  // interned argument names, for grid callables
-  Py_ssize_t n;
+  Py_ssize_t n;  // slots
+  Py_ssize_t n_args;  // call arguments (n unless there are tuple arguments)
+  Layout* layout;  // nullptr: slot i is argument i
   size_t key_words;
   uint64_t shape_word;
 };
 
+// The object at `path` of the call tuple; its enclosing tuples were checked.
+PyObject* item_at(PyObject* args, const Path& path) {
+  PyObject* o = args;
+  for (Py_ssize_t i : path) o = PyTuple_GET_ITEM(o, i);
+  return o;
+}
+
+bool tuples_match(const Layout& l, PyObject* args) {
+  for (const auto& [path, len] : l.tuples) {
+    PyObject* t = item_at(args, path);
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != len) return false;
+  }
+  return true;
+}
+
 // One call's values: 8 bytes per argument (a parameter reads its low bytes,
-// little-endian) and the key.
+// little-endian), the descriptors (in argument order) and the key.
 struct Read {
   std::vector<uint64_t> key;
   std::vector<uint64_t> cell;
+  std::vector<HostTensorDesc> descs;
 };
 
 // False: not this shape (no Python error set). Mirrors stubgen._arg_code.
 bool read(const Stub* s, PyObject* args, Read& r) {
-  if (!s->slots || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != s->n) return false;
+  if (!s->slots || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != s->n_args) return false;
+  if (s->layout && !tuples_match(*s->layout, args)) return false;
   r.key.assign(s->key_words, 0);
   r.cell.assign(size_t(s->n), 0);
+  r.descs.clear();
   r.key[s->key_words - 1] = s->shape_word;
   size_t vw = (2 * size_t(s->n) + 63) / 64;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
-    PyObject* arg = PyTuple_GET_ITEM(args, i);
+    PyObject* arg = s->layout ? item_at(args, s->layout->paths[size_t(i)]) : PyTuple_GET_ITEM(args, i);
     uint64_t& bits = r.key[size_t(2 * i) / 64];
     const int sh = int((2 * i) % 64);
     void* cell = &r.cell[size_t(i)];
@@ -132,6 +167,13 @@ bool read(const Stub* s, PyObject* args, Read& r) {
         if (sl.in_key) r.key[vw++] = k;
         break;
       }
+      case kDesc: {  // the block shape is the key: it is the kernel's type
+        HostTensorDesc d;
+        if (!get_tensor_desc(arg, sl.dtype, sl.int_code, &d)) return false;
+        for (int j = 0; j < d.rank; ++j) r.key[vw++] = uint64_t(d.block[j]);
+        r.descs.push_back(d);
+        break;
+      }
       default:  // constexpr
         constexpr_key(arg, &r.key[vw]);
         vw += 2;
@@ -161,14 +203,24 @@ PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (!read(s, args, r)) Py_RETURN_NONE;
   const Entry* e = kernel->find(r.key.data(), r.key.size());
   if (!e) return key_tuple(r);
-  std::vector<void*> params;
-  params.reserve(size_t(s->n) + 1);
-  for (Py_ssize_t i = 0; i < s->n; ++i)
-    if (e->is_param[size_t(i)]) params.push_back(&r.cell[size_t(i)]);
   Dim3 g;
-  if (!eval_grid(grid, *e, s->names, args, s->n, &g, kernel->name().c_str())) return nullptr;
+  if (!eval_grid(grid, *e, s->names, args, s->n_args, &g, kernel->name().c_str())) return nullptr;
   try {
-    e->kernel->launch(stream, g, params.data(), params.size());
+    std::vector<void*> params(size_t(s->n) + r.descs.size() * kMaxDescParams);
+    std::vector<DescParams> packed(r.descs.size());
+    const LaunchMeta& m = e->kernel->meta();
+    size_t np = 0, k = 0;
+    for (Py_ssize_t i = 0; i < s->n; ++i) {
+      if (!e->is_param[size_t(i)]) continue;
+      if ((*s->slots)[size_t(i)].kind == kDesc) {
+        np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, r.descs[k], packed[k], &params[np], kernel->name(),
+                               (*s->slot_names)[size_t(i)].c_str());
+        ++k;
+      } else {
+        params[np++] = &r.cell[size_t(i)];
+      }
+    }
+    e->kernel->launch(stream, g, params.data(), np);
   } catch (const std::exception& ex) {
     return raise(ex, kernel->name().c_str());
   }
@@ -187,40 +239,119 @@ PyObject* stub_params(PyObject* self, PyObject* args) {
   if (!read(s, args, r)) Py_RETURN_NONE;
   PyObject* t = PyTuple_New(s->n);
   if (!t) return nullptr;
+  size_t k = 0;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
-    PyObject* item = sl.kind == kConstexpr
-                         ? Py_NewRef(Py_None)
-                         : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&r.cell[size_t(i)]),
-                                                     Py_ssize_t(sl.size));
+    PyObject* item = sl.kind == kConstexpr ? Py_NewRef(Py_None)
+                     : sl.kind == kDesc    ? desc_tuple(r.descs[k++])
+                                           : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&r.cell[size_t(i)]),
+                                                                       Py_ssize_t(sl.size));
     if (!item) return Py_DECREF(t), nullptr;
     PyTuple_SET_ITEM(t, i, item);
   }
   return t;
 }
 
+// A path from a tuple of ints; false with an error set.
+bool path_from(PyObject* o, Path* out) {
+  if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) < 1) {
+    PyErr_SetString(PyExc_ValueError, "Stub: a path is a non-empty tuple of ints");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); ++i) {
+    Py_ssize_t v = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, i));
+    if (v < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Stub: a path index is negative");
+      return false;
+    }
+    out->push_back(v);
+  }
+  return true;
+}
+
+// The tuple layout of Stub(..., arg_names, paths, tuples): nullptr with an error set.
+// Each path must stay inside the tuples declared before it (checked here, so
+// that read() may index without bounds checks).
+Layout* layout_from(PyObject* paths, PyObject* tuples, Py_ssize_t n, Py_ssize_t n_args) {
+  auto l = std::make_unique<Layout>();
+  if (!PyTuple_Check(paths) || !PyTuple_Check(tuples) || PyTuple_GET_SIZE(paths) != n) {
+    PyErr_SetString(PyExc_ValueError, "Stub: paths (one per slot) and tuples must be tuples");
+    return nullptr;
+  }
+  auto inside = [&](const Path& p, size_t declared) {  // p's prefixes are declared tuples of fitting length
+    if (p[0] >= n_args) return false;
+    for (size_t depth = 1; depth < p.size(); ++depth) {
+      bool ok = false;
+      for (size_t k = 0; k < declared && !ok; ++k) {
+        const auto& [tp, len] = l->tuples[k];
+        ok = tp.size() == depth && std::equal(tp.begin(), tp.end(), p.begin()) && p[depth] < len;
+      }
+      if (!ok) return false;
+    }
+    return true;
+  };
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuples); ++i) {
+    PyObject* row = PyTuple_GET_ITEM(tuples, i);
+    Path p;
+    Py_ssize_t len;
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2 || !path_from(PyTuple_GET_ITEM(row, 0), &p) ||
+        (len = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 1))) < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Stub: a tuples row is (path, length)");
+      return nullptr;
+    }
+    if (!inside(p, l->tuples.size())) {
+      PyErr_SetString(PyExc_ValueError, "Stub: a tuple's path is not inside the tuples declared before it");
+      return nullptr;
+    }
+    l->tuples.emplace_back(std::move(p), len);
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    Path p;
+    if (!path_from(PyTuple_GET_ITEM(paths, i), &p)) return nullptr;
+    if (!inside(p, l->tuples.size())) {
+      PyErr_SetString(PyExc_ValueError, "Stub: a slot's path is not inside the declared tuples");
+      return nullptr;
+    }
+    l->paths.push_back(std::move(p));
+  }
+  return l.release();
+}
+
 int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   auto* s = reinterpret_cast<Stub*>(self);
-  PyObject *names, *table;
+  PyObject *names, *table, *arg_names = nullptr, *paths = nullptr, *tuples = nullptr;
   unsigned long long shape_word;
   Py_ssize_t key_words;
-  if (!PyArg_ParseTuple(args, "O!O!nK", &PyTuple_Type, &names, &PyTuple_Type, &table, &key_words, &shape_word))
+  if (!PyArg_ParseTuple(args, "O!O!nK|O!OO", &PyTuple_Type, &names, &PyTuple_Type, &table, &key_words, &shape_word,
+                        &PyTuple_Type, &arg_names, &paths, &tuples))
     return -1;
+  if (s->slots) {
+    PyErr_SetString(PyExc_RuntimeError, "Stub: already initialized");
+    return -1;
+  }
   Py_ssize_t n = PyTuple_GET_SIZE(names);
   if (PyTuple_GET_SIZE(table) != n || key_words < 1) {
     PyErr_SetString(PyExc_ValueError, "Stub(names, table, key_words, shape_word): one table row per name");
     return -1;
   }
+  Layout* layout = nullptr;
+  Py_ssize_t n_args = n;
+  if (arg_names) {
+    n_args = PyTuple_GET_SIZE(arg_names);
+    if (!paths || !tuples || !(layout = layout_from(paths, tuples, n, n_args))) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Stub: arg_names needs paths and tuples");
+      return -1;
+    }
+  }
+  PyObject* grid_names = arg_names ? arg_names : names;
   auto slots = new std::vector<SlotSpec>(size_t(n));
-  auto** interned = new PyObject*[size_t(n) + 1]();
   for (Py_ssize_t i = 0; i < n; ++i) {
     SlotSpec& sl = (*slots)[size_t(i)];
     int annotated, specialize, in_key, divisibility;
     if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &sl.kind, &sl.dtype, &sl.int_code, &annotated,
                           &specialize, &in_key, &divisibility, &sl.float_code)) {
       delete slots;
-      for (Py_ssize_t j = 0; j < i; ++j) Py_XDECREF(interned[j]);
-      delete[] interned;
+      delete layout;
       return -1;
     }
     sl.annotated = annotated, sl.specialize = specialize, sl.in_key = in_key, sl.divisibility = divisibility;
@@ -228,14 +359,32 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
               : sl.kind == kInt ? (sl.annotated ? fixed_size(sl.int_code) : sl.int_code == kI32 ? 4 : 8)
               : sl.kind == kFloat ? (sl.float_code <= kBf16 ? 2 : sl.float_code == kFp32 ? 4 : 8)
               : sl.kind == kBool ? 1 : 8;
-    PyObject* nm = PyTuple_GET_ITEM(names, i);
+    if (sl.kind == kDesc && (sl.int_code < 1 || sl.int_code > kMaxDescRank)) {
+      PyErr_SetString(PyExc_ValueError, "Stub: a descriptor slot's rank is 1 to 5");
+      delete slots;
+      delete layout;
+      return -1;
+    }
+  }
+  auto* slot_names = new std::vector<std::string>;  // a descriptor's errors name its slot
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const char* nm = PyUnicode_Check(PyTuple_GET_ITEM(names, i)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)) : "?";
+    slot_names->push_back(nm ? nm : "?");
+  }
+  PyErr_Clear();
+  auto** interned = new PyObject*[size_t(n_args) + 1]();
+  for (Py_ssize_t i = 0; i < n_args; ++i) {
+    PyObject* nm = PyTuple_GET_ITEM(grid_names, i);
     Py_INCREF(nm);
-    PyUnicode_InternInPlace(&nm);
+    if (PyUnicode_CheckExact(nm)) PyUnicode_InternInPlace(&nm);
     interned[i] = nm;
   }
   s->slots = slots;
+  s->slot_names = slot_names;
   s->names = interned;
   s->n = n;
+  s->n_args = n_args;
+  s->layout = layout;
   s->key_words = size_t(key_words);
   s->shape_word = shape_word;
   return 0;
@@ -244,8 +393,10 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
 void stub_dealloc(PyObject* self) {
   auto* s = reinterpret_cast<Stub*>(self);
   delete s->slots;
+  delete s->slot_names;
+  delete s->layout;
   if (s->names) {
-    for (Py_ssize_t i = 0; i < s->n; ++i) Py_XDECREF(s->names[i]);
+    for (Py_ssize_t i = 0; i < s->n_args; ++i) Py_XDECREF(s->names[i]);
     delete[] s->names;
   }
   Py_TYPE(self)->tp_free(self);

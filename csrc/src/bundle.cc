@@ -35,6 +35,19 @@ int dtype_from_name(std::string_view name) {
   return kNoDtype;
 }
 
+TensorDesc::TensorDesc(DevicePtr base, const int64_t* shape, size_t n_shape, const int64_t* strides,
+                       size_t n_strides, const int64_t* block, size_t n_block, Padding padding,
+                       bool round_f32_to_tf32)
+    : nbytes(base.nbytes) {
+  desc.base = base.addr;
+  desc.dtype = base.dtype;
+  desc.nan_padding = padding == kNan;
+  desc.tf32 = round_f32_to_tf32;
+  if (n_shape != n_strides || n_shape != n_block || n_shape < 1 || n_shape > size_t(kMaxDescRank)) return;  // rank 0
+  desc.rank = int(n_shape);
+  for (size_t i = 0; i < n_shape; ++i) desc.shape[i] = shape[i], desc.strides[i] = strides[i], desc.block[i] = block[i];
+}
+
 int64_t Constant::as_int() const {
   if (type_ != kInt && type_ != kBool) throw Error("constant " + repr() + " is not an integer");
   return i_;
@@ -95,10 +108,11 @@ const Constant& Meta::at(std::string_view name) const {
 namespace {
 
 constexpr size_t kMaxArgs = 64;
+constexpr size_t kMaxDescArgs = 8;  // tensor descriptor arguments per kernel
 constexpr size_t kMaxKey = 1 + (2 * kMaxArgs + 63) / 64 + kMaxArgs;
 const char* const kOptionNames[] = {"num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl"};
 
-enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64 };
+enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64, kDesc };
 
 struct TyInfo {
   const char* name;
@@ -110,7 +124,32 @@ const TyInfo kScalarTypes[] = {{"i8", Ty::kI8}, {"i16", Ty::kI16}, {"i32", Ty::k
                                {"fp64", Ty::kFp64}};
 
 bool is_int(Ty t) { return t >= Ty::kI8 && t <= Ty::kU64; }
-bool is_float(Ty t) { return t >= Ty::kFp16; }
+bool is_float(Ty t) { return t >= Ty::kFp16 && t <= Ty::kFp64; }
+
+// "tensordesc<fp16[64, 64]>" (spaces optional) as Triton spells it; false if it is not one.
+bool parse_desc_type(const std::string& t, int* dtype, int* rank, int64_t* block, std::string* canonical) {
+  const std::string head = "tensordesc<";
+  if (t.rfind(head, 0) != 0 || t.back() != '>') return false;
+  size_t open = t.find('[', head.size()), close = t.find(']', open);
+  if (open == std::string::npos || close == std::string::npos || close + 2 != t.size()) return false;
+  std::string name = t.substr(head.size(), open - head.size());
+  *dtype = dtype_from_name(name);
+  if (*dtype == kNoDtype) return false;
+  *rank = 0;
+  std::stringstream ss(t.substr(open + 1, close - open - 1));
+  for (std::string d; std::getline(ss, d, ',');) {
+    d.erase(0, d.find_first_not_of(" \t"));
+    d.erase(d.find_last_not_of(" \t") + 1);
+    if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || *rank == kMaxDescRank) return false;
+    block[(*rank)++] = std::stoll(d);
+  }
+  if (*rank < 1) return false;
+  *canonical = head + name + "[";
+  for (int i = 0; i < *rank; ++i) *canonical += (i ? ", " : "") + std::to_string(block[i]);
+  *canonical += "]>";
+  return true;
+}
+
 
 bool scalar_type(std::string_view name, Ty* out) {
   for (const auto& s : kScalarTypes)
@@ -145,6 +184,10 @@ struct Variant {
   Constants constexprs;  // sorted by name
   std::vector<std::pair<std::string, json::Value>> key_values;
   std::vector<bool> is_param;  // per call parameter
+  // Tuple arguments: per call parameter "" or its nesting ("[_,[_,_]]"); types,
+  // specs and is_param then have one entry per leaf (a tuple's elements, in
+  // order). Empty: no tuple argument.
+  std::vector<std::string> layout;
   Constants meta;
   LaunchMeta launch;
   std::string cubin_file;  // relative to the bundle
@@ -231,6 +274,26 @@ LaunchMeta launch_from(const json::Value& m, const std::string& what) {
   if (const json::Value* c = m.find("cluster_dims"); c && c->kind == json::Value::kArray)
     for (size_t i = 0; i < c->items.size() && i < 3; ++i)
       l.cluster[i] = unsigned(std::max<int64_t>(1, c->items[i].as_int(what + ".cluster_dims")));
+  // Host tensor descriptors: how each was lowered, and the Triton version's parameter layout.
+  if (const json::Value* t = m.find("tensordesc_meta"); t && t->kind == json::Value::kArray)
+    for (const json::Value& e : t->items) {
+      std::string w = what + ".tensordesc_meta";
+      TmaMeta tm;
+      tm.swizzle = int(opt_int(e, "swizzle", 0, w));
+      tm.elem_size = int(opt_int(e, "elem_size", 0, w));
+      tm.elem_type = int(opt_int(e, "elem_type", 0, w));
+      const auto& block = e.at("block_size", w).as_array(w + ".block_size");
+      if (block.empty() || block.size() > size_t(kMaxDescRank)) throw Error(w + ": block_size must have 1 to 5 entries");
+      tm.rank = int(block.size());
+      for (size_t i = 0; i < block.size(); ++i) tm.block[i] = uint32_t(block[i].as_int(w + ".block_size"));
+      tm.fp4_padded = opt_bool(e, "fp4_padded", false, w);
+      tm.im2col = opt_bool(e, "is_im2col", false, w);
+      l.tensordesc.push_back(tm);
+    }
+  if (const json::Value* a = m.find("lt_tensordesc_abi"); a && a->kind != json::Value::kNull)
+    l.tensordesc_abi = int(a->as_int(what + ".lt_tensordesc_abi"));
+  else if (const json::Value* v = m.find("triton_version"); v && v->kind == json::Value::kString)
+    l.tensordesc_abi = tensor_desc_abi_of(v->s);
   return l;
 }
 
@@ -253,9 +316,59 @@ std::shared_ptr<Variant> variant_from(const json::Value& v, const KernelDesc& d,
   out->launch = launch_from(v.at("launch", what), what + ".launch");
   out->cubin_file = v.at("cubin", what).as_string(what + ".cubin");
   size_t n = d.params.size();
+  if (const json::Value* l = v.find("layout"); l && l->kind != json::Value::kNull) {
+    out->layout = strings_from(*l, what + ".layout");
+    if (out->layout.size() != n) throw Error(what + ": layout does not have one entry per argument of " + kernel_label(d));
+    n = 0;
+    for (const auto& s : out->layout) n += s.empty() ? 1 : size_t(std::count(s.begin(), s.end(), '_'));
+  }
   if (out->types.size() != n || out->specs.size() != n || out->is_param.size() != n)
-    throw Error(what + ": types/specs/is_param do not have one entry per argument of " + kernel_label(d));
+    throw Error(what + ": types/specs/is_param do not have one entry per argument (leaf) of " + kernel_label(d));
   return out;
+}
+
+// Splits a signature at the commas outside brackets: "[*fp32,i32],i32" -> "[*fp32,i32]", "i32".
+std::vector<std::string> split_top(std::string_view sig, const std::string& what) {
+  std::vector<std::string> out;
+  int depth = 0;
+  std::string cur;
+  auto flush = [&] {
+    size_t b = cur.find_first_not_of(" \t"), e = cur.find_last_not_of(" \t");
+    out.push_back(b == std::string::npos ? std::string() : cur.substr(b, e - b + 1));
+    cur.clear();
+  };
+  for (char ch : sig) {
+    depth += ch == '[';
+    depth -= ch == ']';
+    if (depth < 0) throw Error(what + ": unbalanced ']' in '" + std::string(sig) + "'");
+    if (ch == ',' && depth == 0) flush();
+    else cur += ch;
+  }
+  if (depth) throw Error(what + ": unbalanced '[' in '" + std::string(sig) + "'");
+  flush();
+  if (out.size() == 1 && out[0].empty()) out.clear();
+  return out;
+}
+
+// A tuple type "[*fp32,[i32,fp32]]" (Triton's spelling): each leaf's path
+// suffix ("[1][0]") and type, in order, and the nesting ("[_,[_,_]]").
+void tuple_leaves(const std::string& t, const std::string& path, std::vector<std::pair<std::string, std::string>>& leaves,
+                  std::string& structure, const std::string& what) {
+  if (t.size() < 2 || t.front() != '[' || t.back() != ']') throw Error(what + ": bad tuple type '" + t + "'");
+  structure += '[';
+  std::vector<std::string> items = split_top(std::string_view(t).substr(1, t.size() - 2), what);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) structure += ',';
+    std::string p = path + "[" + std::to_string(i) + "]";
+    if (items[i].empty()) throw Error(what + ": empty element in tuple type '" + t + "'");
+    if (items[i][0] == '[') {
+      tuple_leaves(items[i], p, leaves, structure, what);
+    } else {
+      leaves.emplace_back(p, items[i]);
+      structure += '_';
+    }
+  }
+  structure += ']';
 }
 
 std::string read_file(const std::string& path, bool* found) {
@@ -326,6 +439,10 @@ void Bundle::Impl::load(const std::string& text) {
     for (const auto& v : k.at("variants", kwhat).as_array(kwhat + ".variants"))
       rec->variants.push_back(variant_from(v, rec->desc, kwhat + " variant"));
   }
+}
+
+LaunchMeta launch_meta_from_json(const std::string& text) {
+  return launch_from(json::parse(text, "launch metadata"), "launch metadata");
 }
 
 Bundle Bundle::open(const std::string& dir) {
@@ -412,13 +529,17 @@ struct RtArg {
   bool annotated = false;  // type fixed by the kernel's annotation (else Triton's class of the value)
   bool specialize = true, align = true;
   int key_word = -1;  // index into the call key, if the value selects the binary
+  int desc_rank = 0;  // tensor descriptors: the signature's block shape (the kernel's type)
+  int64_t desc_block[kMaxDescRank] = {};
 };
 
 // A call's packed parameters and its key: [context, 2 specialization bits
-// per argument, key values].
+// per argument, key values]. A descriptor's slot is its index in `descs`.
 struct Call {
   uint64_t slots[kMaxArgs];
   uint64_t key[kMaxKey];
+  HostTensorDesc descs[kMaxDescArgs];
+  size_t n_desc = 0;
 };
 
 struct ResolveCtx {
@@ -434,6 +555,7 @@ const char* arg_kind_name(Arg::Kind k) {
     case Arg::kInteger: return "an integer";
     case Arg::kFloat: return "a float";
     case Arg::kBool: return "a bool";
+    case Arg::kDesc: return "a tensor descriptor";
   }
   return "?";
 }
@@ -495,7 +617,8 @@ struct BundleKernel::Impl {
   std::string label;  // "kernel add_kernel"
   std::string signature;
   std::vector<RtArg> args;
-  std::vector<std::string> call_types;  // per call parameter, as variants spell them
+  std::vector<std::string> call_types;  // per leaf (a call parameter, or a tuple's element), as variants spell them
+  std::vector<std::string> layout;  // per call parameter: "" or a tuple argument's nesting ("[_,[_,_]]")
   Constants constexprs;  // sorted: call constexprs, None'd pointers, options
   Constants options;
   std::vector<std::string> key_names;  // by key word, after the context and the bits
@@ -522,6 +645,10 @@ struct BundleKernel::Impl {
   void pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const;
   double real_of(const RtArg& r, const Arg& a) const;
   double pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const;
+  void pack_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const;
+  // The kernel parameters of a resolved call (descriptors encoded into `dps`).
+  size_t params(const Entry& e, Call& c, void** out, DescParams* dps) const;
+  void launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const;
   // The entry for c.key (context set): the table's, else resolved once.
   const Entry* entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const;
   std::string call_spec(const Call& c) const;
@@ -542,19 +669,18 @@ struct BundleKernel::Impl {
 
 void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
   signature = sig;
-  std::vector<std::string> types;
-  std::stringstream ss(sig);
-  for (std::string t; std::getline(ss, t, ',');) {
-    t.erase(0, t.find_first_not_of(" \t"));
-    t.erase(t.find_last_not_of(" \t") + 1);
+  // Entries at the commas outside brackets: a tuple argument is one entry, "[*fp32,[i32,fp32]]";
+  // a descriptor's block shape, "tensordesc<fp16[64, 64]>", stays in its entry too.
+  std::vector<std::string> types = split_top(sig, label + ": signature");
+  for (const auto& t : types)
     if (t.find(':') != std::string::npos)
       fail("signature entry '" + t + "': give types only; the specialization (:16, :1) comes from the arguments");
-    types.push_back(t);
-  }
-  if (types.size() == 1 && types[0].empty()) types.clear();
   check_constexprs(given);
   size_t next = 0;
   for (const ParamDesc& p : desc.params) bind_param(p, types, next, given);
+  size_t n_desc = 0;
+  for (const RtArg& r : args) n_desc += r.ty == Ty::kDesc;
+  if (n_desc > kMaxDescArgs) fail("takes more than 8 tensor descriptor arguments");
   if (next != types.size() || args.size() > kMaxArgs) {
     std::vector<std::string> names;
     for (const auto& r : args) names.push_back(r.name);
@@ -603,8 +729,34 @@ void BundleKernel::Impl::bind_param(const ParamDesc& p, std::vector<std::string>
     if (!value && !p.has_default) fail("constexpr " + p.name + " needs a value (pass it in constexprs)");
     constexprs.emplace_back(p.name, value ? *value : p.dflt);
     call_types.push_back("constexpr");
+    layout.emplace_back();
     return;
   }
+  if (next < types.size() && !types[next].empty() && types[next][0] == '[') {
+    // A tuple argument: one runtime argument per element, in order, each
+    // specialized as Triton specializes tuple elements (alignment, == 1 and
+    // % 16 on, whatever the parameter says; no annotation).
+    if (!p.annotation.empty()) fail("argument " + p.name + " is annotated " + p.annotation + ", not a tuple");
+    std::vector<std::pair<std::string, std::string>> leaves;
+    std::string structure;
+    tuple_leaves(types[next++], "", leaves, structure, label + ": argument " + p.name);
+    ParamDesc elem = p;
+    elem.annotation.clear();
+    elem.specialize = elem.align = true;
+    for (const auto& [suffix, type] : leaves) {
+      RtArg r;
+      r.name = p.name + suffix;
+      r.call_index = call_types.size();
+      r.type = type;
+      if (r.type[0] == '[') fail_arg(r, "bad type '" + r.type + "'");
+      check_type(r, elem);
+      call_types.push_back(r.type);
+      args.push_back(r);
+    }
+    layout.push_back(structure);
+    return;
+  }
+  layout.emplace_back();
   RtArg r;
   r.name = p.name;
   r.call_index = call_types.size();
@@ -619,6 +771,18 @@ void BundleKernel::Impl::check_type(RtArg& r, const ParamDesc& p) {
   if (r.type == "i1") r.type = "u1";  // Triton spells bools u1
   r.specialize = p.specialize;
   r.align = p.align;
+  std::string canonical;
+  if (parse_desc_type(r.type, &r.dtype, &r.desc_rank, r.desc_block, &canonical)) {
+    r.ty = Ty::kDesc;
+    r.type = canonical;  // as the bundle's variants spell it
+    if (p.heuristic)
+      fail_arg(r, "the kernel's heuristics read this descriptor argument, so they need Python on every call; "
+                  "the C++ launch path cannot evaluate them");
+    return;
+  }
+  if (r.type.rfind("tensordesc", 0) == 0)
+    fail_arg(r, "bad descriptor type '" + r.type + "' in the signature: spell it as Triton does, e.g. "
+                "tensordesc<fp16[64, 64]> (the element type and the block shape)");
   if (!r.type.empty() && r.type[0] == '*') {
     r.ty = Ty::kPtr;
     r.dtype = dtype_from_name(std::string_view(r.type).substr(1));
@@ -640,7 +804,9 @@ void BundleKernel::Impl::check_type(RtArg& r, const ParamDesc& p) {
 }
 
 bool BundleKernel::Impl::compatible(const Variant& v) const {
-  return v.types == call_types && v.constexprs == constexprs;
+  if (v.types != call_types || v.constexprs != constexprs) return false;
+  if (v.layout.empty()) return std::all_of(layout.begin(), layout.end(), [](const auto& l) { return l.empty(); });
+  return v.layout == layout;
 }
 
 std::string BundleKernel::Impl::variant_list() const {
@@ -767,12 +933,36 @@ double BundleKernel::Impl::pack_float(const RtArg& r, const Arg& a, uint64_t* sl
   return d;
 }
 
+// A descriptor: its element type, rank and block shape are the signature's (the
+// kernel's type); the rest is checked here and encoded at launch.
+void BundleKernel::Impl::pack_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const {
+  if (a.kind() != Arg::kDesc)
+    fail_arg(r, "expects a tensor descriptor (" + r.type + "), got " + arg_kind_name(a.kind()) +
+                "; make one with lt::TensorDesc(base, shape, strides, block_shape)");
+  HostTensorDesc d = a.desc()->desc;
+  if (d.rank == 0) fail_arg(r, "its shape, strides and block_shape must have the same length, 1 to 5");
+  if (d.dtype != kNoDtype && d.dtype != r.dtype)
+    fail_arg(r, std::string("a descriptor over ") + dtype_name(d.dtype) + " where the signature says " + r.type);
+  d.dtype = r.dtype;
+  if (d.rank != r.desc_rank || !std::equal(d.block, d.block + d.rank, r.desc_block)) {
+    std::string got;
+    for (int i = 0; i < d.rank; ++i) got += (i ? ", " : "") + std::to_string(d.block[i]);
+    fail_arg(r, "a descriptor with block shape [" + got + "] where the signature says " + r.type);
+  }
+  std::string why = check_tensor_desc(d);
+  if (!why.empty()) fail_arg(r, why);
+  *slot = c.n_desc;
+  c.descs[c.n_desc++] = d;
+}
+
 void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
   const RtArg& r = args[i];
   uint64_t* slot = &c.slots[i];
   *slot = 0;
   uint64_t bits = 0, word = a.bits();  // word: the key value (a float's as converted, a double)
-  if (r.ty == Ty::kPtr) {
+  if (r.ty == Ty::kDesc) {
+    pack_desc(r, a, slot, c);
+  } else if (r.ty == Ty::kPtr) {
     if (a.kind() != Arg::kPointer)
       fail_arg(r, std::string("expects a device pointer (") + r.type + "), got " + arg_kind_name(a.kind()) +
                       (a.kind() == Arg::kInteger ? "; wrap a CUdeviceptr in lt::DevicePtr(...)" : ""));
@@ -800,7 +990,31 @@ void BundleKernel::Impl::read(const Arg* a, size_t n, Call& c) const {
          std::to_string(n));
   }
   for (size_t w = 1; w <= bit_words; ++w) c.key[w] = 0;
+  c.n_desc = 0;
   for (size_t i = 0; i < n; ++i) pack(i, a[i], c);
+}
+
+size_t BundleKernel::Impl::params(const Entry& e, Call& c, void** out, DescParams* dps) const {
+  const LaunchMeta& m = e.kernel->meta();
+  size_t np = 0, k = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!e.is_param[i]) continue;
+    if (args[i].ty == Ty::kDesc) {
+      np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, c.descs[c.slots[i]], dps[k], out + np, desc.name,
+                             args[i].name.c_str());
+      ++k;
+    } else {
+      out[np++] = &c.slots[i];
+    }
+  }
+  return np;
+}
+
+void BundleKernel::Impl::launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const {
+  void* out[kMaxArgs + kMaxDescArgs * kMaxDescParams];
+  DescParams dps[kMaxDescArgs];  // uninitialized: packing writes what it passes
+  size_t np = params(e, c, out, dps);
+  e.kernel->launch(ctx, s, grid, out, np);
 }
 
 const Entry* BundleKernel::Impl::entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const {
@@ -820,11 +1034,7 @@ void BundleKernel::launch(Stream stream, Dim3 grid, const Arg* args, size_t n) c
     GridFn fixed = [grid](const Meta&) { return grid; };  // what lazy-mode tuning launches with
     e = k.entry(args, c, stream.handle, &fixed);
   }
-  void* params[kMaxArgs];
-  size_t np = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (e->is_param[i]) params[np++] = &c.slots[i];
-  e->kernel->launch(ctx, stream.handle, grid, params, np);
+  k.launch_entry(*e, ctx, stream.handle, grid, c);
 }
 
 void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, size_t n) const {
@@ -835,11 +1045,7 @@ void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, si
   c.key[0] = reinterpret_cast<uint64_t>(ctx);
   const Entry* e = k.entry(args, c, stream.handle, &grid);
   Dim3 g = grid(static_cast<const Winner*>(e->user.get())->meta);
-  void* params[kMaxArgs];
-  size_t np = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (e->is_param[i]) params[np++] = &c.slots[i];
-  e->kernel->launch(ctx, stream.handle, g, params, np);
+  k.launch_entry(*e, ctx, stream.handle, g, c);
 }
 
 const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, const GridFn& grid) const {
@@ -953,22 +1159,37 @@ ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
   req.options = options;
   req.stream = rc.stream;
   if (rc.grid) req.grid = *rc.grid;
-  size_t next = 0;
+  if (std::any_of(layout.begin(), layout.end(), [](const auto& l) { return !l.empty(); })) req.layouts = layout;
+  size_t next = 0, leaf = 0;
   for (size_t i = 0; i < desc.params.size(); ++i) {
-    CallValue cv;
-    cv.name = desc.params[i].name;
-    cv.type = call_types[i];
-    if (call_types[i] == "constexpr") {
+    if (call_types[leaf] == "constexpr") {
+      CallValue cv;
+      cv.name = desc.params[i].name;
+      cv.type = "constexpr";
       cv.is_constexpr = true;
       cv.constant = std::find_if(constexprs.begin(), constexprs.end(), [&](const auto& kv) { return kv.first == cv.name; })->second;
-    } else {
+      req.values.push_back(std::move(cv));
+      ++leaf;
+      continue;
+    }
+    // One runtime argument, or each element of a tuple argument (in order).
+    size_t n = layout[i].empty() ? 1 : size_t(std::count(layout[i].begin(), layout[i].end(), '_'));
+    for (size_t k = 0; k < n; ++k, ++leaf) {
+      CallValue cv;
+      cv.name = args[next].name;
+      cv.type = call_types[leaf];
+      const RtArg& r = args[next];
       const Arg& a = rc.args[next++];
       cv.is_pointer = a.kind() == Arg::kPointer;
       cv.ptr = DevicePtr(static_cast<unsigned long long>(a.bits()));
       cv.ptr.nbytes = a.nbytes();
       cv.value = a;
+      if (r.ty == Ty::kDesc) {  // as read (and checked) for this call
+        cv.is_desc = true;
+        cv.desc = rc.call->descs[rc.call->slots[next - 1]];
+      }
+      req.values.push_back(std::move(cv));
     }
-    req.values.push_back(std::move(cv));
   }
   return req;
 }

@@ -17,21 +17,42 @@ void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key) {
 void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n,
                   ScratchArena* arena) {
   constexpr size_t kMax = 256;
-  const size_t np = e.sources.size();
-  if (np > kMax) throw Error("kernel " + e.kernel->meta().name + ": more than 256 parameters");
+  const LaunchMeta& m = e.kernel->meta();
+  const size_t ns = e.sources.size();
+  if (ns > kMax) throw Error("kernel " + m.name + ": more than 256 parameters");
   uint64_t slots[kMax];
-  void* params[kMax];
-  for (size_t i = 0; i < np; ++i) {
+  void* params[kMax + 8 * kMaxDescParams];
+  // Descriptors are encoded into this launch's parameter bytes: host work, fine under capture.
+  constexpr size_t kInlineDescs = 8;
+  DescParams inline_descs[kInlineDescs];  // no initialization: packing writes what it passes
+  std::vector<DescParams> heap_descs(e.descs.size() > kInlineDescs ? e.descs.size() : 0);
+  std::vector<void*> heap_params;
+  DescParams* descs = e.descs.size() <= kInlineDescs ? inline_descs : heap_descs.data();
+  void** out = params;
+  if (e.descs.size() > kInlineDescs) {
+    heap_params.resize(ns + e.descs.size() * kMaxDescParams);
+    out = heap_params.data();
+  }
+  size_t np = 0, k = 0;
+  for (size_t i = 0; i < ns; ++i) {
     const ParamSource& s = e.sources[i];
     if (s.buffer >= 0 && size_t(s.buffer) >= n)
-      throw Error("kernel " + e.kernel->meta().name + ": parameter " + std::to_string(i) + " reads buffer " +
+      throw Error("kernel " + m.name + ": parameter " + std::to_string(i) + " reads buffer " +
                   std::to_string(s.buffer) + " of " + std::to_string(n));
+    if (s.desc >= 0) {
+      const DescSource& ds = e.descs[size_t(s.desc)];
+      HostTensorDesc d = ds.desc;
+      d.base = buffers[s.buffer];
+      np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, d, descs[k], out + np, m.name, ds.name.c_str());
+      ++k;
+      continue;
+    }
     slots[i] = s.buffer >= 0 ? buffers[s.buffer] : s.bits;
-    params[i] = &slots[i];
+    out[np++] = &slots[i];
   }
   for (const ZeroSpec& z : e.zero)
     if (z.bytes && size_t(z.buffer) < n) zero_buffer(stream, {buffers[z.buffer], z.bytes});
-  e.kernel->launch(ctx, stream, e.grid, params, np, arena);
+  e.kernel->launch(ctx, stream, e.grid, out, np, arena);
 }
 
 void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx,

@@ -72,6 +72,12 @@ py::object constant_to_python(const Constant& c) {
 // A runtime argument as lazytriton.embed.resolve reads it.
 py::object value_to_python(const CallValue& v) {
   if (v.is_constexpr) return constant_to_python(v.constant);
+  if (v.is_desc) {  // ("desc", base, dtype, nbytes or 0, shape, strides, block, padding, round_f32_to_tf32)
+    const HostTensorDesc& d = v.desc;
+    auto ints = [&](const int64_t* p) { return std::vector<int64_t>(p, p + d.rank); };
+    return py::make_tuple("desc", d.base, dtype_name(d.dtype), v.ptr.nbytes, ints(d.shape), ints(d.strides),
+                          ints(d.block), d.nan_padding ? "nan" : "zero", d.tf32);
+  }
   if (v.is_pointer) return py::make_tuple("ptr", v.ptr.addr, v.type.substr(1), v.ptr.nbytes);
   const Arg& a = v.value;
   switch (a.kind()) {
@@ -137,7 +143,10 @@ class PythonResolver : public Resolver {
       py::dict options;
       for (const auto& [k, c] : r.options) options[py::str(k)] = constant_to_python(c);
       auto stream = reinterpret_cast<uint64_t>(r.stream);
-      py::tuple out = module().attr("resolve")(r.bundle_dir, r.source, values, options, grid_to_python(r), stream);
+      py::object layouts = py::none();  // tuple arguments: how their elements in `values` nest
+      if (!r.layouts.empty()) layouts = py::cast(r.layouts);
+      py::tuple out =
+          module().attr("resolve")(r.bundle_dir, r.source, values, options, grid_to_python(r), stream, layouts);
       ++g_resolutions;
       return {out[0].cast<std::string>(), out[1].cast<std::string>()};
     } catch (py::error_already_set& e) {

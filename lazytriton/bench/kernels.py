@@ -12,6 +12,15 @@ def add(x, y, out, n, BLOCK: tl.constexpr):
     tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
 
 
+@triton.autotune(configs=[triton.Config({"BLOCK": 1024})], key=["n"])
+@triton.jit
+def add_tuned(x, y, out, n, BLOCK: tl.constexpr):
+    """The vector add with BLOCK from its one config: a call with no keywords."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+
 @triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8, 16)], key=["n_cols"])
 @triton.jit
 def softmax(x, y, n_rows, n_cols, stride, BLOCK: tl.constexpr):
@@ -60,3 +69,28 @@ def permute_rows(inp, dst, out, cols, BLOCK: tl.constexpr):
         offs = c + tl.arange(0, BLOCK)
         m = offs < cols
         tl.store(out + to * cols + offs, tl.load(inp + row * cols + offs, mask=m), mask=m)
+
+
+@triton.jit
+def add_one(x, n, out, BLOCK: tl.constexpr):
+    """The 32-kernel chain's link, in jax-triton's convention (outputs last)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) + 1.0, mask=m)
+
+
+SOFTMAX_ROWS_CONFIGS = [triton.Config({"ROWS": r}, num_warps=w) for r in (1, 2, 4) for w in (4, 8, 16)]
+
+
+@triton.autotune(configs=SOFTMAX_ROWS_CONFIGS, key=["n_rows", "n_cols"])
+@triton.jit
+def softmax_rows(x, y, n_rows, n_cols, stride, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Row softmax, ROWS rows per program, a row in one block: 9 configs to choose from."""
+    row0 = tl.program_id(0) * ROWS
+    cols = tl.arange(0, BLOCK)
+    for i in range(ROWS):
+        row = row0 + i
+        m = (cols < n_cols) & (row < n_rows)
+        v = tl.load(x + row * stride + cols, mask=m, other=-float("inf")).to(tl.float32)
+        v = tl.exp(v - tl.max(v, axis=0))
+        tl.store(y + row * stride + cols, (v / tl.sum(v, axis=0)).to(y.dtype.element_ty), mask=m)

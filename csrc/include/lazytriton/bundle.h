@@ -123,12 +123,44 @@ struct DevicePtr {
 };
 inline DevicePtr buffer(DevicePtr p, uint64_t nbytes) { return p.nbytes = nbytes, p; }
 
-// One launch argument: a device pointer, an integer, a float or a bool. Its
+// A host-side tensor descriptor (Triton's TensorDescriptor) for a parameter
+// whose signature type is "tensordesc<fp16[64, 64]>" (its element type and
+// block shape): the tensor's base pointer, shape and strides in elements
+// (outermost first, the last stride 1), the block shape (the signature's),
+// the padding out-of-bounds loads read (zero or NaN) and round_f32_to_tf32.
+// It is encoded into a CUtensorMap on every launch, as lazytriton's Python
+// stubs and Triton's own launcher encode it; a kernel whose config pre_hook
+// sets block shapes gets the winner's. Give a CUdeviceptr base the element
+// type through the signature, or a typed pointer (checked against it).
+//
+//   lt::TensorDesc a(a_ptr, {M, K}, {K, 1}, {1, 1});
+//   k.launch(stream, grid, {a, b, c, M, N, K});
+struct TensorDesc {
+  enum Padding : uint8_t { kZero, kNan };
+  TensorDesc(DevicePtr base, std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides,
+             std::initializer_list<int64_t> block_shape, Padding padding = kZero, bool round_f32_to_tf32 = false)
+      : TensorDesc(base, shape.begin(), shape.size(), strides.begin(), strides.size(), block_shape.begin(),
+                   block_shape.size(), padding, round_f32_to_tf32) {}
+  TensorDesc(DevicePtr base, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+             const std::vector<int64_t>& block_shape, Padding padding = kZero, bool round_f32_to_tf32 = false)
+      : TensorDesc(base, shape.data(), shape.size(), strides.data(), strides.size(), block_shape.data(),
+                   block_shape.size(), padding, round_f32_to_tf32) {}
+  TensorDesc(DevicePtr base, const int64_t* shape, size_t n_shape, const int64_t* strides, size_t n_strides,
+             const int64_t* block, size_t n_block, Padding padding = kZero, bool round_f32_to_tf32 = false);
+
+  HostTensorDesc desc;  // rank 0: shape, strides and block_shape lengths differ or exceed 5 (refused at launch)
+  uint64_t nbytes = 0;  // the base buffer's size if known (what lazy-mode tuning may snapshot)
+};
+
+// One launch argument: a device pointer, an integer, a float, a bool or a
+// tensor descriptor (kept by reference: it must outlive the launch call). Its
 // kernel parameter type comes from the signature; the value must fit it.
 class Arg {
  public:
-  enum Kind : uint8_t { kPointer, kInteger, kFloat, kBool };
+  enum Kind : uint8_t { kPointer, kInteger, kFloat, kBool, kDesc };
   template <class T> Arg(T* p) : Arg(DevicePtr(p)) {}
+  Arg(const TensorDesc& d) : kind_(kDesc), dtype_(Dtype(d.desc.dtype)), bits_(d.desc.base), nbytes_(d.nbytes), desc_(&d) {}
+  Arg(TensorDesc&&) = delete;  // a temporary would be gone before a launch list is used
   Arg(DevicePtr p) : kind_(kPointer), dtype_(p.dtype), bits_(p.addr), nbytes_(p.nbytes) {}
   template <class T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
   Arg(T v) : kind_(kInteger), big_(std::is_unsigned_v<T> && uint64_t(v) > uint64_t(INT64_MAX)), bits_(uint64_t(v)) {}
@@ -143,6 +175,7 @@ class Arg {
   double real() const { return f_; }
   Dtype dtype() const { return dtype_; }
   uint64_t nbytes() const { return nbytes_; }
+  const TensorDesc* desc() const { return desc_; }  // kDesc
 
  private:
   Kind kind_;
@@ -151,6 +184,7 @@ class Arg {
   uint64_t bits_ = 0;
   uint64_t nbytes_ = 0;
   double f_ = 0;
+  const TensorDesc* desc_ = nullptr;
 };
 
 using GridFn = std::function<Dim3(const Meta&)>;
@@ -206,6 +240,10 @@ class BundleKernel {
 
 class Resolver;
 
+// A variant's launch metadata ("launch" in the manifest, Triton's metadata by
+// field name) as the runtime reads it. Throws lt::Error on malformed input.
+LaunchMeta launch_meta_from_json(const std::string& text);
+
 // A directory of tuned winners: manifest.json + cubins/. Copyable handle.
 class Bundle {
  public:
@@ -223,7 +261,10 @@ class Bundle {
   // ("*fp32,*fp32,i32"): pointers "*dtype", ints i32/i64/u64 (Triton's class
   // of the values passed) or the annotated type, fp32, u1. `constexprs` gives
   // constexpr arguments (defaults fill the rest), compile options (num_warps,
-  // ...) and None for pointer arguments left out. Throws lt::Error if the
+  // ...) and None for pointer arguments left out. A tuple argument is one
+  // entry in Triton's spelling of a tuple type, "[*fp32,[*fp32,fp32]]", and
+  // its elements are passed at launch as separate arguments, in order
+  // (arg_names() calls them "xs[0]", "xs[1][0]", ...). Throws lt::Error if the
   // kernel is unknown, the signature does not fit it, or (without lazy mode)
   // the bundle has no winner for this signature and constexprs.
   BundleKernel kernel(const std::string& name, const std::string& signature, const Constants& constexprs = {}) const;
@@ -249,7 +290,9 @@ class Bundle {
 struct CallValue {
   std::string name;
   bool is_pointer = false;
-  DevicePtr ptr;  // when is_pointer (dtype from the signature)
+  DevicePtr ptr;  // when is_pointer (dtype from the signature); a descriptor's base and size
+  bool is_desc = false;
+  HostTensorDesc desc;  // when is_desc (dtype from the signature)
   Arg value = Arg(int64_t(0));  // runtime scalar (its signature type in `type`)
   bool is_constexpr = false;
   Constant constant;  // when is_constexpr
@@ -259,7 +302,10 @@ struct CallValue {
 struct ResolveRequest {
   std::string bundle_dir;
   std::string source;  // "module:function"
-  std::vector<CallValue> values;  // the kernel's call arguments, in order
+  std::vector<CallValue> values;  // the kernel's call arguments, in order (a tuple argument: its elements)
+  // Per call parameter, "" or a tuple argument's nesting ("[_,[_,_]]", one '_'
+  // per element of `values`); empty when the call has no tuple argument.
+  std::vector<std::string> layouts;
   Constants options;  // compile options (num_warps, ...)
   cu::CUstream stream = nullptr;
   GridFn grid;  // the caller's grid (empty if none was given)

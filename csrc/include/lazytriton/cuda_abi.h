@@ -82,6 +82,20 @@ struct CUlaunchConfig {
   unsigned numAttrs;
 };
 
+// Tensor maps (TMA descriptors), for host-side tensor descriptor arguments.
+// cuda.h (12.x/13.x) aligns the opaque struct to 128 bytes (older ones: 64);
+// a kernel takes it by value as a 128-byte parameter.
+struct alignas(128) CUtensorMap {
+  uint64_t opaque[16];
+};
+constexpr int CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11;  // CUtensorMapDataType
+constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;      // CUtensorMapInterleave
+constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;         // CUtensorMapSwizzle (the largest Triton picks)
+constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2;  // CUtensorMapL2promotion
+constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;   // CUtensorMapFloatOOBfill
+constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1;
+
+static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap layout");
 static_assert(sizeof(CUlaunchAttributeValue) == 64, "CUlaunchAttributeValue layout");
 static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute layout");
 static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig layout");

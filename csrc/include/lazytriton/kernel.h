@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lazytriton/driver.h"
+#include "lazytriton/tensor_desc.h"
 
 namespace lt {
 
@@ -27,6 +28,11 @@ struct LaunchMeta {
   bool cooperative = false;  // launch_cooperative_grid
   bool pdl = false;          // launch_pdl (programmatic dependent launch)
   int arch = 0;              // compute capability the cubin was built for, e.g. 90
+  // Host-side tensor descriptor parameters (tensor_desc.h): how each was
+  // lowered (tensordesc_meta; empty: decomposed), and the parameter layout of
+  // the Triton version that compiled it.
+  std::vector<TmaMeta> tensordesc;
+  int tensordesc_abi = kTensorDescAbiLatest;
 };
 
 struct KernelImage {

@@ -24,6 +24,15 @@ using CallKey = std::vector<uint64_t>;
 struct ParamSource {
   int32_t buffer = -1;  // >= 0: the address of that call buffer
   uint64_t bits = 0;    // else this scalar, in the parameter's C type (low bytes)
+  int32_t desc = -1;    // >= 0: Entry::descs[desc], a tensor descriptor on call buffer `buffer`
+};
+
+// A host tensor descriptor argument of a fixed-layout call: everything but
+// its base address is fixed; it is encoded (tensor_desc.h) on every launch.
+struct DescSource {
+  int32_t buffer = -1;
+  HostTensorDesc desc;  // base: set per launch
+  std::string name;     // the argument's name, for errors
 };
 
 // A call buffer zeroed before every launch (jax-triton's zeroed_outputs).
@@ -43,6 +52,7 @@ struct Entry {
   // Fixed-layout callers: every kernel parameter's source, and the buffers
   // to zero before each launch.
   std::vector<ParamSource> sources;
+  std::vector<DescSource> descs;
   std::vector<ZeroSpec> zero;
   // Opaque data owned by the layer that resolved the entry (e.g. the Python
   // config meta-parameters a grid callable needs).

@@ -11,6 +11,7 @@
 
 #include "lazytriton/lazy_kernel.h"
 #include "lazytriton/scalar_bits.h"
+#include "lazytriton/tensor_desc.h"
 
 namespace lt::pyargs {
 
@@ -36,6 +37,13 @@ struct Names {
   PyObject* cai = name("__cuda_array_interface__");
   PyObject* dlpack = name("__dlpack__");
   PyObject* is_cuda = name("is_cuda");
+  // Tensor descriptors (Triton's TensorDescriptor and lazytriton's)
+  PyObject* base = name("base");
+  PyObject* shape = name("shape");
+  PyObject* strides = name("strides");
+  PyObject* block_shape = name("block_shape");
+  PyObject* padding = name("padding");
+  PyObject* tf32 = name("round_f32_to_tf32");
 };
 inline const Names& names() {
   static Names n;
@@ -183,6 +191,83 @@ inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
   int id = dtype_id(dt);
   Py_DECREF(dt);
   return id == want_dtype && pointer_of(obj, s, ptr);
+}
+
+// Whether objects of this type are host tensor descriptors (decided once per
+// type by lazytriton.arrays.is_tensor_descriptor).
+inline bool is_tensor_desc_type(PyObject* obj) {
+  static IdentityCache<16> cache;
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  int v;
+  if (cache.get(type, &v)) return v == 1;
+  v = ask_python("is_tensor_descriptor", obj);
+  if (v < 0) return PyErr_Clear(), false;
+  cache.put(type, v);
+  return v == 1;
+}
+
+// `n` ints from a sequence attribute (list, tuple, torch.Size; items with __index__).
+inline bool read_ints(PyObject* obj, PyObject* attr, int n, int64_t* out) {
+  PyObject* seq = PyObject_GetAttr(obj, attr);
+  PyObject* fast = seq ? PySequence_Fast(seq, "") : nullptr;
+  Py_XDECREF(seq);
+  bool ok = fast && PySequence_Fast_GET_SIZE(fast) == n;
+  for (int i = 0; ok && i < n; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+    int overflow = 0;
+    if (PyLong_Check(item)) {
+      out[i] = PyLong_AsLongLongAndOverflow(item, &overflow);
+    } else {
+      PyObject* idx = PyNumber_Index(item);
+      out[i] = idx ? PyLong_AsLongLongAndOverflow(idx, &overflow) : -1;
+      ok = idx != nullptr;
+      Py_XDECREF(idx);
+    }
+    ok = ok && !overflow && !(out[i] == -1 && PyErr_Occurred());
+  }
+  Py_XDECREF(fast);
+  if (!ok) PyErr_Clear();
+  return ok;
+}
+
+// A host tensor descriptor argument of element type `want_dtype` and rank
+// `rank`, valid as a descriptor (tensor_desc.h check_tensor_desc). False means
+// "not this stub's signature": Python's slow path then names the problem.
+inline bool get_tensor_desc(PyObject* obj, int want_dtype, int rank, HostTensorDesc* d) {
+  if (!is_tensor_desc_type(obj)) return false;
+  const Names& n = names();
+  PyObject* base = PyObject_GetAttr(obj, n.base);
+  bool ok = base && get_pointer(base, want_dtype, &d->base);
+  Py_XDECREF(base);
+  if (!ok) return PyErr_Clear(), false;
+  d->dtype = want_dtype;
+  d->rank = rank;
+  if (!read_ints(obj, n.shape, rank, d->shape) || !read_ints(obj, n.strides, rank, d->strides) ||
+      !read_ints(obj, n.block_shape, rank, d->block))
+    return false;
+  PyObject* padding = PyObject_GetAttr(obj, n.padding);
+  ok = padding && PyUnicode_Check(padding);
+  d->nan_padding = ok && PyUnicode_CompareWithASCIIString(padding, "nan") == 0;
+  ok = ok && (d->nan_padding || PyUnicode_CompareWithASCIIString(padding, "zero") == 0);
+  Py_XDECREF(padding);
+  if (!ok) return PyErr_Clear(), false;
+  PyObject* tf32 = PyObject_GetAttr(obj, n.tf32);  // absent in Triton 3.5/3.6: False
+  d->tf32 = tf32 == Py_True;
+  if (!tf32) PyErr_Clear();
+  Py_XDECREF(tf32);
+  return check_tensor_desc(*d).empty();
+}
+
+// A descriptor as params(args) reports it: (base, dtype, shape, strides,
+// block, nan padding, tf32), the tuple lazytriton.tensor_desc reads too.
+inline PyObject* desc_tuple(const HostTensorDesc& d) {
+  auto ints = [&](const int64_t* v) {
+    PyObject* t = PyTuple_New(d.rank);
+    for (int i = 0; t && i < d.rank; ++i) PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(v[i]));
+    return t;
+  };
+  return Py_BuildValue("(KiNNNOO)", (unsigned long long)d.base, d.dtype, ints(d.shape), ints(d.strides),
+                       ints(d.block), d.nan_padding ? Py_True : Py_False, d.tf32 ? Py_True : Py_False);
 }
 
 // Integer arguments, in Triton's classes: i32, then i64, then u64.

@@ -3,7 +3,7 @@ tests (tests/triton_call_test.py of jax-ml/jax-triton) in front of lazytriton.
 Only for that test run; see ../README.md."""
 import math
 
-from lazytriton.jax import CUSTOM_CALL_TARGET_NAME, triton_call  # noqa: F401
+from lazytriton.jax import CUSTOM_CALL_TARGET_NAME, TensorDescriptor, triton_call  # noqa: F401
 
 from . import triton_lib  # noqa: F401
 

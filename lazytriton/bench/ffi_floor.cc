@@ -1,9 +1,9 @@
-// Floors for benchmarks/jax_chain.py: what an XLA FFI custom call costs with
+// Floors for the harness's JAX chain (lazytriton/bench/jax_group.py): what an XLA FFI custom call costs with
 // nothing of lazytriton in it.
 //   lt_bench_noop: decodes its stream and buffers, launches nothing.
 //   lt_bench_raw:  the same, then one plain cuLaunchKernel of a cubin set by
 //                  set_cubin() (parameters: input, n, output, two scratch).
-// Built by jax_chain.py through lazytriton.stubgen, against jaxlib's headers.
+// Built by jax_group.py through lazytriton.stubgen, against jaxlib's headers.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -76,7 +76,7 @@ PyMethodDef kMethods[] = {{"handlers", handlers, METH_NOARGS, "noop and raw hand
                           {"runs", runs, METH_NOARGS, "Handler runs so far."},
                           {"set_cubin", set_cubin, METH_VARARGS, "The kernel lt_bench_raw launches."},
                           {nullptr, nullptr, 0, nullptr}};
-PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "lt_bench_ffi", "FFI floors for jax_chain.py", -1, kMethods};
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "lt_bench_ffi", "FFI floors for the benchmark harness", -1, kMethods};
 }  // namespace
 
 PyMODINIT_FUNC PyInit_lt_bench_ffi() { return PyModule_Create(&kModule); }

@@ -1,0 +1,207 @@
+"""First call of the 8-config autotuned matmul (2048^3 fp16), each row in a
+fresh process: cold (empty lazytriton, Triton and JAX caches) and warm (a new
+process on the caches a cold one left: the persisted winner), as a timeline of
+phases from the moment the data is ready:
+
+- Triton's own @triton.autotune: compile and benchmark every config, serially;
+- lazytriton standalone (torch arrays): binding and cache lookup, compiling the
+  candidates (worker processes), tuning (overlapped with compiling, from the
+  first two compiled), the launch-stub build (g++, in the background) and the
+  first launch; lazytriton.runtime.timings() and the `lazytriton` logger say
+  when each ended;
+- JAX (lazytriton.jax, jax-triton): jit(...).lower(), XLA's compile, the first
+  execution (lazytriton: compile and tune inside it; the FFI handler's build).
+
+Each process runs one of the scripts below with `python -c` (nothing imported
+before its clock starts) and writes one JSON object to the path in argv[1];
+phases() turns it into the section's row.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from .common import row
+
+PRELUDE = r"""
+import json, os, sys, time
+t_start = time.perf_counter()
+OUT = sys.argv[1]
+def done(r):
+    with open(OUT, "w") as f:
+        json.dump(r, f)
+"""
+
+# Wrapping the kernel (where lazytriton starts its compile server) happens at
+# import time, as a decorator in a user's module would; then the data; then the call.
+LAZY = PRELUDE + r"""
+import logging
+import torch, triton, lazytriton
+from lazytriton import runtime, stubgen
+from lazytriton.demo_kernels import demo_matmul
+
+class Events(logging.Handler):  # when the background stub build started and ended
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.seen = []
+    def emit(self, record):
+        self.seen.append((time.perf_counter(), record.getMessage()))
+events = Events()
+log = logging.getLogger("lazytriton")
+log.addHandler(events)
+log.setLevel(logging.INFO)
+
+k = lazytriton.kernel(demo_matmul)
+M = N = K = 2048
+torch.manual_seed(0)
+a = torch.randn(M, K, device="cuda", dtype=torch.float16); b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+torch.cuda.synchronize()
+t_ready = time.perf_counter()
+grid = lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))
+k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
+torch.cuda.synchronize()
+t_first = time.perf_counter()
+k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
+torch.cuda.synchronize()
+t_second = time.perf_counter()
+stubgen.wait_for_builds(120)
+err = (c.float() - a.float() @ b.float()).abs().max().item()
+stub = [(t - t_ready, m) for t, m in events.seen if "launch stub" in m and m.startswith(("building", "built"))]
+done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "steady_call_s": t_second - t_first,
+      "max_err": err, "stats": lazytriton.stats(), "stub_events": stub,
+      "resolutions": [dict(r, at=r["at"] - t_ready) for r in runtime.timings()]})
+"""
+
+TRITON = PRELUDE + r"""
+import torch, triton
+from lazytriton.demo_kernels import demo_matmul
+M = N = K = 2048
+torch.manual_seed(0)
+a = torch.randn(M, K, device="cuda", dtype=torch.float16); b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+torch.cuda.synchronize()
+t_ready = time.perf_counter()
+grid = lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))
+demo_matmul[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
+torch.cuda.synchronize()
+t_first = time.perf_counter()
+err = (c.float() - a.float() @ b.float()).abs().max().item()
+done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "max_err": err})
+"""
+
+# The JAX rows, split: imports, backend start (first arrays), trace + lowering,
+# XLA compile, first execution (lazytriton: compile the candidates, tune, run).
+JAX_CALL = r"""
+import jax, jax.numpy as jnp, numpy as np, triton
+from lazytriton.demo_kernels import demo_matmul
+t_import = time.perf_counter()
+M = N = K = 2048
+a = jnp.asarray(np.random.default_rng(0).standard_normal((M, K)), jnp.float16)
+b = jnp.asarray(np.random.default_rng(1).standard_normal((K, N)), jnp.float16)
+a.block_until_ready(); b.block_until_ready()
+def mm(a, b):
+    # Scalars by name, so the output fills `c` (jax-triton 0.4 binding).
+    return triton_call(a, b, M=M, N=N, K=K, sam=K, sak=1, sbk=N, sbn=1, scm=N, scn=1, kernel=demo_matmul,
+                       out_shape=jax.ShapeDtypeStruct((M, N), jnp.float16),
+                       grid=lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"])))
+f = jax.jit(mm)
+t_ready = time.perf_counter()
+lowered = f.lower(a, b)
+t_lower = time.perf_counter()
+compiled = lowered.compile()
+t_compile = time.perf_counter()
+out = compiled(a, b); out.block_until_ready()
+t_first = time.perf_counter()
+err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - a.astype(jnp.float32) @ b.astype(jnp.float32))))
+r = {"imports_s": t_import - t_start, "backend_s": t_ready - t_import, "lower_s": t_lower - t_ready,
+     "xla_compile_s": t_compile - t_lower, "execute_s": t_first - t_compile, "first_call_s": t_first - t_ready,
+     "max_err": err}
+"""
+JAX_LAZY = PRELUDE + r"""
+import lazytriton.jax
+def triton_call(*args, out_shape, **kwargs):
+    return lazytriton.jax.triton_call(*args, out_type=out_shape, **kwargs)
+""" + JAX_CALL + r"""
+from lazytriton import jax_ffi, runtime
+h = jax_ffi.handler_info()
+# How the FFI handler became ready, and when from the data being ready (> 0: lowering waited for it).
+r["handler"] = {"how": h.get("how"), "seconds": h.get("seconds"),
+                "ready_after_s": h["ready_at"] - t_ready if "ready_at" in h else None}
+r["resolutions"] = [dict(x, at=x["at"] - t_ready) for x in runtime.timings()]
+r["stats"] = lazytriton.stats()
+done(r)
+"""
+JAX_TRITON = PRELUDE + "from jax_triton import triton_call\n" + JAX_CALL + "\ndone(r)\n"
+
+# (group, row, kind, script, extra environment, cache shared with, suites, module it needs)
+ROWS = [
+    ("cold-triton", "Triton's @triton.autotune, cold", "other", TRITON, {}, None, ("quick", "full"), "torch"),
+    ("cold-lazy", "lazytriton, cold", "lazytriton", LAZY, {}, None, ("quick", "full"), "torch"),
+    ("warm-lazy", "lazytriton, warm (new process, persisted winner)", "lazytriton", LAZY, {}, "cold-lazy",
+     ("quick", "full"), "torch"),
+    ("cold-jax", "lazytriton.jax, cold", "lazytriton", JAX_LAZY, {}, None, ("quick", "full"), "jax"),
+    ("warm-jax", "lazytriton.jax, warm (new process, persisted winner)", "lazytriton", JAX_LAZY, {}, "cold-jax",
+     ("full",), "jax"),
+    ("cold-jax-runtime-handler", "lazytriton.jax, cold, FFI handler built at run time", "lazytriton", JAX_LAZY,
+     {"LAZYTRITON_PREBUILT_HANDLER": "0"}, None, ("full",), "jax"),
+    ("cold-jax-triton", "jax-triton, cold", "other", JAX_TRITON, {}, None, ("quick", "full"), "jax_triton"),
+]
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def phases(raw: dict) -> list[list]:
+    """[lane, start_s, end_s] from the data being ready, for the timeline plot."""
+    out = []
+    first = raw["first_call_s"]
+    if "lower_s" in raw:  # JAX
+        lo, xc = raw["lower_s"], raw["xla_compile_s"]
+        out += [["jit(...).lower()", 0.0, lo], ["XLA compile", lo, lo + xc], ["first execution", lo + xc, first]]
+        h = raw.get("handler") or {}
+        if h.get("how") and h.get("ready_after_s") is not None and h["ready_after_s"] > 0:
+            end = h["ready_after_s"]
+            out.append([f"FFI handler ({h['how']})", max(0.0, end - (h.get("seconds") or 0.0)), end])
+    resolutions = raw.get("resolutions") or []
+    for r in resolutions:
+        start = r["at"] - r["tuned_s"]
+        out += [["compile candidates", start, start + r["compiled_s"]], ["compile + tune (overlapped)", start, r["at"]]]
+    stub = raw.get("stub_events") or []
+    begin = next((t for t, m in stub if m.startswith("building")), None)
+    end = next((t for t, m in stub if m.startswith("built")), None)
+    if begin is not None and end is not None:
+        out.append(["launch stub build (background)", begin, end])
+    if "lower_s" not in raw:
+        if resolutions:
+            start = min(r["at"] - r["tuned_s"] for r in resolutions)
+            out = [["bind + cache lookup", 0.0, start]] + out + [["first launch", max(r["at"] for r in resolutions),
+                                                                  first]]
+        elif "stats" in raw:  # lazytriton, warm: nothing compiled or tuned
+            out.append(["cached winner: load + launch", 0.0, first])
+        else:  # Triton's autotuner: one span
+            out.append(["compile + benchmark every config (serial)", 0.0, first])
+    return out
+
+
+def to_row(group: str, raw: dict) -> dict:
+    name, kind = next((r[1], r[2]) for r in ROWS if r[0] == group)
+    split = {k: raw[k] for k in ("imports_s", "backend_s", "lower_s", "xla_compile_s", "execute_s", "steady_call_s")
+             if k in raw}
+    extra = {"phases": phases(raw), "split": split, "max_err": raw.get("max_err")}
+    if "stats" in raw:
+        extra["stats"] = {k: raw["stats"].get(k) for k in ("compiles", "tunes", "record_hits", "resolves")}
+    if raw.get("handler"):
+        extra["handler"] = raw["handler"]
+    return row(name, kind, [raw["first_call_s"]], **extra)
+
+
+def section(rows: list[dict], notes: list[str]) -> dict:
+    return {"title": "First call of an 8-config autotuned matmul (2048^3 fp16), fresh processes", "unit": "s",
+            "better": "lower", "rows": rows, "ratio_to": "Triton's @triton.autotune, cold",
+            "notes": notes + ["time from the data being ready to the first result; cold: empty lazytriton, Triton and "
+                              "JAX caches; warm: a new process on the caches a cold one left (JAX's compilation "
+                              "cache off: XLA compiles again)"]}

@@ -1,0 +1,127 @@
+"""What a suite runs: process groups, the sections and rows each contributes,
+what each needs, and how long each is expected to take (for --dry-run and the
+progress lines; the estimates are for an H100/H200 host with 16 cores).
+
+A group is one kind of process. The runner starts every group once per
+repetition (--processes N), repetitions one after another and groups in this
+order within each, so that drift over the run hits every system alike; inside
+a process, rows are interleaved round by round (timing.interleaved)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import cold, cpu, distributed, jax_group, throughput_group, torch_group
+from .workloads import optional_workloads
+
+SUITES = ("cpu", "quick", "full")
+# Cold rows run once whatever --processes says: a build of the FFI handler (g++) per repetition costs more
+# than its spread tells.
+ONCE = {"cold-jax-runtime-handler"}
+SECTION_ORDER = ("launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call", "distributed",
+                 "cpu")
+
+
+@dataclass
+class Group:
+    name: str
+    title: str
+    rows: dict                       # {section: [row names]} it contributes (planned; some may turn out absent)
+    needs: tuple = ()                # modules that must be importable
+    est_s: tuple = (10.0, 10.0)      # seconds: its first process, each later one
+    script: str | None = None        # cold/warm rows: the code run with `python -c`
+    env: dict = field(default_factory=dict)
+    fresh_cache: str | None = None   # cold/warm rows: the group whose fresh per-repetition caches it uses
+    once: bool = False               # runs in one process whatever --processes says
+    notes: list = field(default_factory=list)
+
+    @property
+    def sections(self) -> list[str]:
+        return list(self.rows)
+
+
+def build(suite: str, gpus: int, importable=cold.importable) -> tuple[list[Group], list[str]]:
+    """(groups of the suite that can run here, notes on what is skipped and why)."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r} (one of {', '.join(SUITES)})")
+    full = suite == "full"
+    cpu_group = Group("cpu", "without a GPU: lowering, compile per config (sm_90), stub build",
+                      {"cpu": cpu.row_names(suite)}, needs=("triton",), est_s=(25.0 if suite != "quick" else 10.0,) * 2,
+                      once=True)
+    if suite == "cpu":
+        return [cpu_group], []
+    q = (lambda a, b: b) if full else (lambda a, b: a)  # noqa: E731  (quick, full)
+    groups = [
+        Group("torch", "launch cost (Python paths, C++ program, floors) and launch-bound sizes",
+              {"launch": torch_group.launch_rows(suite),
+               **({"small": torch_group.small_rows(suite)} if full else {})},
+              needs=("torch",), est_s=(q(14, 30), q(7, 12))),
+        Group("throughput", "tuned workloads: kernel time, rate vs the device's ceilings, tuning quality",
+              {"throughput": throughput_group.throughput_rows(suite), "tuning": throughput_group.tuning_rows(suite)},
+              needs=("torch",), est_s=(q(25, 40), q(12, 20))),
+        Group("jax-cb-on", "JAX, command buffers on: 32-kernel chain and tuned workloads",
+              {"chain": [r for r, _, _ in jax_group.chain_rows(True)],
+               "jax_throughput": jax_group.throughput_rows(suite)},
+              needs=("jax",), est_s=(q(25, 40), q(12, 16)), env={"XLA_FLAGS": jax_group.CB_ON}),
+        Group("jax-cb-off", "JAX, command buffers off: 32-kernel chain",
+              {"chain": [r for r, _, _ in jax_group.chain_rows(False)]},
+              needs=("jax",), est_s=(q(12, 14), q(8, 9)), env={"XLA_FLAGS": jax_group.CB_OFF}),
+    ]
+    est = {"cold-triton": 11, "cold-lazy": 8, "warm-lazy": 5, "cold-jax": 8, "warm-jax": 6,
+           "cold-jax-runtime-handler": 14, "cold-jax-triton": 10}
+    for name, row, _, script, env, shared, suites, need in cold.ROWS:
+        if suite in suites:
+            groups.append(Group(name, f"first call: {row}", {"first_call": [row]}, needs=(need,),
+                                est_s=(est[name], est[name]), script=script, env=env, fresh_cache=shared or name,
+                                once=name in ONCE))
+    if full:
+        if gpus >= 2:
+            groups.append(Group("distributed", "2-process jax.distributed first step",
+                                {"distributed": list(distributed.ROWS)}, needs=("jax",), est_s=(90.0, 60.0)))
+    groups.append(cpu_group)
+    notes = list(optional_workloads(suite)[1])
+    if full and gpus < 2:
+        notes.append("distributed first step: skipped (needs 2 GPUs)")
+    kept = []
+    for g in groups:
+        missing = [m for m in g.needs if not importable(m)]
+        if missing:
+            notes.append(f"{g.title}: skipped ({', '.join(missing)} not importable)")
+        else:
+            kept.append(g)
+    return kept, notes
+
+
+def processes_of(g: Group, n: int) -> int:
+    return 1 if g.once else n
+
+
+REPORT_S = 10.0  # the runner's start, report.md and the plots
+
+
+def estimate_s(groups: list[Group], n: int) -> float:
+    return REPORT_S + sum(g.est_s[0] + (processes_of(g, n) - 1) * g.est_s[1] for g in groups)
+
+
+def schedule(groups: list[Group], n: int) -> list[tuple[Group, int]]:
+    """(group, repetition) in run order: repetitions one after another, every
+    group once in each (a group that runs once: in the first)."""
+    return [(g, rep) for rep in range(n) for g in groups if rep < processes_of(g, n)]
+
+
+def describe(suite: str, groups: list[Group], notes: list[str], n: int) -> str:
+    """The --dry-run listing: every process, the rows per section, the estimate."""
+    lines = [f"lazytriton bench --suite {suite}: {len(schedule(groups, n))} processes "
+             f"({n} repetition(s)), about {estimate_s(groups, n) / 60:.1f} min by estimate", ""]
+    for g in groups:
+        k = processes_of(g, n)
+        lines.append(f"group {g.name}: {g.title} — {k} process(es), ~{g.est_s[0]:.0f} s"
+                     + (f" + {k - 1} x ~{g.est_s[1]:.0f} s" if k > 1 else ""))
+        if g.env:
+            lines.append("  env: " + " ".join(f"{k_}={v}" for k_, v in g.env.items()))
+        for sec, rows in g.rows.items():
+            lines.append(f"  section {sec}:")
+            lines += [f"    - {r}" for r in rows]
+    if notes:
+        lines += ["", "skipped:"] + [f"  - {n_}" for n_ in notes]
+    return "\n".join(lines)
+

@@ -1,0 +1,177 @@
+"""The launch-bound process of the harness (torch arrays):
+
+- launch: host cost per launch of a tiny vector add through each of
+  lazytriton's Python paths, Triton's own launcher, and the floors (a raw
+  cuLaunchKernel loop and CUDA-graph replay of the same cubin), then the C++
+  rows (cpp.py: bundle launch, typed stub, and their own raw loop);
+- small: time per call, back to back, of the workloads at launch-bound sizes
+  (lazytriton, Triton's launcher and autotuner, torch's op).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import cpp
+from .common import row, why
+from .timing import interleaved
+from .workloads import small_workloads
+
+QUICK_FULL, FULL = ("quick", "full"), ("full",)
+# (row, kind, suites): the launch section's Python rows, in the order they are measured.
+LAUNCH_PATHS = [
+    ("raw cuLaunchKernel loop (C++)", "floor", QUICK_FULL),
+    ("lazytriton C++ core loop", "lazytriton", QUICK_FULL),
+    ("lazytriton k[grid](...), torch", "lazytriton", QUICK_FULL),
+    ("lazytriton k[grid](...), CuPy", "lazytriton", QUICK_FULL),
+    ("lazytriton k[grid](x, y, out, n) (BLOCK from its config), torch", "lazytriton", FULL),
+    ("lazytriton k[grid](...) without stream=, torch", "lazytriton", FULL),
+    ("lazytriton k.run(..., grid=), torch", "lazytriton", FULL),
+    ("Triton's launcher kernel[grid](...)", "other", QUICK_FULL),
+]
+GRAPH_ROW = "CUDA graph replay, per kernel"
+BATCH = 200
+
+
+def launch_rows(suite: str) -> list[str]:
+    return ([name for name, _, suites in LAUNCH_PATHS if suite in suites] + [GRAPH_ROW]
+            + [cpp.PREFIX + name for name, _ in cpp.PATHS])
+
+
+def small_rows(suite: str) -> list[str]:
+    return [f"{w.name}: {s}" for w in small_workloads(suite)
+            for s in ("lazytriton k[grid](...)", "Triton's launcher (autotuner)", "torch")]
+
+
+def run(progress, suite: str) -> dict:
+    sections = {"launch": _launch(progress, suite)}
+    if small_workloads(suite):
+        sections["small"] = _small(progress, suite)
+    return {"sections": sections}
+
+
+def _launch(progress, suite: str) -> dict:
+    import torch
+
+    import lazytriton
+    from lazytriton import _core
+
+    from .kernels import add, add_tuned
+
+    full = suite == "full"
+    n, block, grid = 1024, 1024, (1,)
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    stream = torch.cuda.current_stream().cuda_stream
+    sync = torch.cuda.synchronize
+    k, kt = lazytriton.kernel(add), lazytriton.kernel(add_tuned)
+    k[grid](x, y, out, n, BLOCK=block, stream=stream)
+    kt[grid](x, y, out, n, stream=stream)
+    add[grid](x, y, out, n, BLOCK=block)
+    sync()
+    kern = next(iter(k._kernels.values()))
+    types, vals = ["*fp32", "*fp32", "*fp32", "i32"], [x.data_ptr(), y.data_ptr(), out.data_ptr(), n]
+
+    def loop(call):
+        def batch(b):
+            for _ in range(b):
+                call()
+        return batch
+
+    impl = {
+        "raw cuLaunchKernel loop (C++)": lambda b: _core.raw_launch_loop(kern, grid, stream, types, vals, b),
+        "lazytriton C++ core loop": lambda b: _core.core_launch_loop(kern, grid, stream, types, vals, b),
+        "lazytriton k[grid](...), torch": loop(lambda: k[grid](x, y, out, n, BLOCK=block, stream=stream)),
+        "lazytriton k[grid](x, y, out, n) (BLOCK from its config), torch":
+            loop(lambda: kt[grid](x, y, out, n, stream=stream)),
+        "lazytriton k[grid](...) without stream=, torch": loop(lambda: k[grid](x, y, out, n, BLOCK=block)),
+        "lazytriton k.run(..., grid=), torch": loop(lambda: k.run(x, y, out, n, grid=grid, stream=stream,
+                                                                  BLOCK=block)),
+        "Triton's launcher kernel[grid](...)": loop(lambda: add[grid](x, y, out, n, BLOCK=block)),
+    }
+    notes = []
+    try:
+        import cupy
+
+        xc, yc, oc = (cupy.asarray(t) for t in (x, y, out))  # the same memory, read as CuPy arrays
+        impl["lazytriton k[grid](...), CuPy"] = loop(lambda: k[grid](xc, yc, oc, n, BLOCK=block, stream=stream))
+    except ImportError:
+        notes.append("CuPy not importable: no CuPy row")
+    kinds = {name: kind for name, kind, _ in LAUNCH_PATHS}
+    paths = {name: impl[name] for name, _, suites in LAUNCH_PATHS if suite in suites and name in impl}
+    progress(f"launch: {len(paths)} Python paths, interleaved")
+    samples = interleaved(paths, sync, rounds=60 if full else 30, batch=BATCH)
+    # Floor: the same kernel recorded BATCH times into a CUDA graph, replayed (device time per kernel).
+    g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(g, stream=side):
+            for _ in range(BATCH):
+                k[grid](x, y, out, n, BLOCK=block, stream=side.cuda_stream)
+    from triton.testing import do_bench
+
+    replay = do_bench(g.replay, warmup=5, rep=100, return_mode="all")  # ms per replay
+    sync()
+    correct = bool(torch.equal(out, x + y))
+    rows = [row(name, kinds[name], s, **({"correct": correct} if kinds[name] == "lazytriton" else {}))
+            for name, s in samples.items()]
+    rows.append(row(GRAPH_ROW, "floor", [t * 1e3 / BATCH for t in replay]))
+    if not correct:
+        notes.append("vector add gave a WRONG result")
+    progress("launch: the C++ program (bundle, typed stub, raw loop)")
+    try:
+        rows += cpp.rows(_cpp_measure(full))
+    except Exception as exc:  # noqa: BLE001  (no compiler): the C++ rows are absent, said why
+        notes.append(f"C++ rows not measured ({why(exc, 400)})")
+    notes.append(f"Python rows: host time of {BATCH}-launch batches / {BATCH}, rounds interleaved; graph replay: "
+                 f"device time per kernel of a {BATCH}-kernel graph; C++ rows: the same scheme in a C++ program "
+                 f"(its own raw loop is its floor)")
+    return {"title": "Host cost per launch (vector add, 1024 elements)", "unit": "us/launch", "better": "lower",
+            "ratio_to": "raw cuLaunchKernel loop (C++)", "rows": rows, "notes": notes}
+
+
+def _cpp_measure(full: bool) -> dict:
+    work = Path(os.environ.get("LAZYTRITON_BENCH_WORK") or Path.home() / ".cache" / "lazytriton-bench")
+    prog = cpp.build(work)
+    bundle_dir = cpp.make_bundle(work / "bundle")
+    return cpp.measure(prog, bundle_dir, rounds=60 if full else 30, batch=BATCH)
+
+
+def _small(progress, suite: str) -> dict:
+    import torch
+
+    rows, notes = [], []
+    for w in small_workloads(suite):
+        progress(f"small: {w.name}")
+        try:
+            s = w.torch()
+            (s.get("first") or s["run"])()
+            torch.cuda.synchronize()
+            s["run"]()
+            torch.cuda.synchronize()
+            correct = bool(s["check"]())
+            s["triton"]()  # Triton's autotuner: compile and benchmark its configs once
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"{w.name}: not measured ({why(exc)})")
+            continue
+        paths = {f"{w.name}: lazytriton k[grid](...)": _calls(s["run"]),
+                 f"{w.name}: Triton's launcher (autotuner)": _calls(s["triton"]),
+                 f"{w.name}: torch": _calls(s["ref"])}
+        samples = interleaved(paths, torch.cuda.synchronize, rounds=20, batch=50)
+        for (name, smp), kind in zip(samples.items(), ("lazytriton", "other", "other")):
+            rows.append(row(name, kind, smp, workload=w.name,
+                            **({"correct": correct} if kind == "lazytriton" else {"op": s["ref_name"]}
+                               if name.endswith(": torch") else {})))
+        if not correct:
+            notes.append(f"{w.name}: lazytriton gave a WRONG result")
+    notes.append("host time per call over batches of 50 back-to-back calls (drained between batches), rows "
+                 "interleaved: the launch path's cost where the kernel is short")
+    return {"title": "Launch-bound sizes: time per call, back to back", "unit": "us/call", "better": "lower",
+            "rows": rows, "notes": notes}
+
+
+def _calls(fn):
+    def batch(b):
+        for _ in range(b):
+            fn()
+    return batch
