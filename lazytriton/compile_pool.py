@@ -155,7 +155,7 @@ class CompilePool:
         self.workers = workers
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, tuple[subprocess.Popen, Future]] = {}  # job id -> (its server, its future)
         self._ids = itertools.count()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._started_at = 0.0
@@ -191,7 +191,7 @@ class CompilePool:
         with self._lock:
             proc = self._ensure_started()
             job_id = next(self._ids)
-            self._pending[job_id] = fut
+            self._pending[job_id] = (proc, fut)
             try:
                 _write_frame(proc.stdin, (job_id, job))
             except (BrokenPipeError, OSError, ValueError) as exc:
@@ -210,7 +210,7 @@ class CompilePool:
             except (EOFError, OSError, pickle.UnpicklingError):
                 break
             with self._lock:
-                fut = self._pending.pop(job_id, None)
+                _, fut = self._pending.pop(job_id, (None, None))
             if fut is None:
                 continue
             if status == "ok":
@@ -223,8 +223,9 @@ class CompilePool:
                 fut.set_exception(CompileFailed(value))
         code = proc.wait()
         with self._lock:
-            pending = [f for i, f in list(self._pending.items())]
-            self._pending.clear()
+            # Only this server's jobs: a restarted server's are not lost with it.
+            mine = [i for i, (p, _) in self._pending.items() if p is proc]
+            pending = [self._pending.pop(i)[1] for i in mine]
             if self._proc is proc:
                 self._proc = None
         if pending:
