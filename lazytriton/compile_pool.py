@@ -10,8 +10,8 @@ it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``): the caller's
 CUDA context is never forked, and a process that never calls a kernel only
 pays for one idle process.
 
-A child compiles ``triton.compile(ASTSource(fn, ...), target=...)`` for a
-kernel it imports by module and qualified name, and returns the
+A child compiles ``triton.compile(ASTSource(fn, ...), target=...)`` (a Gluon
+kernel: ``GluonASTSource``) for a kernel it imports by module and qualified name, and returns the
 CompiledBinary (Triton's own cache is filled as a side effect). It checks that
 the function it imported has the caller's ``cache_key``, so a source file
 edited since the caller imported it is never compiled in its place. Kernels
@@ -113,15 +113,29 @@ def worker_job(spec, target, bound) -> dict | None:
     addr = kernel_address(spec.fn)
     if addr is None:
         return None
-    job = {"module": addr[0], "qualname": addr[1], "cache_key": spec.fn.cache_key,
+    job = {"module": addr[0], "qualname": addr[1], "cache_key": spec.fn.cache_key, "gluon": spec.gluon,
            "signature": bound.signature, "constexprs": bound.constexprs, "attrs": bound.attrs,
-           "options": dict(bound.options.__dict__), "target": target, "sys_path": list(sys.path)}
+           "options": dict(bound.options.__dict__), "target": target, "sys_path": list(sys.path),
+           "env": _triton_env()}
     try:
         pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # a constexpr value that does not pickle
         log.debug("kernel %s: compiled in-process (%s)", spec.name, exc)
         return None
     return job
+
+
+def _is_triton_setting(name: str) -> bool:
+    from .keys import _EXTRA_ENV_VARS
+
+    return name.startswith("TRITON_") or name in _EXTRA_ENV_VARS
+
+
+def _triton_env() -> dict:
+    """The caller's Triton settings now (TRITON_*, PTXAS_OPTIONS, ...): a worker
+    compiles under these, not under those the server started with (Triton's
+    compiler reads some knobs itself, e.g. TRITON_INSTRUMENTATION_MODE)."""
+    return {k: v for k, v in os.environ.items() if _is_triton_setting(k)}
 
 
 def _shadows(entry: str, here: str) -> bool:
@@ -141,7 +155,7 @@ class CompilePool:
         self.workers = workers
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, tuple[subprocess.Popen, Future]] = {}  # job id -> (its server, its future)
         self._ids = itertools.count()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._started_at = 0.0
@@ -177,7 +191,7 @@ class CompilePool:
         with self._lock:
             proc = self._ensure_started()
             job_id = next(self._ids)
-            self._pending[job_id] = fut
+            self._pending[job_id] = (proc, fut)
             try:
                 _write_frame(proc.stdin, (job_id, job))
             except (BrokenPipeError, OSError, ValueError) as exc:
@@ -196,7 +210,7 @@ class CompilePool:
             except (EOFError, OSError, pickle.UnpicklingError):
                 break
             with self._lock:
-                fut = self._pending.pop(job_id, None)
+                _, fut = self._pending.pop(job_id, (None, None))
             if fut is None:
                 continue
             if status == "ok":
@@ -209,8 +223,9 @@ class CompilePool:
                 fut.set_exception(CompileFailed(value))
         code = proc.wait()
         with self._lock:
-            pending = [f for i, f in list(self._pending.items())]
-            self._pending.clear()
+            # Only this server's jobs: a restarted server's are not lost with it.
+            mine = [i for i, (p, _) in self._pending.items() if p is proc]
+            pending = [self._pending.pop(i)[1] for i in mine]
             if self._proc is proc:
                 self._proc = None
         if pending:
@@ -266,10 +281,12 @@ def start() -> None:
 
 # -- the server: python -m lazytriton.compile_pool N -----------------------------------------
 
-def _import_kernel(module: str, qualname: str, cache_key: str):
+def _import_kernel(module: str, qualname: str, cache_key: str, gluon: bool = False):
     import importlib
 
     from triton.runtime.jit import JITFunction
+
+    from .spec import is_gluon
 
     try:
         obj = importlib.import_module(module)
@@ -282,6 +299,9 @@ def _import_kernel(module: str, qualname: str, cache_key: str):
         obj, seen = obj.fn, seen + 1
     if not isinstance(obj, JITFunction):
         raise WorkerUnavailable(f"{module}.{qualname} is not a Triton kernel in the worker")
+    if is_gluon(obj) != gluon:
+        raise WorkerUnavailable(f"{module}.{qualname} is {'not ' if gluon else ''}a Gluon kernel in the worker, unlike "
+                                "the caller's")
     if obj.cache_key != cache_key:
         raise WorkerUnavailable(f"{module}.{qualname} differs from the caller's (source edited since it was imported?)")
     return obj
@@ -289,15 +309,20 @@ def _import_kernel(module: str, qualname: str, cache_key: str):
 
 def _compile(job: dict):
     import triton
-    from triton.compiler import ASTSource
 
     from .cache import CompiledBinary
+    from .compiler import ast_source
 
     if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         sys.path[:] = [here] + [p for p in job["sys_path"] if not _shadows(p or ".", here)]
-    fn = _import_kernel(job["module"], job["qualname"], job["cache_key"])
-    src = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
+    env = job.get("env")
+    if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
+        for k in [k for k in os.environ if _is_triton_setting(k) and k not in env]:
+            del os.environ[k]
+        os.environ.update(env)
+    fn = _import_kernel(job["module"], job["qualname"], job["cache_key"], job.get("gluon", False))
+    src = ast_source(fn, job["signature"], job["constexprs"], job["attrs"])  # Gluon kernels: GluonASTSource
     return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["options"]))
 
 

@@ -21,7 +21,7 @@ from triton.runtime.jit import create_function_from_signature
 
 from . import compile_pool, tuples
 from .cache import CompiledBinary
-from .spec import KernelSpec
+from .spec import KernelSpec, is_gluon
 
 log = logging.getLogger("lazytriton.compiler")
 
@@ -100,6 +100,12 @@ class _HideTorch:
 _WIDER_FLOATS = frozenset({"fp64"})
 
 
+# Options JITFunction.run sets from Triton's knobs on every call (3.6: instrumentation_mode;
+# 3.7+: fpsan_homomorphic_casts too; 3.5: neither): passed where this Triton has the knob
+# and its backend the option. tests/triton_versions/check.py compares with Triton's run.
+_KNOB_OPTIONS = ("instrumentation_mode", "fpsan_homomorphic_casts")
+
+
 class Binder:
     """Triton's own argument binder/specializer for one kernel and target."""
 
@@ -108,10 +114,15 @@ class Binder:
         self.spec, self.target = spec, target
         self.backend = make_backend(target)
         self._bind = create_function_from_signature(spec.fn.signature, spec.fn.params, self.backend)
+        fields = vars(self.backend.parse_options({}))
+        self._knob_options = tuple(n for n in _KNOB_OPTIONS if n in fields and hasattr(triton.knobs.compilation, n))
 
     def bind(self, args: tuple, kwargs: dict) -> Bound:
         kwargs = dict(kwargs)
-        kwargs.setdefault("debug", bool(self.spec.fn.debug) or triton.knobs.runtime.debug)
+        # As JITFunction.run does before binding.
+        kwargs["debug"] = kwargs.get("debug", self.spec.fn.debug) or triton.knobs.runtime.debug
+        for name in self._knob_options:
+            kwargs[name] = getattr(triton.knobs.compilation, name)
         bound_args, specialization, options = self._bind(*args, **kwargs)
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options)
@@ -136,8 +147,18 @@ class Candidate:
         return f"config {self.index} ({self.config})" if self.config is not None else "default config"
 
 
+def ast_source(fn, signature: dict, constexprs: dict, attrs: dict):
+    """Triton's source object for one specialization of `fn`. A Gluon kernel
+    needs Gluon's own (GluonASTSource: its IR starts at TTGIR, with the module's
+    warp and CTA counts set first), as GluonJITFunction.create_binder picks."""
+    if is_gluon(fn):
+        from triton.experimental.gluon._runtime import GluonASTSource
+        return GluonASTSource(fn, signature, constexprs, attrs)
+    return ASTSource(fn, signature, constexprs, attrs)
+
+
 def compile_one(spec: KernelSpec, target: GPUTarget, bound: Bound) -> CompiledBinary:
-    src = ASTSource(spec.fn, bound.signature, bound.constexprs, bound.attrs)
+    src = ast_source(spec.fn, bound.signature, bound.constexprs, bound.attrs)
     kernel = triton.compile(src, target=target, options=bound.options.__dict__)
     return CompiledBinary.from_triton(kernel)
 

@@ -666,7 +666,8 @@ def _abstract_eval(*in_avals, out_types, **_):
 
 
 # Never removed by JAX's dead-code elimination (XLA's is governed by has_side_effect).
-pe.dce_rules[triton_call_p] = lambda used_outputs, eqn: ([True] * len(eqn.invars), eqn)
+# The rule is (used_outputs, eqn) up to jax 0.11, (used_outputs, live_inputs, eqn) from 0.12.
+pe.dce_rules[triton_call_p] = lambda used_outputs, *rest: ([True] * len(rest[-1].invars), rest[-1])
 
 
 def _discharge(in_avals, args, params):

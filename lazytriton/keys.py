@@ -201,11 +201,19 @@ def kernel_fingerprint(fn: Any) -> str:
     Triton's ``fn.cache_key`` (3.5+) hashes the dedented source, the start
     line, the cache_key of every transitively called JIT function (plus its
     noinline flag) and the constexpr globals read.  We add the live values of
-    all used globals on top (see _used_globals).
+    all used globals on top (see _used_globals), and the language of a Gluon kernel.
     """
     fn = _unwrap_jit(fn)
     triton_key = fn.cache_key  # computing it also fills fn.used_global_vals
-    return hash_parts({"cache_key": triton_key, "globals": _used_globals(fn)})
+    parts = {"cache_key": triton_key, "globals": _used_globals(fn)}
+    check = getattr(fn, "is_gluon", None)
+    if callable(check) and check():
+        # Triton's cache_key hashes the source alone: a @gluon.jit function and a
+        # @triton.jit one of the same text (and line) share it, yet compile from
+        # different languages. Only Gluon kernels get the part, so every tl
+        # kernel's fingerprint (and the keys cached under it) stays as it was.
+        parts["language"] = "gluon"
+    return hash_parts(parts)
 
 
 # --------------------------------------------------------------------------

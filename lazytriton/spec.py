@@ -1,5 +1,5 @@
-"""What a kernel is: the @triton.jit function under any autotune/heuristics
-wrappers, its parameters, candidate configs and tuning rules."""
+"""What a kernel is: the @triton.jit (or Gluon @gluon.jit) function under any
+autotune/heuristics wrappers, its parameters, candidate configs and tuning rules."""
 from __future__ import annotations
 
 import inspect
@@ -84,6 +84,10 @@ class KernelSpec:
     def autotuned(self) -> bool:
         return bool(self.configs)
 
+    @property
+    def gluon(self) -> bool:
+        return is_gluon(self.fn)
+
     def param(self, name: str) -> Param:
         for p in self.params:
             if p.name == name:
@@ -118,6 +122,13 @@ class KernelSpec:
         return pruned
 
 
+def is_gluon(fn: Any) -> bool:
+    """Whether `fn` is a Gluon kernel (@triton.experimental.gluon.jit): the same
+    binder as @triton.jit, but its own ASTSource (IR starts at TTGIR)."""
+    check = getattr(fn, "is_gluon", None)  # JITFunction.is_gluon(), Triton 3.5+
+    return bool(check()) if callable(check) else False
+
+
 def _takes_var_kwargs(fn: Callable) -> bool:
     try:
         return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
@@ -147,7 +158,8 @@ def describe(kernel: Any) -> KernelSpec:
             layers.append(obj)
             obj = obj.fn
         else:
-            raise KernelSpecError(f"{kernel!r} is not a @triton.jit function (or an autotune/heuristics wrapper of one)")
+            raise KernelSpecError(f"{kernel!r} is not a @triton.jit function (or a Gluon @gluon.jit one, or an "
+                                  "autotune/heuristics wrapper of one)")
     fn = obj
     spec = KernelSpec(fn=fn, params=_params_of(fn))
     seen_autotune = False
