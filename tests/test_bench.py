@@ -121,7 +121,7 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     assert any(n.startswith("flash attention forward: skipped (hook)") for n in notes)
     assert any("distributed" in n and "2 GPUs" in n for n in notes)
     # Budgets: the full suite in 3 processes fits a 10-minute device call; quick is about 2 minutes.
-    assert plan.estimate_s(full, 3) <= 7.25 * 60
+    assert plan.estimate_s(full, 3) <= 7.25 * 60 <= cli.DEFAULT_BUDGET_S - 45
     quick, _ = plan.build("quick", gpus=1, importable=_all)
     assert plan.estimate_s(quick, cli.DEFAULT_PROCESSES["quick"]) <= 2.4 * 60
     assert {"cold-jax-runtime-handler", "warm-jax"}.isdisjoint(g.name for g in quick)
@@ -226,6 +226,76 @@ def test_a_cold_script_process_yields_its_timeline_row(tmp_path):
     assert row["split"]["imports_s"] == 2.0 and row["stats"]["compiles"] == 8
 
 
+# Checks a first-call process's environment as the runner sets it, then leaves a marker in its
+# lazytriton cache: a cold process must find none (fresh caches per repetition), a warm one the cold
+# one's (shared). FAIL_REP makes the cold process of that repetition fail.
+_ENV_CHECK = cold.PRELUDE + r"""
+from pathlib import Path
+lt, tr = Path(os.environ["LAZYTRITON_CACHE_DIR"]), Path(os.environ["TRITON_CACHE_DIR"])
+warm = os.environ["GROUP"].startswith("warm")
+problems = [what for what, bad in [
+    ("XLA_FLAGS inherited", "XLA_FLAGS" in os.environ),
+    ("preallocation", os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") != "false"),
+    ("fp fusion", os.environ.get("TRITON_DEFAULT_FP_FUSION") != "1"),
+    ("JAX compilation cache", os.environ.get("JAX_ENABLE_COMPILATION_CACHE") != "false"),
+    ("caches not side by side", lt.parent != tr.parent or lt.parent.name != "cold-lazy"
+     or not lt.parent.parent.name.startswith("rep")),
+    ("cold row on a used cache" if not warm else "warm row on a fresh cache", (lt / "marker").exists() != warm)]
+    if bad]
+if problems:
+    sys.exit("environment: " + ", ".join(problems))
+if not warm and lt.parent.parent.name == "rep" + os.environ.get("FAIL_REP", "-"):
+    sys.exit("failing as asked")
+lt.mkdir(parents=True, exist_ok=True)
+(lt / "marker").write_text("cold")
+done({"first_call_s": 0.5 if warm else 1.5, "imports_s": 0.1, "max_err": 0.0, "ref_max": 1.0})
+"""
+
+
+def test_budget_and_warm_rows_decide_what_runs_and_the_report_says_so(tmp_path, monkeypatch):
+    """Real processes through the runner: the environment each sees, fresh caches per repetition for a
+    cold row and its cold row's for a warm one, a warm row not run when its cold row failed, a process
+    not started when its estimate would overrun --budget, and the report listing each."""
+    import argparse
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")  # as pytest's conftest sets it
+    monkeypatch.setenv("FAIL_REP", "1")
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)  # the runner sets it
+    groups = [plan.Group("cold-lazy", "first call: cold", {"first_call": ["lazytriton, cold"]}, est_s=(1, 1),
+                         script=_ENV_CHECK, env={"GROUP": "cold"}, fresh_cache="cold-lazy"),
+              plan.Group("warm-lazy", "first call: warm", {"first_call": ["lazytriton, warm"]}, est_s=(1, 1),
+                         script=_ENV_CHECK, env={"GROUP": "warm"}, fresh_cache="cold-lazy"),
+              plan.Group("cold-triton", "too long for the budget", {"first_call": ["Triton"]}, est_s=(1000, 1000),
+                         script="import sys; sys.exit('must not run')")]
+    out = tmp_path / "out"
+    args = argparse.Namespace(budget=120.0, timeout=None, keep_work=False)
+    rc = cli._run_suite("quick", groups, ["something: skipped"], 2, out, args)
+    assert rc == 1  # the cold process that failed as asked
+    res = json.loads((out / "results.json").read_text())
+    runs = {(r["group"], r["rep"]): r for r in res["runs"]}
+    assert runs[("cold-lazy", 0)]["ok"] and runs[("warm-lazy", 0)]["ok"], runs
+    assert not runs[("cold-lazy", 1)]["ok"] and "failing as asked" in runs[("cold-lazy", 1)]["error"]
+    assert "needs the caches of cold-lazy, process 2" in runs[("warm-lazy", 1)]["not_run"]
+    assert all("time budget (120 s)" in runs[("cold-triton", rep)]["not_run"] for rep in (0, 1))
+    rows = {r["system"]: r for r in res["sections"]["first_call"]["rows"]}
+    assert rows["lazytriton, warm (new process, persisted winner)"]["samples"] == [0.5]
+    assert rows["lazytriton, cold"]["samples"] == [1.5] and rows["lazytriton, cold"]["correct"] is True
+    md = (out / "report.md").read_text()
+    assert "**Processes not run:**" in md and "cold-triton (process 1): not run: the time budget" in md
+    assert "warm-lazy (process 2): not run: it needs the caches" in md and "**Failed processes:**" in md
+    assert res["environment"]["XLA_FLAGS (not passed on)"] == "--xla_gpu_enable_command_buffer="
+    # A hung process costs a few times its estimate, the cpu suite's (on CI machines) 300 s.
+    assert cli.default_timeout("full", 40) == 160 and cli.default_timeout("full", 5) == 90
+    assert cli.default_timeout("cpu", 25) == 300 and cli.default_timeout("full", 500) == 300
+
+
+def test_dry_run_warns_when_the_estimate_exceeds_the_budget(tmp_path, capsys):
+    assert cli.main(["--suite", "full", "--dry-run", "--budget", "30", "--out", str(tmp_path / "x")]) == 0
+    assert "WARNING: the estimate" in capsys.readouterr().out
+    assert cli.main(["--suite", "full", "--dry-run", "--out", str(tmp_path / "x")]) == 0
+    assert "WARNING" not in capsys.readouterr().out  # the full suite fits the default budget
+
+
 def test_cold_scripts_are_python():
     for group, _, _, script, *_ in cold.ROWS:
         compile(script, group, "exec")  # they run only on a GPU: at least they parse
@@ -307,7 +377,14 @@ def _process_output(rep: int, rng: random.Random) -> dict:
 
 
 def _first_call_output(group: str, first: float) -> dict:
-    raw = {"first_call_s": first, "imports_s": 3.0, "max_err": 0.01}
+    raw = {"first_call_s": first, "imports_s": 3.0, "max_err": 0.01, "ref_max": 250.0}
+    if group == "warm-lazy":
+        raw.update(stats={"compiles": 0, "tunes": 0, "record_hits": 1}, resolutions=[])
+    elif group == "cold-jax-runtime-handler":  # the FFI handler built at run time, wrong output
+        raw.update(lower_s=0.01, xla_compile_s=0.1, execute_s=first - 0.11, backend_s=1.0, max_err=float("nan"),
+                   handler={"how": "built", "seconds": 2.1, "ready_after_s": 2.2},
+                   resolutions=[{"kernel": "m", "candidates": 8, "compiled_s": 0.7, "tuned_s": 1.0,
+                                 "at": first - 0.02}])
     if group == "cold-lazy":
         raw.update(stats={"compiles": 8, "tunes": 1}, stub_events=[[0.0, "building launch stub"],
                                                                    [0.7, "built launch stub"]],
@@ -327,18 +404,39 @@ def _synthetic_results(tmp_path) -> dict:
         outputs.append({"group": "torch+", "rep": rep, "sections": _process_output(rep, rng)})
         for group, first in (("cold-triton", 5.0), ("cold-lazy", 1.4), ("warm-lazy", 0.03), ("cold-jax", 1.3)):
             outputs.append({"group": group, "rep": rep, "sections": _first_call_output(group, first + 0.01 * rep)})
+    outputs.append({"group": "cold-jax-runtime-handler", "rep": 0,
+                    "sections": _first_call_output("cold-jax-runtime-handler", 3.1)})
     outputs.append({"group": "jax-cb-off", "rep": 1, "error": "exit 1; last output: boom", "planned": ["chain"]})
+    # A section whose every process failed: no rows, its notes say why.
+    for rep in range(2):
+        outputs.append({"group": "distributed", "rep": rep, "error": "timed out after 90 s", "planned": ["distributed"]})
+    outputs.append({"group": "warm-jax", "rep": 2, "not_run": "not run: the time budget (480 s) would be exceeded",
+                    "planned": ["first_call"]})
+    cpu_rows = [{"system": "lazytriton.jax: jit(...).lower() of the 8-config matmul", "kind": "lazytriton",
+                 "samples": [2.9, 1.6, 3.1]},
+                {"system": "compile config 0 (BM=128)", "kind": "lazytriton", "samples": [609.0], "config": "c0"},
+                {"system": "compile config 1 (BM=128)", "kind": "lazytriton", "samples": [float("nan")],
+                 "config": "c1", "error": "PTXASError"},
+                {"system": "launch stub build (generated C, g++)", "kind": "lazytriton", "samples": [715.0]}]
+    outputs.append({"group": "cpu", "rep": 0, "sections": {"cpu": _bars("Without a GPU", "ms", cpu_rows)}})
     return {"command": "lazytriton bench --suite full", "suite": "full", "processes_per_group": 3,
             "started": "2026-11-30T10:00:00", "finished": "2026-11-30T10:06:00", "wall_s": 360.0,
             "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "skipped": ["TMA persistent matmul: hook"],
-            "runs": [{"group": "jax-cb-off", "rep": 1, "ok": False, "error": "exit 1; last output: boom"}],
+            "runs": [{"group": "jax-cb-off", "rep": 1, "ok": False, "error": "exit 1; last output: boom"},
+                     {"group": "distributed", "rep": 0, "ok": False, "error": "timed out after 90 s"},
+                     {"group": "distributed", "rep": 1, "ok": False, "error": "timed out after 90 s"},
+                     {"group": "warm-jax", "rep": 2, "ok": True, "wall_s": 0.0,
+                      "not_run": "not run: the time budget (480 s) would be exceeded"}],
             "sections": cli.merge(outputs)}
 
 
 def test_merge_pools_processes_by_row_and_keeps_each_process():
     res = _synthetic_results(None)
     secs = res["sections"]
-    assert list(secs) == ["launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call"]
+    assert list(secs) == ["launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call",
+                          "distributed", "cpu"]
+    assert secs["distributed"]["rows"] == [] and len(secs["distributed"]["notes"]) == 2
+    assert any("warm-jax, process 3: not run: the time budget" in n for n in secs["first_call"]["notes"])
     raw = secs["launch"]["rows"][0]
     assert raw["system"] == "raw cuLaunchKernel loop (C++)" and len(raw["process_samples"]) == 3
     assert len(raw["samples"]) == 18 and len(raw["per_process"]) == 3
@@ -347,9 +445,12 @@ def test_merge_pools_processes_by_row_and_keeps_each_process():
     assert any("jax-cb-off, process 2: FAILED (exit 1" in n for n in secs["chain"]["notes"])
     assert [c["copy_GBps"] for c in secs["throughput"]["ceilings_per_process"]] == [4200.0, 4201.0, 4202.0]
     assert len(secs["throughput"]["rows"][0]["rate"]) == 18
-    assert [r["system"] for r in secs["first_call"]["rows"]] == [
+    first = {r["system"]: r for r in secs["first_call"]["rows"]}
+    assert list(first) == [
         "Triton's @triton.autotune, cold", "lazytriton, cold", "lazytriton, warm (new process, persisted winner)",
-        "lazytriton.jax, cold"]
+        "lazytriton.jax, cold", "lazytriton.jax, cold, FFI handler built at run time"]
+    assert first["lazytriton, cold"]["correct"] is True  # max_err within the fp16 tolerance of ref_max
+    assert first["lazytriton.jax, cold, FFI handler built at run time"]["correct"] is False  # NaN error: wrong
     assert report.ceilings(res)["copy_GBps"] == 4201.0
     t = report.tuning_summary(secs["tuning"]["rows"][0])
     assert t["chosen"] == [1, 5, 5] and t["best"] == 5 and t["times"][7] == float("inf")
@@ -362,9 +463,15 @@ def test_report_and_every_plot_from_a_synthetic_results_json(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(res))
     assert cli.main(["--report-only", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "report.md").read_text()
-    for png in ("launch", "small", "chain", "throughput", "roofline", "tuning", "first_call"):
+    for png in ("launch", "small", "chain", "throughput", "roofline", "tuning", "first_call", "cpu"):
         assert (tmp_path / f"{png}.png").stat().st_size > 5000, png
         assert f"]({png}.png)" in md
+    assert not (tmp_path / "distributed.png").exists()  # no rows, no plot: the section says why
+    dist = md.split("## distributed")[1]
+    assert dist.count("FAILED (timed out after 90 s)") == 2 and "No row measured" in dist
+    assert "**Processes not run:**" in md and "warm-jax (process 3): not run: the time budget" in md
+    assert "| compile config 1 (BM=128) | ? |" in md and "failed" in md  # a NaN sample and its error
+    assert "FFI handler built at run time" in md
     assert "| raw cuLaunchKernel loop (C++) (floor) | 2.7" in md and "| 1.00x |" in md
     triton_row = r"\| Triton's launcher kernel\[grid\]\(\.\.\.\) \| 11\.\d \| [\d.]+-[\d.]+ \| [\d.]+-[\d.]+ \| 4\.\d+x"
     assert re.search(triton_row, md)
@@ -470,11 +577,12 @@ def test_gpu_quick_suite_measures_every_planned_row_correctly(tmp_path):
     its absence is explained by a note), no process fails, every lazytriton
     row that checks its result is right, and the report has its plots."""
     out = tmp_path / "bench"
-    r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=ENV)
+    # A budget and a timeout that leave a 10-minute device command room to report a failure.
+    r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "quick", "--budget", "300", "--out",
+                        str(out)], capture_output=True, text=True, timeout=450, cwd=str(tmp_path), env=ENV)
     assert r.returncode == 0, r.stderr[-5000:]
     res = json.loads((out / "results.json").read_text())
-    assert all(run["ok"] for run in res["runs"])
+    assert all(run["ok"] and not run.get("not_run") for run in res["runs"]), res["runs"]
     groups, _ = plan.build("quick", gpus=1)
     for g in groups:
         for sec, planned in g.rows.items():
@@ -499,3 +607,7 @@ def test_gpu_quick_suite_measures_every_planned_row_correctly(tmp_path):
         report.median_process(first["lazytriton, cold"])
     for png in ("launch", "chain", "throughput", "tuning", "first_call", "cpu"):
         assert (out / f"{png}.png").stat().st_size > 5000, png
+    # The estimates (plan.py) are what keep the full suite inside its budget: each process within 2x of its own.
+    slow = [f"{run['group']}: {run['wall_s']:.0f} s (estimate {run['estimate_s']:.0f} s)" for run in res["runs"]
+            if run["wall_s"] > 2 * run["estimate_s"] + 5]
+    assert not slow, f"processes far slower than their estimate: {slow}"

@@ -21,6 +21,8 @@ from . import plan, report
 from .common import progress
 
 DEFAULT_PROCESSES = {"cpu": 1, "quick": 1, "full": 3}
+DEFAULT_BUDGET_S = 480.0  # 8 minutes: the report is written well inside a 10-minute device command
+BUDGET_GRACE_S = 60.0     # how far past the budget a running process may go before it is stopped
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                           "the time they are expected to take; run nothing")
     p.add_argument("--report-only", action="store_true",
                    help="render report.md and the plots again from OUT/results.json (e.g. of a run cut short)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one process may run (default 300)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds one process may run (default: 4x its estimate, at least 90 s, at most 300 s; the "
+                        "cpu suite: 300 s)")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                   help=f"seconds the whole run may take (default {DEFAULT_BUDGET_S:.0f}; 0: no limit): a process "
+                        "whose estimate would end past it is not started (the report lists it), and a process still "
+                        f"running {BUDGET_GRACE_S:.0f} s past it is stopped, so that results.json, report.md and the "
+                        "plots are always written (a device session's command may run 10 minutes)")
     p.add_argument("--keep-work", action="store_true", help="keep OUT/.work (the run's caches and builds)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one group's process
     p.add_argument("--json", help=argparse.SUPPRESS)    # internal: where the worker writes its sections
@@ -90,12 +99,18 @@ def run(args) -> int:
             return 2
         groups = [g for g in groups if wanted & set(g.sections)]
     if args.dry_run:
-        print(plan.describe(suite, groups, skipped, n) + ("" if gpus else "\n\n(no GPU here: listed as on one GPU)"))
+        text = plan.describe(suite, groups, skipped, n)
+        est = plan.estimate_s(groups, n)
+        if args.budget and est > args.budget:
+            text += (f"\n\nWARNING: the estimate ({est / 60:.1f} min) exceeds --budget ({args.budget / 60:.1f} min): "
+                     "the processes that would end past it will not run")
+        print(text + ("" if gpus else "\n\n(no GPU here: listed as on one GPU)"))
         return 0
     return _run_suite(suite, groups, skipped, n, out, args)
 
 
 def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, args) -> int:
+    t_run = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     work = (out / ".work").resolve()
     work.mkdir(exist_ok=True)
@@ -107,17 +122,37 @@ def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, 
              f"{results['estimate_s'] / 60:.1f} min by estimate (--dry-run lists them)")
     for note in skipped:
         progress(f"skipped: {note}")
-    outputs, t_run = [], time.perf_counter()
+    outputs = []
+    budget = args.budget or float("inf")
+    ok_runs: set = set()  # (group, rep) that succeeded
     for i, (g, rep) in enumerate(todo, 1):
         est = g.est_s[0 if rep == 0 else 1]
         left = sum(h.est_s[0 if r == 0 else 1] for h, r in todo[i:])
+        elapsed = time.perf_counter() - t_run
+        why = None
+        if elapsed + est > budget:
+            # Over the time budget: not started, so that what was measured is reported in time.
+            why = f"not run: the time budget ({budget:.0f} s) would be exceeded ({elapsed:.0f} s elapsed, ~{est:.0f} s more)"
+        elif g.fresh_cache and g.fresh_cache != g.name and (g.fresh_cache, rep) not in ok_runs:
+            # A warm row runs on the caches its cold row left in this repetition: without them it would be cold.
+            why = f"not run: it needs the caches of {g.fresh_cache}, process {rep + 1}, which did not complete"
+        if why:
+            progress(f"[{i}/{len(todo)}] {g.name} (process {rep + 1}): {why}")
+            outputs.append({"group": g.name, "rep": rep, "sections": None, "not_run": why, "planned": g.sections})
+            results["runs"].append({"group": g.name, "rep": rep, "wall_s": 0.0, "estimate_s": est, "ok": True,
+                                    "not_run": why})
+            results["sections"] = merge(outputs)
+            continue
         progress(f"[{i}/{len(todo)}] {g.name}: {g.title} (process {rep + 1}/{plan.processes_of(g, n)}, ~{est:.0f} s); "
                  f"left after it: {len(todo) - i} processes, ~{left:.0f} s")
+        timeout = min(args.timeout or default_timeout(suite, est), max(30.0, budget + BUDGET_GRACE_S - elapsed))
         t0 = time.perf_counter()
-        sections, error = _process(g, rep, suite, work, args.timeout)
+        sections, error = _process(g, rep, suite, work, timeout)
         wall = time.perf_counter() - t0
         outputs.append({"group": g.name, "rep": rep, "sections": sections, "error": error,
                         "planned": g.sections})
+        if error is None:
+            ok_runs.add((g.name, rep))
         results["runs"].append({"group": g.name, "rep": rep, "wall_s": round(wall, 2), "estimate_s": est,
                                 "ok": error is None, **({"error": error} if error else {})})
         progress(f"[{i}/{len(todo)}] {g.name}: {'done' if error is None else 'FAILED'} in {wall:.1f} s "
@@ -131,9 +166,17 @@ def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, 
     if not args.keep_work:
         shutil.rmtree(work, ignore_errors=True)
     failed = [r for r in results["runs"] if not r["ok"]]
+    not_run = [r for r in results["runs"] if r.get("not_run")]
     progress(f"wrote {out / 'results.json'}, {md} and {len(list(out.glob('*.png')))} plot(s) in "
-             f"{results['wall_s']:.0f} s" + (f"; {len(failed)} process(es) FAILED (see the notes)" if failed else ""))
+             f"{results['wall_s']:.0f} s" + (f"; {len(failed)} process(es) FAILED (see the notes)" if failed else "")
+             + (f"; {len(not_run)} process(es) not run (see the report)" if not_run else ""))
     return 1 if failed else 0
+
+
+def default_timeout(suite: str, est: float) -> float:
+    """Seconds a process may run: a hung GPU process costs a few times its
+    estimate, not the session (the cpu suite, on CI machines of any speed: 300)."""
+    return 300.0 if suite == "cpu" else min(300.0, max(90.0, 4 * est))
 
 
 def _process(g, rep: int, suite: str, work: Path, timeout: float) -> tuple[dict | None, str | None]:
@@ -143,6 +186,9 @@ def _process(g, rep: int, suite: str, work: Path, timeout: float) -> tuple[dict 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LAZYTRITON_BENCH_WORK": str(work),
            "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_ENABLE_COMPILATION_CACHE": "false"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    # XLA's settings are the harness's: JAX rows run with XLA's defaults unless their group sets
+    # XLA_FLAGS (command buffers on / off), whatever the calling shell (or pytest's conftest) set.
+    env.pop("XLA_FLAGS", None)
     # Cold rows: fresh caches per repetition (warm rows reuse the cold row's);
     # the other groups share the run's caches (their first process compiles).
     base = work / f"rep{rep}" / g.fresh_cache if g.fresh_cache else work
@@ -214,10 +260,11 @@ def merge(outputs: list[dict]) -> dict:
     the group was to fill."""
     merged: dict[str, dict] = {}
     for o in outputs:
-        if o.get("error"):
+        if o.get("error") or o.get("not_run"):
             for name in o.get("planned", []):
                 sec = merged.setdefault(name, {"rows": {}, "notes": []})
-                sec["notes"].append(f"{o['group']}, process {o['rep'] + 1}: FAILED ({o['error']})")
+                sec["notes"].append(f"{o['group']}, process {o['rep'] + 1}: "
+                                    + (f"FAILED ({o['error']})" if o.get("error") else o["not_run"]))
             continue
         for name, s in (o.get("sections") or {}).items():
             sec = merged.setdefault(name, {"rows": {}, "notes": []})
@@ -277,6 +324,8 @@ def _environment() -> dict:
 
     env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
            "lazytriton": lazytriton.__version__}
+    if os.environ.get("XLA_FLAGS"):
+        env["XLA_FLAGS (not passed on)"] = os.environ["XLA_FLAGS"]
     for name, dists in (("triton", ("triton",)), ("jax", ("jax",)), ("jaxlib", ("jaxlib",)), ("torch", ("torch",)),
                         ("cupy", ("cupy-cuda13x", "cupy-cuda12x", "cupy")), ("jax-triton", ("jax-triton",))):
         v = _version(*dists)

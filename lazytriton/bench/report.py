@@ -75,11 +75,17 @@ def write(results: dict, out: Path) -> Path:
     if failed:
         lines += ["", "**Failed processes:**"] + [f"- {r['group']} (process {r['rep'] + 1}): {r.get('error', '')}"
                                                    for r in failed]
+    not_run = [r for r in results.get("runs", []) if r.get("not_run")]
+    if not_run:
+        lines += ["", "**Processes not run:**"] + [f"- {r['group']} (process {r['rep'] + 1}): {r['not_run']}"
+                                                    for r in not_run]
     plots = _plots(results, out)
     ceil = ceilings(results)
     for name, sec in results.get("sections", {}).items():
         lines += ["", f"## {sec.get('title', name)}", ""]
-        if name in ("throughput", "jax_throughput"):
+        if not sec.get("rows"):
+            lines += ["No row measured (the notes say why)."]
+        elif name in ("throughput", "jax_throughput"):
             lines += _throughput_table(sec, ceil)
         elif name == "tuning":
             lines += _tuning_table(sec)
