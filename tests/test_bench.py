@@ -555,6 +555,60 @@ def test_jax_workload_paths_lower_for_cuda_and_their_checks_can_fail():
         assert not p["check"](jnp.full_like(good, jnp.nan))
 
 
+def test_jax_chain_worker_runs_on_the_cpu_backend_and_checks_its_rows(tmp_path):
+    """The command-buffers-off JAX process end to end on JAX's CPU backend: XLA's own chain is measured
+    and checked; the rows that need CUDA (lazytriton, the FFI floors, CuPy's floors) or jax-triton are
+    absent with a note each, and the process still succeeds."""
+    pytest.importorskip("jax")
+    from lazytriton.bench import jax_group
+
+    out = tmp_path / "chain.json"
+    env = {**ENV, "XLA_FLAGS": jax_group.CB_OFF, "JAX_PLATFORMS": "cpu", "LAZYTRITON_CACHE_DIR": str(tmp_path / "c")}
+    r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--worker", "jax-cb-off", "--suite", "quick",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    chain = json.loads(out.read_text())["sections"]["chain"]
+    rows = {row["system"]: row for row in chain["rows"]}
+    xla = rows.pop("XLA's own add (unfused), command buffers off")
+    assert xla["correct"] is True and len(xla["samples"]) == 8 and all(v > 0 for v in xla["samples"])
+    notes = " ".join(chain["notes"])
+    for name, _, what in jax_group.chain_rows(False):
+        assert name in rows or what == "xla" or f"{name}: not measured" in notes, name
+    # A JAX process given the other command-buffer setting refuses to measure.
+    env["XLA_FLAGS"] = jax_group.CB_ON
+    r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--worker", "jax-cb-off", "--suite", "quick",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
+    assert r.returncode != 0 and "needs XLA_FLAGS" in r.stderr
+
+
+def test_jax_throughput_section_on_the_cpu_backend(monkeypatch):
+    """The JAX throughput section's orchestration (setups, donated copies, interleaving, rates, notes)
+    with the workloads at small sizes on JAX's CPU backend: XLA's ops are measured, every lazytriton
+    row (CUDA only) is absent with a note naming the workload."""
+    jax = pytest.importorskip("jax")
+    if jax.default_backend() != "cpu":
+        pytest.skip("checks the CPU backend")
+    from lazytriton.bench import jax_group
+    from lazytriton.bench import workloads as w
+
+    small = [w.Workload("vector add 4096", 3 * 4 * 4096, 4096, "memory", jax=w._j_vector_add(4096)),
+             w.Workload("matmul 64x32x128", 2 * (64 * 128 + 128 * 32 + 64 * 32), 2 * 64 * 32 * 128, "compute",
+                        jax=w._j_matmul(64, 32, 128)),
+             w.Workload("in-place 4096", 8 * 4096, 4096, "memory", jax=w._j_inplace(4096))]
+    monkeypatch.setattr(jax_group, "throughput_workloads", lambda suite: small)
+    sec = jax_group._throughput_section(lambda msg: None, "quick")
+    rows = {r["system"]: r for r in sec["rows"]}
+    assert set(rows) == {f"{x.name}: XLA's op" for x in small}
+    mm = rows["matmul 64x32x128: XLA's op"]
+    assert mm["op"] == "jnp.dot (cuBLAS)" and mm["rate_unit"] == "TFLOP/s" and len(mm["samples"]) == 10
+    assert mm["rate"][0] == pytest.approx(mm["flops"] / mm["samples"][0] / 1e6)
+    vadd = rows["vector add 4096: XLA's op"]
+    assert vadd["rate"][0] == pytest.approx(vadd["bytes"] / vadd["samples"][0] / 1e3) and vadd["rate_unit"] == "GB/s"
+    notes = " ".join(sec["notes"])
+    for x in small:
+        assert f"{x.name}: lazytriton.jax triton_call: not measured" in notes
+
+
 def test_throughput_workloads_count_bytes_and_flops():
     from lazytriton.bench import workloads as w
 

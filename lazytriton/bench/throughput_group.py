@@ -39,8 +39,12 @@ def device_us(fn, rep_ms: float):
 def run(progress, suite: str) -> dict:
     import torch
 
-    ceil = ceilings(progress)
     rows, tuning, notes = [], [], []
+    try:
+        ceil = ceilings(progress)
+    except Exception as exc:  # noqa: BLE001  (the kernel times stand without them)
+        ceil = {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
+        notes.append(f"the device's ceilings not measured ({why(exc)})")
     from .workloads import optional_workloads
 
     notes += optional_workloads(suite)[1]
