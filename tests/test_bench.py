@@ -120,8 +120,10 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     assert any(n.startswith("TMA persistent matmul: skipped (hook)") for n in notes)
     assert any(n.startswith("flash attention forward: skipped (hook)") for n in notes)
     assert any("distributed" in n and "2 GPUs" in n for n in notes)
-    # Budgets: the full suite in 3 processes fits a 10-minute device call; quick is about 2 minutes.
-    assert plan.estimate_s(full, 3) <= 7.25 * 60 <= cli.DEFAULT_BUDGET_S - 45
+    # Budgets: the full suite in 3 processes (jax-triton too) fits the default budget with room to spare,
+    # and the budget leaves a 10-minute device command time for the report; quick is about 2 minutes.
+    assert plan.estimate_s(full, 3) <= cli.DEFAULT_BUDGET_S - 30
+    assert cli.DEFAULT_BUDGET_S + cli.BUDGET_GRACE_S + plan.REPORT_S <= 9 * 60
     quick, _ = plan.build("quick", gpus=1, importable=_all)
     assert plan.estimate_s(quick, cli.DEFAULT_PROCESSES["quick"]) <= 2.4 * 60
     assert {"cold-jax-runtime-handler", "warm-jax"}.isdisjoint(g.name for g in quick)
@@ -482,6 +484,17 @@ def test_report_and_every_plot_from_a_synthetic_results_json(tmp_path):
     assert "| matmul 4096^3 fp16 | 1 (207.0 us), 5 (205.0 us), 5 (205.0 us) | 5 (205.0 us) | 1.000 |" in md
     assert "x faster" in md and "compiles 8, tunes 1" in md and "before the clock: imports 3.00 s" in md
     assert "Skipped:" in md and "TMA persistent matmul" in md
+
+
+def test_report_when_the_ceilings_were_not_measured(tmp_path):
+    """A throughput process that could not measure the device's roofs still reports its kernel times."""
+    pytest.importorskip("matplotlib")
+    res = _synthetic_results(tmp_path)
+    nan = {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
+    res["sections"]["throughput"]["ceilings_per_process"] = [nan, nan, nan]
+    md = report.write(res, tmp_path).read_text()
+    assert "| softmax 8192x4096 fp16 | lazytriton |" in md and (tmp_path / "throughput.png").exists()
+    assert not (tmp_path / "roofline.png").exists()  # no roofs to draw
 
 
 def test_report_without_matplotlib_sections_still_renders(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from .common import progress
 
 DEFAULT_PROCESSES = {"cpu": 1, "quick": 1, "full": 3}
 DEFAULT_BUDGET_S = 480.0  # 8 minutes: the report is written well inside a 10-minute device command
-BUDGET_GRACE_S = 60.0     # how far past the budget a running process may go before it is stopped
+BUDGET_GRACE_S = 45.0     # how far past the budget a running process may go before it is stopped
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -54,7 +54,7 @@ def build(suite: str, gpus: int, importable=cold.importable) -> tuple[list[Group
         Group("torch", "launch cost (Python paths, C++ program, floors) and launch-bound sizes",
               {"launch": torch_group.launch_rows(suite),
                **({"small": torch_group.small_rows(suite)} if full else {})},
-              needs=("torch",), est_s=(q(14, 30), q(7, 12))),
+              needs=("torch",), est_s=(q(16, 34), q(7, 12))),
         Group("throughput", "tuned workloads: kernel time, rate vs the device's ceilings, tuning quality",
               {"throughput": throughput_group.throughput_rows(suite), "tuning": throughput_group.tuning_rows(suite)},
               needs=("torch",), est_s=(q(25, 40), q(12, 20))),

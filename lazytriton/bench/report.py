@@ -411,8 +411,9 @@ def _roofline(results: dict, path: Path) -> str | None:
 
     ceil = ceilings(results)
     rows = [r for r in _throughput_rows(results) if r.get("flops") and r.get("bytes") and r.get("samples")]
-    if not ceil or not rows:
-        return None
+    if not ceil or not rows or not all(math.isfinite(ceil.get(k, float("nan"))) and ceil[k] > 0
+                                       for k in ("copy_GBps", "matmul_TFLOPs")):
+        return None  # no roofs measured (the throughput process failed before them)
     bw, peak = ceil["copy_GBps"] / 1e3, ceil["matmul_TFLOPs"]  # TB/s, TFLOP/s
     fig, ax = plt.subplots(figsize=(9, 5.5))
     ai = [r["flops"] / r["bytes"] for r in rows]
