@@ -1,11 +1,13 @@
 """The benchmark harness. Without a GPU: the `cpu` suite end to end (real
 lowering, cold compiles for sm_90, a stub build, through the runner's
 subprocesses), suite composition and --dry-run, merging processes, failures
-and timeouts of processes, the report and every plot from a synthetic
-results.json, the first-call timeline phases, the C++ program's build, the
-FFI floor handlers' build and the CUDA lowering of every JAX path the GPU
-suites time, and the reference checks those paths use. With a GPU: the quick
-suite end to end, every planned row measured and correct."""
+and timeouts of processes, the time budget, the environment and caches each
+process gets, the report and every plot from a synthetic results.json, the
+first-call timeline phases, the C++ program's build, the FFI floor handlers'
+build and the CUDA lowering of every JAX path the GPU suites time, the JAX
+chain process and the JAX throughput section on JAX's CPU backend, and the
+reference checks those paths use. With a GPU: the quick suite end to end,
+every planned row measured and correct, each process within 2x its estimate."""
 import json
 import math
 import os

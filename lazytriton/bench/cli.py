@@ -1,7 +1,8 @@
 """`lazytriton bench` (also `python -m lazytriton.bench`): runs a suite's
 processes (plan.py), shows progress (what runs, what is left), merges every
 process's samples and writes results.json (after every process), report.md
-and plots."""
+and plots. A time budget (--budget) keeps the run inside a device session:
+processes that would overrun it are not started, and the report says so."""
 from __future__ import annotations
 
 import argparse
