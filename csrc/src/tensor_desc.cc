@@ -65,6 +65,9 @@ std::string check_tensor_desc(const HostTensorDesc& d) {
   }
   if (d.nan_padding && !is_float_dtype(d.dtype))
     return "padding=\"nan\" needs a floating-point tensor";
+  // TMA encodes 8-bit floats as UINT8, and the driver fills NaN only for its float types.
+  if (d.nan_padding && bytes < 2)
+    return "padding=\"nan\" needs a 16-, 32- or 64-bit float tensor (TMA moves 8-bit floats as integers)";
   if (d.tf32 && d.dtype != kFp32) return "round_f32_to_tf32 needs a float32 tensor";
   return "";
 }
