@@ -1,0 +1,76 @@
+"""The bytes lazytriton hands cuLaunchKernelEx are the bytes Triton's own
+launcher hands it, checked without a GPU: a stand-in libcuda.so.1
+(fake_cuda/fake_cuda.c) records every launch's parameters and writes
+cuTensorMapEncodeTiled's arguments into the tensor map, and
+fake_cuda/launch_probe.py launches the same compiled kernels through
+lazytriton (resolution, tuning trials, the generated stub, the table-driven
+stub) and through the installed Triton's driver.py launcher, built against
+the same stand-in. Host TMA descriptors (lowered to TMA on sm_90, decomposed
+on sm_80: the parameter layout of the installed Triton, 3.5/3.6 or 3.7+),
+descriptors inside tuples, tuples of pointers and scalars, and an autotuned
+kernel whose configs' pre_hooks set the block shapes."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+HERE = Path(__file__).resolve().parent
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+CC = shutil.which("cc") or shutil.which("gcc")
+
+pytestmark = [pytest.mark.skipif(CC is None, reason="needs a C compiler"),
+              pytest.mark.skipif(not CUOBJDUMP.exists(), reason="no cuobjdump in Triton's wheel")]
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fake-cuda")
+    subprocess.run([CC, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda.so.1"), str(HERE / "fake_cuda" / "fake_cuda.c")],
+                   check=True)
+    return d
+
+
+def probe(fake: Path, tmp_path: Path, cc: int) -> list[dict]:
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake), TRITON_LIBCUDA_PATH=str(fake), FAKE_CUDA_CC=str(cc),
+               FAKE_CUDA_LOG=str(tmp_path / "launches.jsonl"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               LAZYTRITON_CACHE_DIR=str(tmp_path / "lazytriton"), LAZYTRITON_STUB_BUILD="sync",
+               TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
+    out = tmp_path / "probe.json"
+    r = subprocess.run([sys.executable, str(HERE / "fake_cuda" / "launch_probe.py"), str(out)], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def same_launch(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("grid", "block", "shared", "params"))
+
+
+@pytest.mark.parametrize("cc", [90, 80])
+def test_launch_parameters_are_tritons(fake_driver, tmp_path, cc):
+    cases = {c["case"]: c for c in probe(fake_driver, tmp_path, cc)}
+    for name in ("copy", "scale_store", "tuple_descs", "add_pair"):
+        c = cases[name]
+        (ref,) = c["triton"]
+        # the first call, two stub calls, one through the table-driven stub
+        assert len(c["lazytriton"]) == 4, (name, c["lazytriton"])
+        for got in c["lazytriton"]:
+            assert same_launch(got, ref), (name, c["signature"], got, ref)
+        if cc == 90 and name != "add_pair":  # a 128-byte CUtensorMap leads: encoded, not left empty
+            maps = [p for p in ref["params"] if len(p) == 256]
+            assert maps and all(bytes.fromhex(m)[1] in (2, 3) for m in maps), (name, maps)
+    tuned = cases["autotuned"]
+    refs = tuned["triton_per_config"]
+    assert len(tuned["lazytriton"]) > 4  # tuning trials, then the winner's four launches
+    for got in tuned["lazytriton"]:
+        assert any(same_launch(got, r) for r in refs), got
+    for got in tuned["lazytriton"][-4:]:
+        assert same_launch(got, refs[tuned["winner"]])
+    if cc == 90:  # each config's own block shape (its pre_hook's) was encoded in its trials
+        assert len({json.dumps(r["params"]) for r in refs}) == len(refs)
+        assert all(any(same_launch(got, r) for got in tuned["lazytriton"]) for r in refs)
