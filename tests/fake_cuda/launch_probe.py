@@ -177,6 +177,54 @@ def autotuned_case(sizes_env):
             "winner": k.records[-1].winner_index}
 
 
+def jax_cases(sizes_env):
+    """lazytriton.jax: the call site lowered for CUDA (on this CPU), resolved as the
+    XLA handler's first execution resolves it (jax_ffi.Site), then launched by the
+    handler's C++ (launch_fixed) from buffer addresses alone."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return []
+    from lazytriton import jax as ltj
+    from lazytriton import jax_ffi
+
+    def site_of(f, *avals):
+        text = jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+        m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+        d = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
+        return jax_ffi.Site(d)
+
+    out = []
+    # A host descriptor (NaN padding) and the output pointer: buffers 0 (input) and 1 (output).
+    M, N, R, C = 32, 64, 96, 128
+    site = site_of(lambda x: ltj.triton_call(ltj.TensorDescriptor.from_array(x, [M, N], padding="nan"),
+                                             kernel=tma.tma_copy_kernel, out_type=jax.ShapeDtypeStruct((M, N), x.dtype),
+                                             grid=1, M=M, N=N), jax.ShapeDtypeStruct((R, C), jnp.float32))
+    bufs = [(BASE + 2**22, R * C * 4), (BASE + 2**23, M * N * 4)]
+    ref_args = (desc((R, C), (M, N), "fp32", bufs[0][0], padding="nan"), array((M, N), "fp32", bufs[1][0]))
+    out.append(("jax_copy", site, bufs, (1, 1, 1), triton_launch(tma.tma_copy_kernel, ref_args, {"M": M, "N": N},
+                                                                  (1, 1, 1), sizes_env)))
+    # A tuple operand (x, (y, scale)): its leaves are operands 0, 1 (and a scalar); the output is buffer 2.
+    n = 1000
+    site = site_of(lambda x, y: ltj.triton_call((x, (y, 1.25)), kernel=tuple_kernels.add_pair, out_type=x, n=n,
+                                                grid=lambda m: (triton.cdiv(n, m["BLOCK"]),), BLOCK=256),
+                   jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32))
+    bufs = [(BASE + i * 2**22, n * 4) for i in range(3)]
+    x, y, z = (array((n,), "fp32", b[0]) for b in bufs)
+    out.append(("jax_add_pair", site, bufs, (4, 1, 1),
+                triton_launch(tuple_kernels.add_pair, ((x, (y, 1.25)), z, n), {"BLOCK": 256}, (4, 1, 1), sizes_env)))
+    cases = []
+    for name, site, bufs, grid, (theirs, sig) in out:
+        site.d["n_inputs"] = len(bufs) - 1
+        entry = site.resolve(tuple(bufs), 0, 0, False)
+        assert tuple(entry.grid) == grid, (name, entry.grid)
+        for _ in range(2):
+            lazytriton._core.launch_fixed(entry, 0, [b[0] for b in bufs])
+        cases.append({"case": name, "triton": theirs, "lazytriton": records(), "signature": sig})
+    return cases
+
+
 def main():
     # Triton's driver utilities (fill_tma_descriptor, load_binary) built against the fake driver.
     utils = nvd.CudaUtils()
@@ -202,6 +250,7 @@ def main():
     out.append(run_case("add_pair", tuple_kernels.add_pair, ((x, (y, 1.5)), z, 1000), {"BLOCK": 256}, (4, 1, 1),
                         sizes_env))
     out.append(autotuned_case(sizes_env))
+    out += jax_cases(sizes_env)
     Path(sys.argv[1]).write_text(json.dumps(out))
 
 
