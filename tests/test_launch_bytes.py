@@ -8,9 +8,10 @@ stub) and through the installed Triton's driver.py launcher, built against
 the same stand-in. Host TMA descriptors (lowered to TMA on sm_90, decomposed
 on sm_80: the parameter layout of the installed Triton, 3.5/3.6 or 3.7+),
 descriptors inside tuples, tuples of pointers and scalars, an autotuned
-kernel whose configs' pre_hooks set the block shapes, and lazytriton.jax call
+kernel whose configs' pre_hooks set the block shapes, lazytriton.jax call
 sites (lowered for CUDA here, resolved as the XLA handler resolves them, and
-launched by the handler's C++ from buffer addresses)."""
+launched by the handler's C++ from buffer addresses), and C++ bundles
+(fake_cuda/bundle_launch.cc: lt::TensorDesc and tuple elements, AOT)."""
 import importlib.util
 import json
 import os
@@ -38,11 +39,37 @@ def fake_driver(tmp_path_factory):
     return d
 
 
-def probe(fake: Path, tmp_path: Path, cc: int) -> list[dict]:
+BUNDLE_CMAKE = """
+cmake_minimum_required(VERSION 3.18)
+project(bundle_launch LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(lazytriton CONFIG REQUIRED)
+add_executable(bundle_launch bundle_launch.cc)
+target_link_libraries(bundle_launch PRIVATE lazytriton::runtime)
+"""
+
+
+@pytest.fixture(scope="module")
+def bundle_exe(tmp_path_factory):
+    """fake_cuda/bundle_launch.cc built against the installed lazytriton (None without cmake)."""
+    from test_embed import CMAKE, cmake_build
+
+    if CMAKE is None:
+        return None
+    src = tmp_path_factory.mktemp("bundle-launch")
+    shutil.copy(HERE / "fake_cuda" / "bundle_launch.cc", src / "bundle_launch.cc")
+    (src / "CMakeLists.txt").write_text(BUNDLE_CMAKE)
+    cmake_build(src, src / "build")
+    return src / "build" / "bundle_launch"
+
+
+def probe(fake: Path, tmp_path: Path, cc: int, bundle_exe: Path | None = None) -> list[dict]:
     env = dict(os.environ, LD_LIBRARY_PATH=str(fake), TRITON_LIBCUDA_PATH=str(fake), FAKE_CUDA_CC=str(cc),
                FAKE_CUDA_LOG=str(tmp_path / "launches.jsonl"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
                LAZYTRITON_CACHE_DIR=str(tmp_path / "lazytriton"), LAZYTRITON_STUB_BUILD="sync",
                TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
+    if bundle_exe is not None:
+        env["FAKE_CUDA_BUNDLE_EXE"] = str(bundle_exe)
     out = tmp_path / "probe.json"
     r = subprocess.run([sys.executable, str(HERE / "fake_cuda" / "launch_probe.py"), str(out)], env=env,
                        capture_output=True, text=True, timeout=900)
@@ -55,8 +82,8 @@ def same_launch(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("cc", [90, 80])
-def test_launch_parameters_are_tritons(fake_driver, tmp_path, cc):
-    cases = {c["case"]: c for c in probe(fake_driver, tmp_path, cc)}
+def test_launch_parameters_are_tritons(fake_driver, bundle_exe, tmp_path, cc):
+    cases = {c["case"]: c for c in probe(fake_driver, tmp_path, cc, bundle_exe)}
     names = ["copy", "scale_store", "tuple_descs", "add_pair"]
     if importlib.util.find_spec("jax") is not None:
         names += ["jax_copy", "jax_add_pair"]
@@ -81,3 +108,8 @@ def test_launch_parameters_are_tritons(fake_driver, tmp_path, cc):
     if cc == 90:  # each config's own block shape (its pre_hook's) was encoded in its trials
         assert len({json.dumps(r["params"]) for r in refs}) == len(refs)
         assert all(any(same_launch(got, r) for got in tuned["lazytriton"]) for r in refs)
+    if bundle_exe is not None:  # C++ bundles (AOT): lt::TensorDesc and tuple elements, as Triton launches them
+        b = cases["bundle"]
+        assert len(b["lazytriton"]) == len(b["triton"]) == 3
+        for name, got, ref in zip(b["names"], b["lazytriton"], b["triton"]):
+            assert same_launch(got, ref), (name, got, ref)

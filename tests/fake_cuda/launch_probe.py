@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import driver as nvd
 
 import lazytriton
-from lazytriton import stubgen, tensor_desc, tuples
+from lazytriton import bundle, stubgen, tensor_desc, tuples
 from lazytriton.arrays import DeviceArray, PointerArg
 from lazytriton.compiler import Binder, compile_one
 from lazytriton.spec import describe
@@ -31,6 +31,7 @@ from kernels import tma, tuple_kernels  # noqa: E402
 SM90 = GPUTarget("cuda", int(os.environ.get("FAKE_CUDA_CC", "90")), 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 LOG = os.environ["FAKE_CUDA_LOG"]
+BUNDLE = os.environ.get("FAKE_CUDA_BUNDLE_EXE") and tempfile.mkdtemp(prefix="lt-bundle-")
 BASE = 0x7F0000000000
 
 
@@ -151,10 +152,22 @@ def lazytriton_launches(fn, args, meta, grid):
     return k, records()
 
 
-def run_case(name, fn, args, meta, grid, sizes_env, flatten=False):
+def run_case(name, fn, args, meta, grid, sizes_env, flatten=False, source=None):
     theirs, sig = triton_launch(fn, args, meta, grid, sizes_env, flatten)
     _, ours = lazytriton_launches(fn, args, meta, grid)
+    if source and BUNDLE:  # the winner written into a bundle, for the C++ program ($FAKE_CUDA_BUNDLE_EXE)
+        bundle.Bundle(BUNDLE).add(fn, *args, grid=grid, stream=0, source=source, **meta)
+        assert not records()  # resolved from the cache: nothing launched
     return {"case": name, "triton": theirs, "lazytriton": ours, "signature": sig}
+
+
+def bundle_case(cases):
+    """The C++ program's AOT launches from the bundle: one per case, in its order."""
+    r = subprocess.run([os.environ["FAKE_CUDA_BUNDLE_EXE"], BUNDLE], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "launched" in r.stdout, r.stdout + r.stderr
+    got = records()
+    return {"case": "bundle", "names": [c["case"] for c in cases], "triton": [c["triton"][0] for c in cases],
+            "lazytriton": got}
 
 
 def autotuned_case(sizes_env):
@@ -233,12 +246,12 @@ def main():
     out = []
     a = array((64, 64), "fp16", BASE + 2**24)
     out.append(run_case("copy", tma.tma_copy_kernel, (desc((256, 128), (64, 64)), a), {"M": 64, "N": 64}, (1, 1, 1),
-                        sizes_env))
+                        sizes_env, source="kernels.tma:tma_copy_kernel"))
     # A strided view (row stride 192), NaN padding, a block the swizzle splits (fp32 [32, 64] -> boxes of 32).
     d_in = desc((96, 128), (32, 64), "fp32", BASE, strides=(192, 1), padding="nan")
     d_out = desc((96, 128), (32, 64), "fp32", BASE + 2**24)
     out.append(run_case("scale_store", tma.tma_scale_store_kernel, (d_in, d_out, 2.5), {"BM": 32, "BN": 64},
-                        (3, 2, 1), sizes_env))
+                        (3, 2, 1), sizes_env, source="kernels.tma:tma_scale_store_kernel"))
     # Descriptors (rank 3 and 2) inside a nested tuple, beside a float and an int == 1 (a constexpr there).
     p = array((16,), "fp32", BASE + 2**25)
     descs = (desc((4, 32, 64), (1, 16, 32), "fp32", BASE), (desc((48, 64), (16, 32), "fp32", BASE + 2**24), 0.75, 1))
@@ -248,7 +261,9 @@ def main():
     # Tuples of pointers and scalars (no descriptor).
     x, y, z = (array((1000,), "fp32", BASE + i * 2**22) for i in range(3))
     out.append(run_case("add_pair", tuple_kernels.add_pair, ((x, (y, 1.5)), z, 1000), {"BLOCK": 256}, (4, 1, 1),
-                        sizes_env))
+                        sizes_env, source="kernels.tuple_kernels:add_pair"))
+    if BUNDLE:
+        out.append(bundle_case([c for c in out if c["case"] in ("copy", "scale_store", "add_pair")]))
     out.append(autotuned_case(sizes_env))
     out += jax_cases(sizes_env)
     Path(sys.argv[1]).write_text(json.dumps(out))
