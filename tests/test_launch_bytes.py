@@ -86,7 +86,7 @@ def test_launch_parameters_are_tritons(fake_driver, bundle_exe, tmp_path, cc):
     cases = {c["case"]: c for c in probe(fake_driver, tmp_path, cc, bundle_exe)}
     names = ["copy", "scale_store", "tuple_descs", "add_pair"]
     if importlib.util.find_spec("jax") is not None:
-        names += ["jax_copy", "jax_add_pair"]
+        names += ["jax_copy", "jax_add_pair", "jax_tuple_descs"]
     for name in names:
         c = cases[name]
         (ref,) = c["triton"]

@@ -14,7 +14,6 @@ import types
 from pathlib import Path
 
 import triton
-import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import driver as nvd
 
@@ -33,15 +32,6 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 LOG = os.environ["FAKE_CUDA_LOG"]
 BUNDLE = os.environ.get("FAKE_CUDA_BUNDLE_EXE") and tempfile.mkdtemp(prefix="lt-bundle-")
 BASE = 0x7F0000000000
-
-
-@triton.jit
-def tuple_descs(p, descs, out_ptr, k, M: tl.constexpr, N: tl.constexpr):
-    # descs = (a_desc, (b_desc, scale, one)): descriptors inside a tuple, beside scalars.
-    a = tl.reshape(descs[0].load([0, 0, 0]), (M, N))  # rank 3
-    b = descs[1][0].load([0, 0])
-    offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
-    tl.store(out_ptr + offs, a + b * descs[1][1] + descs[1][2] + tl.load(p) + k)
 
 
 def array(shape, dtype, addr):
@@ -227,6 +217,22 @@ def jax_cases(sizes_env):
     x, y, z = (array((n,), "fp32", b[0]) for b in bufs)
     out.append(("jax_add_pair", site, bufs, (4, 1, 1),
                 triton_launch(tuple_kernels.add_pair, ((x, (y, 1.25)), z, n), {"BLOCK": 256}, (4, 1, 1), sizes_env)))
+    # Descriptors inside a tuple operand: operands p 0, a 1, b 2 (scale a scalar); the output is buffer 3.
+    M, N = 16, 32
+
+    def tuple_descs(p, a, b):
+        descs = (ltj.TensorDescriptor.from_array(a, [1, M, N]), (ltj.TensorDescriptor.from_array(b, [M, N]), 0.5, 1))
+        return ltj.triton_call(p, descs, k=7, kernel=tma.tma_tuple_descs,
+                               out_type=jax.ShapeDtypeStruct((2, M, N), jnp.float32), grid=2, M=M, N=N)
+
+    site = site_of(tuple_descs, jax.ShapeDtypeStruct((1,), jnp.float32), jax.ShapeDtypeStruct((2, 32, 64), jnp.float32),
+                   jax.ShapeDtypeStruct((48, 64), jnp.float32))
+    bufs = [(BASE + 2**25, 4), (BASE, 2 * 32 * 64 * 4), (BASE + 2**24, 48 * 64 * 4), (BASE + 2**26, 2 * M * N * 4)]
+    ref_args = (array((1,), "fp32", bufs[0][0]),
+                (desc((2, 32, 64), (1, M, N), "fp32", bufs[1][0]), (desc((48, 64), (M, N), "fp32", bufs[2][0]), 0.5, 1)),
+                array((2, M, N), "fp32", bufs[3][0]), 7)
+    out.append(("jax_tuple_descs", site, bufs, (2, 1, 1),
+                triton_launch(tma.tma_tuple_descs, ref_args, {"M": M, "N": N}, (2, 1, 1), sizes_env, flatten=True)))
     cases = []
     for name, site, bufs, grid, (theirs, sig) in out:
         site.d["n_inputs"] = len(bufs) - 1
@@ -256,7 +262,7 @@ def main():
     p = array((16,), "fp32", BASE + 2**25)
     descs = (desc((4, 32, 64), (1, 16, 32), "fp32", BASE), (desc((48, 64), (16, 32), "fp32", BASE + 2**24), 0.75, 1))
     o = array((16, 32), "fp32", BASE + 2**26)
-    out.append(run_case("tuple_descs", tuple_descs, (p, descs, o, 12345678901), {"M": 16, "N": 32}, (1, 1, 1),
+    out.append(run_case("tuple_descs", tma.tma_tuple_descs, (p, descs, o, 12345678901), {"M": 16, "N": 32}, (2, 1, 1),
                         sizes_env, flatten=True))
     # Tuples of pointers and scalars (no descriptor).
     x, y, z = (array((1000,), "fp32", BASE + i * 2**22) for i in range(3))
