@@ -258,6 +258,13 @@ def test_sm80_descriptor_is_decomposed(tmp_path, abi):
                       *[struct.pack("<i", x) for x in (256, 128)], *i64(128, 1)]
     if abi == INSTALLED_ABI:  # the installed Triton compiled it: its parameter table matches
         assert [len(p) for p in params] + [8, 8, 8] == cubin_param_sizes(binary.cubin, tmp_path)
+    tf32 = tensor_desc.read(desc((256, 128), (64, 64), "fp32", round_f32_to_tf32=True), "d").as_tuple()
+    if abi == 1:  # Triton 3.5/3.6's decomposed descriptor cannot round to tf32: refused, not ignored
+        with pytest.raises(lazytriton.RuntimeFailure, match="argument in_desc: round_f32_to_tf32 on a kernel not "
+                                                            "lowered to TMA .* needs Triton 3.7"):
+            _core.pack_tensor_desc(md, 0, tf32, "k", "in_desc")
+    else:
+        assert _core.pack_tensor_desc(md, 0, tf32, "k", "in_desc")[5:7] == [b"\x00", b"\x01"]
     assert _core.Kernel(binary.cubin, binary.metadata).metadata["lt_tensordesc_abi"] == INSTALLED_ABI
 
 

@@ -160,6 +160,10 @@ size_t pack_tensor_desc(const std::vector<TmaMeta>& metas, int abi, size_t index
   } else {
     std::string why = check_tensor_desc(d);
     if (!why.empty()) throw Error(what() + ": " + why);
+    // Before Triton 3.7 the decomposed layout has no tf32 flag: the kernel would read unrounded values.
+    if (d.tf32 && abi < 2)
+      throw Error(what() + ": round_f32_to_tf32 on a kernel not lowered to TMA (before sm_90) needs Triton 3.7 "
+                           "or newer, whose kernels take the flag; this one was compiled by an older Triton");
     out.base = d.base;
     params[n++] = &out.base;
     for (int i = 0; i < rank; ++i) {
