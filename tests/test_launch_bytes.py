@@ -103,8 +103,9 @@ def test_launch_parameters_are_tritons(fake_driver, bundle_exe, tmp_path, cc):
     assert len(tuned["lazytriton"]) > 4  # tuning trials, then the winner's four launches
     for got in tuned["lazytriton"]:
         assert any(same_launch(got, r) for r in refs), got
-    for got in tuned["lazytriton"][-4:]:
+    for got in tuned["lazytriton"][-4:] + tuned["persisted"]:  # the winner's launches, then from the cache
         assert same_launch(got, refs[tuned["winner"]])
+    assert len(tuned["persisted"]) == 1
     if cc == 90:  # each config's own block shape (its pre_hook's) was encoded in its trials
         assert len({json.dumps(r["params"]) for r in refs}) == len(refs)
         assert all(any(same_launch(got, r) for got in tuned["lazytriton"]) for r in refs)

@@ -176,8 +176,12 @@ def autotuned_case(sizes_env):
         refs.append(triton_launch(fn.fn, args, dict(cfg.kwargs), grid, sizes_env,
                                   options={"num_warps": cfg.num_warps})[0][0])
     k, ours = lazytriton_launches(fn, (d_in, d_out, 0.5), {}, grid)
+    # A new kernel object (as in a new process): the persisted winner, its block shapes in its metadata.
+    hits = lazytriton.stats()["record_hits"]
+    lazytriton.kernel(fn)[grid](d_in, d_out, 0.5, stream=0)
+    assert lazytriton.stats()["record_hits"] == hits + 1
     return {"case": "autotuned", "triton_per_config": refs, "lazytriton": ours,
-            "winner": k.records[-1].winner_index}
+            "winner": k.records[-1].winner_index, "persisted": records()}
 
 
 def jax_cases(sizes_env):
