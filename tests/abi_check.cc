@@ -73,6 +73,9 @@ static_assert(std::is_pointer_v<cu::CUevent> && std::is_pointer_v<CUevent>, "CUe
   static_assert(sizeof(cu::type::field) == sizeof(type::field), #type "." #field " size")
 SAME_SIZE(CUtensorMap, CUtensorMap);
 static_assert(alignof(cu::CUtensorMap) >= alignof(CUtensorMap), "CUtensorMap alignment");
+// 128 whatever the header says (CUDA 12.x headers: 64, 13.x: 128): Triton's launcher keeps its maps
+// 128-byte aligned and refuses others, and the parameters lazytriton packs live in DescParams.
+static_assert(alignof(cu::CUtensorMap) >= 128, "CUtensorMap alignment below 128 bytes");
 SAME_SIZE(CUlaunchAttributeValue, CUlaunchAttributeValue);
 SAME_FIELD(CUlaunchAttributeValue, cooperative);
 SAME_FIELD(CUlaunchAttributeValue, clusterDim);

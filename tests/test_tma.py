@@ -11,6 +11,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import triton
 import triton.language as tl
@@ -31,6 +32,8 @@ SM80 = GPUTarget("cuda", 80, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 BASE = 0x7F0000000000
 NO_GPU = not lazytriton.gpu_available()[0]
+# The descriptor parameter layout of the installed Triton (tensor_desc.h): 1 for 3.5/3.6, 2 for 3.7+.
+INSTALLED_ABI = 1 if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7) else 2
 
 
 def array(shape, dtype="fp16", addr=BASE) -> DeviceArray:
@@ -124,6 +127,7 @@ BAD = [
     (dict(shape=[64, 64], strides=[64, 1], block=[16]), "same length"),
     (dict(shape=[64, 64], strides=[64, 1], block=[16, 0]), "block_shape .*positive"),
     (dict(shape=[64, 64], strides=[64, 1], block=[16, 16], padding="nan", dtype="i32"), "floating-point"),
+    (dict(shape=[64, 64], strides=[64, 1], block=[16, 16], padding="nan", dtype="fp8e4nv"), "16-, 32- or 64-bit"),
 ]
 
 
@@ -227,9 +231,11 @@ def cubin_param_sizes(cubin: bytes, tmp_path: Path) -> list[int]:
 def test_sm90_descriptor_is_a_128_byte_map_then_shape_and_strides(copy_sm90, tmp_path):
     md = copy_sm90.metadata
     (tm,) = md["tensordesc_meta"]
-    assert tm["block_size"] == [64, 64] and tm["elem_size"] == 2 and not tm["is_im2col"]
+    assert tm["block_size"] == [64, 64] and tm["elem_size"] == 2 and not tm.get("is_im2col")
     core = _core.Kernel(copy_sm90.cubin, md).metadata
-    assert core["tensordesc_meta"] == md["tensordesc_meta"] and core["lt_tensordesc_abi"] == 2
+    # (Triton 3.5/3.6 have no is_im2col field: the core reads it as False.)
+    assert core["tensordesc_meta"] == [{"is_im2col": False, **m} for m in md["tensordesc_meta"]]
+    assert core["lt_tensordesc_abi"] == INSTALLED_ABI
     # in_desc: CUtensorMap, 2 x i32 shape, 2 x i64 strides; out_ptr; the two scratch pointers.
     assert cubin_param_sizes(copy_sm90.cubin, tmp_path) == [128, 4, 4, 8, 8, 8, 8, 8]
 
@@ -250,9 +256,16 @@ def test_sm80_descriptor_is_decomposed(tmp_path, abi):
     flags = [b"\x01", b"\x00"] if abi == 2 else [b"\x01"]  # padding == "nan", then (3.7+) round_f32_to_tf32
     assert params == [struct.pack("<Q", BASE), *i64(256, 128, 128, 1), *flags,
                       *[struct.pack("<i", x) for x in (256, 128)], *i64(128, 1)]
-    if abi == 2:  # the installed Triton (3.7+) compiled it: its parameter table matches
+    if abi == INSTALLED_ABI:  # the installed Triton compiled it: its parameter table matches
         assert [len(p) for p in params] + [8, 8, 8] == cubin_param_sizes(binary.cubin, tmp_path)
-    assert _core.Kernel(binary.cubin, binary.metadata).metadata["lt_tensordesc_abi"] == 2
+    tf32 = tensor_desc.read(desc((256, 128), (64, 64), "fp32", round_f32_to_tf32=True), "d").as_tuple()
+    if abi == 1:  # Triton 3.5/3.6's decomposed descriptor cannot round to tf32: refused, not ignored
+        with pytest.raises(lazytriton.RuntimeFailure, match="argument in_desc: round_f32_to_tf32 on a kernel not "
+                                                            "lowered to TMA .* needs Triton 3.7"):
+            _core.pack_tensor_desc(md, 0, tf32, "k", "in_desc")
+    else:
+        assert _core.pack_tensor_desc(md, 0, tf32, "k", "in_desc")[5:7] == [b"\x00", b"\x01"]
+    assert _core.Kernel(binary.cubin, binary.metadata).metadata["lt_tensordesc_abi"] == INSTALLED_ABI
 
 
 def test_abi_follows_the_triton_version_that_compiled_it(copy_sm90):
@@ -329,6 +342,48 @@ def test_tutorial_06_hook_with_isinstance(cache_dir):
 
 def res_named(k, args):
     return dict(zip((p.name for p in k._call_params), args))
+
+
+def _attn_key_blocks(stage, start_m, BM, BN, n_ctx):
+    """The key blocks [start_n, start_n + BN) tutorial 06's _attn_fwd_inner visits
+    for query block start_m in `stage` (its lo/hi and tl.range), and whether it masks them."""
+    lo, hi = {1: (0, start_m * BM), 2: (start_m * BM, (start_m + 1) * BM), 3: (0, n_ctx)}[stage]
+    return [(n, n + BN) for n in range(lo, hi, BN)], stage == 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tutorial_06_configs_left_by_its_prune_compute_attention_right(cache_dir, causal, head_dim):
+    """Every config tuning may pick must visit each key exactly once per query
+    block, unmasked only where every query of the block sees it (a causal
+    BLOCK_M < BLOCK_N reads keys past the diagonal unmasked: the tutorial's
+    prune drops it, Triton PR 8853, in release 3.6)."""
+    k = lazytriton.kernel(tma._attn_fwd)
+    Z, H, N_CTX, D = 2, 3, 512, head_dim
+    y = Z * H * N_CTX
+    descs = [lazytriton.TensorDescriptor(array((y, D), addr=BASE + i * 2**24), [y, D], [D, 1], [1, 1])
+             for i in range(4)]
+    m = array((Z * H, N_CTX), "fp32", addr=BASE + 2**27)
+    stage = 3 if causal else 1
+    args = k._bind_call((0.5, m, Z, H, *descs), dict(N_CTX=N_CTX, HEAD_DIM=D, FP8_OUTPUT=False, STAGE=stage,
+                                                    warp_specialize=False, IS_HOPPER=True))
+    kept = k.spec.prune([c.config for c in resolution(k, args)._candidates()], res_named(k, args), {})
+    kept = [c for c in kept if c.kwargs["BLOCK_N"] <= D]  # the kernel's static_assert fails the others
+    assert kept
+    for c in kept:
+        BM, BN = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        for start_m in range(N_CTX // BM):
+            # _attn_fwd: STAGE & 1 runs the inner loop with 4 - STAGE, STAGE & 2 with 2.
+            stages = ([4 - stage] if stage & 1 else []) + ([2] if stage & 2 else [])
+            seen = np.zeros(N_CTX, int)
+            for s in stages:
+                blocks, masked = _attn_key_blocks(s, start_m, BM, BN, N_CTX)
+                for a, b in blocks:
+                    seen[a:min(b, N_CTX)] += 1
+                    if causal and not masked:  # unmasked keys must precede every query of the block
+                        assert b <= start_m * BM, (c, start_m, (a, b))
+            want = (start_m + 1) * BM if causal else N_CTX
+            assert (seen[:want] == 1).all() and (seen[want:] == 0).all(), (c, start_m)
 
 
 def _zeroing_hook(nargs):

@@ -18,6 +18,7 @@ from lazytriton.spec import describe
 
 from kernels import tma
 from test_embed import CMAKE, cmake_build, run
+from test_tma import INSTALLED_ABI
 
 SOURCE = "kernels.tma:tma_copy_kernel"
 BASE = 0x7F0000000000
@@ -48,7 +49,7 @@ def test_variant_records_the_descriptor_type(tmp_path):
     assert variant["specs"] == ["", "16", "", ""]
     assert variant["signature"] == "tensordesc<fp16[64, 64]>,*fp16:16"
     assert variant["launch"]["tensordesc_meta"][0]["block_size"] == [64, 64]
-    assert variant["launch"]["lt_tensordesc_abi"] == 2
+    assert variant["launch"]["lt_tensordesc_abi"] == INSTALLED_ABI
     bundle.write_variant(tmp_path, desc, variant, cubin)
     assert bundle.Bundle(tmp_path).variants()[0]["types"][0] == "tensordesc<fp16[64, 64]>"
 
@@ -59,7 +60,7 @@ def test_cpp_bundles_read_the_descriptor_metadata():
     launch = variant["launch"]
     got = _core.launch_meta_from_json(json.dumps(launch))
     assert got["tensordesc_meta"] == launch["tensordesc_meta"] and got["tensordesc_meta"][0]["block_size"] == [32, 64]
-    assert got["lt_tensordesc_abi"] == 2
+    assert got["lt_tensordesc_abi"] == INSTALLED_ABI
     older = {k: v for k, v in launch.items() if k != "lt_tensordesc_abi"}
     assert _core.launch_meta_from_json(json.dumps(dict(older, triton_version="3.6.0")))["lt_tensordesc_abi"] == 1
     with pytest.raises(lazytriton.RuntimeFailure, match="block_size must have 1 to 5 entries"):

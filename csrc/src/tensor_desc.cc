@@ -65,6 +65,9 @@ std::string check_tensor_desc(const HostTensorDesc& d) {
   }
   if (d.nan_padding && !is_float_dtype(d.dtype))
     return "padding=\"nan\" needs a floating-point tensor";
+  // TMA encodes 8-bit floats as UINT8, and the driver fills NaN only for its float types.
+  if (d.nan_padding && bytes < 2)
+    return "padding=\"nan\" needs a 16-, 32- or 64-bit float tensor (TMA moves 8-bit floats as integers)";
   if (d.tf32 && d.dtype != kFp32) return "round_f32_to_tf32 needs a float32 tensor";
   return "";
 }
@@ -157,6 +160,10 @@ size_t pack_tensor_desc(const std::vector<TmaMeta>& metas, int abi, size_t index
   } else {
     std::string why = check_tensor_desc(d);
     if (!why.empty()) throw Error(what() + ": " + why);
+    // Before Triton 3.7 the decomposed layout has no tf32 flag: the kernel would read unrounded values.
+    if (d.tf32 && abi < 2)
+      throw Error(what() + ": round_f32_to_tf32 on a kernel not lowered to TMA (before sm_90) needs Triton 3.7 "
+                           "or newer, whose kernels take the flag; this one was compiled by an older Triton");
     out.base = d.base;
     params[n++] = &out.base;
     for (int i = 0; i < rank; ++i) {

@@ -35,6 +35,18 @@ def tma_scale_store_kernel(in_desc, out_desc, alpha, BM: tl.constexpr, BN: tl.co
     out_desc.store([r, c], (in_desc.load([r, c]) * alpha).to(out_desc.dtype))
 
 
+@triton.jit
+def tma_tuple_descs(p, descs, out_ptr, k, M: tl.constexpr, N: tl.constexpr):
+    # descs = (a_desc (rank 3), (b_desc, scale, one)): descriptors inside a nested tuple, beside
+    # scalars (Triton 3.5/3.6's own launcher refuses this; the kernel takes each leaf's expansion
+    # in order). Program i: out[i] = a[i, :M, :N] + b[i*M:(i+1)*M, :N] * scale + one + p[0] + k.
+    i = tl.program_id(0)
+    a = tl.reshape(descs[0].load([i, 0, 0]), (M, N))
+    b = descs[1][0].load([i * M, 0])
+    offs = i * M * N + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
+    tl.store(out_ptr + offs, a + b * descs[1][1] + descs[1][2] + tl.load(p) + k)
+
+
 def set_blocks_hook(nargs):
     # The pre_hook idiom with a 1-D grid of row tiles.
     nargs["in_desc"].block_shape = [nargs["BM"], nargs["BN"]]
@@ -278,9 +290,14 @@ configs = [
 
 def prune_invalid_configs(configs, named_args, **kwargs):
     N_CTX = kwargs["N_CTX"]
+    STAGE = kwargs["STAGE"]
 
     # Filter out configs where BLOCK_M > N_CTX
-    return [conf for conf in configs if conf.kwargs.get("BLOCK_M", 0) <= N_CTX]
+    # Filter out configs where BLOCK_M < BLOCK_N when causal is True
+    return [
+        conf for conf in configs if conf.kwargs.get("BLOCK_M", 0) <= N_CTX and (
+            conf.kwargs.get("BLOCK_M", 0) >= conf.kwargs.get("BLOCK_N", 0) or STAGE == 1)
+    ]
 
 
 @triton.jit

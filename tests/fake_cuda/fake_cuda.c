@@ -1,0 +1,239 @@
+// A stand-in libcuda.so.1 for CPU-only tests (tests/test_launch_bytes.py): every
+// call succeeds on made-up handles, and the two calls whose inputs matter are
+// recorded, so that the bytes a launch would hand the GPU can be compared with
+// what Triton's own launcher hands it, on a machine with no GPU.
+//   cuTensorMapEncodeTiled: its arguments are written into the 128-byte map
+//     itself (type, rank, interleave, swizzle, L2 promotion, OOB fill, address,
+//     rank dims, rank - 1 byte strides, rank box dims, rank element strides).
+//   cuLaunchKernelEx / cuLaunchKernel: one JSON line appended to $FAKE_CUDA_LOG
+//     with the grid, block, shared bytes and every parameter's bytes in hex;
+//     parameter sizes come from $FAKE_CUDA_PARAM_SIZES ("kernel:8,128,4;other:8").
+// Device: one sm_90 GPU ("FAKE sm_90"; $FAKE_CUDA_CC=80 makes it sm_80). Memory calls hand out
+// addresses nothing reads.
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef uint64_t CUdeviceptr;
+typedef void* CUcontext;
+typedef void* CUmodule;
+typedef void* CUstream;
+typedef void* CUevent;
+
+typedef struct {
+  char name[256];
+} FakeFunction;
+
+typedef struct {
+  unsigned gridDimX, gridDimY, gridDimZ;
+  unsigned blockDimX, blockDimY, blockDimZ;
+  unsigned sharedMemBytes;
+  CUstream hStream;
+  void* attrs;
+  unsigned numAttrs;
+} FakeLaunchConfig;  // CUlaunchConfig's layout
+
+static int g_ctx_token, g_module_token, g_event_token;
+static CUdeviceptr g_next_alloc = 0x7e0000000000ull;
+
+#define OK return 0
+
+CUresult cuInit(unsigned flags) { (void)flags; OK; }
+CUresult cuDriverGetVersion(int* v) { *v = 13020; OK; }
+CUresult cuGetErrorName(CUresult e, const char** s) { *s = e ? "CUDA_ERROR_FAKE" : "CUDA_SUCCESS"; OK; }
+CUresult cuGetErrorString(CUresult e, const char** s) { *s = e ? "fake error" : "no error"; OK; }
+CUresult cuDeviceGet(CUdevice* d, int ordinal) { *d = ordinal; OK; }
+CUresult cuDeviceGetCount(int* n) { *n = 1; OK; }
+CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+  (void)d;
+  snprintf(name, (size_t)len, "FAKE sm_90");
+  OK;
+}
+CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
+  (void)d;
+  switch (attr) {
+    case 1: *v = 1024; break;        // max threads per block
+    case 8: *v = 49152; break;       // shared per block
+    case 10: *v = 32; break;         // warp size
+    case 12: *v = 65536; break;      // registers per block
+    case 13: *v = 1980000; break;    // clock rate (kHz)
+    case 16: *v = 132; break;        // SMs
+    case 36: *v = 2619000; break;    // memory clock (kHz)
+    case 37: *v = 5120; break;       // bus width
+    case 38: *v = 50 << 20; break;   // L2 bytes
+    case 75: *v = getenv("FAKE_CUDA_CC") ? atoi(getenv("FAKE_CUDA_CC")) / 10 : 9; break;  // compute capability
+    case 76: *v = getenv("FAKE_CUDA_CC") ? atoi(getenv("FAKE_CUDA_CC")) % 10 : 0; break;
+    case 81: *v = 233472; break;     // shared per SM
+    case 82: *v = 65536; break;      // registers per SM
+    case 97: *v = 232448; break;     // shared per block, opt-in
+    default: *v = 1; break;
+  }
+  OK;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) { (void)d; *c = &g_ctx_token; OK; }
+CUresult cuCtxGetCurrent(CUcontext* c) { *c = &g_ctx_token; OK; }
+CUresult cuCtxSetCurrent(CUcontext c) { (void)c; OK; }
+CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; OK; }
+CUresult cuCtxSynchronize(void) { OK; }
+CUresult cuCtxGetLimit(size_t* v, int limit) { (void)limit; *v = 0; OK; }
+CUresult cuCtxSetLimit(int limit, size_t v) { (void)limit; (void)v; OK; }
+CUresult cuModuleLoadData(CUmodule* m, const void* image) { (void)image; *m = &g_module_token; OK; }
+CUresult cuModuleUnload(CUmodule m) { (void)m; OK; }
+CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
+  (void)m;
+  FakeFunction* fn = (FakeFunction*)calloc(1, sizeof(FakeFunction));  // kept: handles outlive modules here
+  snprintf(fn->name, sizeof(fn->name), "%s", name);
+  *f = fn;
+  OK;
+}
+CUresult cuFuncGetAttribute(int* v, int attr, void* f) {
+  (void)f;
+  *v = attr == 0 ? 1024 : attr == 4 ? 32 : 0;  // max threads per block, registers; sizes 0
+  OK;
+}
+CUresult cuFuncSetAttribute(void* f, int attr, int v) { (void)f, (void)attr, (void)v; OK; }
+CUresult cuFuncSetCacheConfig(void* f, int c) { (void)f, (void)c; OK; }
+CUresult cuOccupancyMaxActiveClusters(int* n, void* f, const void* config) { (void)f, (void)config; *n = 1; OK; }
+CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
+  (void)attr;
+  *(CUdeviceptr*)data = p;  // CU_POINTER_ATTRIBUTE_DEVICE_POINTER: itself
+  OK;
+}
+CUresult cuMemAlloc(CUdeviceptr* p, size_t n) {
+  *p = g_next_alloc;
+  g_next_alloc += (n + 4095) & ~(size_t)4095;
+  OK;
+}
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) { return cuMemAlloc(p, n); }
+CUresult cuMemFree(CUdeviceptr p) { (void)p; OK; }
+CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; OK; }
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t n, CUstream s) { (void)s; return cuMemAlloc(p, n); }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)p, (void)s; OK; }
+CUresult cuMemAllocHost(void** p, size_t n) { *p = malloc(n ? n : 1); OK; }
+CUresult cuMemFreeHost(void* p) { free(p); OK; }
+CUresult cuMemGetInfo(size_t* free_b, size_t* total_b) { *free_b = (size_t)64 << 30; *total_b = (size_t)80 << 30; OK; }
+CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) { *base = p; *size = 1 << 20; OK; }
+CUresult cuMemcpyDtoDAsync(CUdeviceptr a, CUdeviceptr b, size_t n, CUstream s) { (void)a, (void)b, (void)n, (void)s; OK; }
+CUresult cuMemcpyDtoHAsync(void* a, CUdeviceptr b, size_t n, CUstream s) { (void)b, (void)s; memset(a, 0, n); OK; }
+CUresult cuMemcpyHtoDAsync(CUdeviceptr a, const void* b, size_t n, CUstream s) { (void)a, (void)b, (void)n, (void)s; OK; }
+CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) { (void)p, (void)v, (void)n, (void)s; OK; }
+CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, CUstream s) { (void)p, (void)v, (void)n, (void)s; OK; }
+CUresult cuEventCreate(CUevent* e, unsigned f) { (void)f; *e = &g_event_token; OK; }
+CUresult cuEventDestroy(CUevent e) { (void)e; OK; }
+CUresult cuEventRecord(CUevent e, CUstream s) { (void)e, (void)s; OK; }
+CUresult cuEventSynchronize(CUevent e) { (void)e; OK; }
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { (void)a, (void)b; *ms = 1.0f; OK; }
+CUresult cuStreamSynchronize(CUstream s) { (void)s; OK; }
+CUresult cuStreamIsCapturing(CUstream s, int* status) { (void)s; *status = 0; OK; }
+CUresult cuStreamGetCtx(CUstream s, CUcontext* c) { (void)s; *c = &g_ctx_token; OK; }
+CUresult cuThreadExchangeStreamCaptureMode(int* mode) { (void)mode; OK; }
+
+CUresult cuTensorMapEncodeTiled(void* map, int type, uint32_t rank, void* addr, const uint64_t* dims,
+                                const uint64_t* strides, const uint32_t* box, const uint32_t* estrides,
+                                int interleave, int swizzle, int l2, int oob) {
+  unsigned char* m = (unsigned char*)map;
+  memset(m, 0, 128);
+  if (rank < 1 || rank > 5) return 1;  // CUDA_ERROR_INVALID_VALUE
+  m[0] = (unsigned char)type, m[1] = (unsigned char)rank, m[2] = (unsigned char)interleave;
+  m[3] = (unsigned char)swizzle, m[4] = (unsigned char)l2, m[5] = (unsigned char)oob;
+  uint64_t a = (uint64_t)(uintptr_t)addr;
+  memcpy(m + 8, &a, 8);
+  memcpy(m + 16, dims, 8 * rank);                    // 16..56
+  if (rank > 1) memcpy(m + 56, strides, 8 * (rank - 1));  // 56..88: the driver reads rank - 1
+  memcpy(m + 88, box, 4 * rank);                     // 88..108
+  memcpy(m + 108, estrides, 4 * rank);               // 108..128
+  OK;
+}
+
+// $FAKE_CUDA_PARAM_SIZES entry of `name`: its parameter sizes, or -1.
+static int param_sizes(const char* name, int* sizes, int max) {
+  const char* spec = getenv("FAKE_CUDA_PARAM_SIZES");
+  size_t len = strlen(name);
+  while (spec && *spec) {
+    const char* end = strchr(spec, ';');
+    if (!end) end = spec + strlen(spec);
+    if ((size_t)(end - spec) > len && strncmp(spec, name, len) == 0 && spec[len] == ':') {
+      int n = 0;
+      const char* p = spec + len + 1;
+      while (p < end && n < max) {
+        sizes[n++] = atoi(p);
+        while (p < end && *p != ',') ++p;
+        if (p < end) ++p;
+      }
+      return n;
+    }
+    spec = *end ? end + 1 : end;
+  }
+  return -1;
+}
+
+static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
+                       unsigned nattrs, void* f, void** params) {
+  const char* path = getenv("FAKE_CUDA_LOG");
+  const char* name = ((FakeFunction*)f)->name;
+  int sizes[512];
+  int n = param_sizes(name, sizes, 512);
+  if (!path || n < 0) return 1;
+  FILE* out = fopen(path, "a");
+  if (!out) return 1;
+  fprintf(out, "{\"via\": \"%s\", \"kernel\": \"%s\", \"grid\": [%u, %u, %u], \"block\": %u, \"shared\": %u, "
+               "\"attrs\": %u, \"params\": [", how, name, gx, gy, gz, bx, shared, nattrs);
+  for (int i = 0; i < n; ++i) {
+    fprintf(out, "%s\"", i ? ", " : "");
+    const unsigned char* b = (const unsigned char*)params[i];
+    for (int j = 0; j < sizes[i]; ++j) fprintf(out, "%02x", b[j]);
+    fprintf(out, "\"");
+  }
+  fprintf(out, "]}\n");
+  fclose(out);
+  OK;
+}
+
+CUresult cuLaunchKernelEx(const FakeLaunchConfig* c, void* f, void** params, void** extra) {
+  (void)extra;
+  return record("ex", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->sharedMemBytes, c->numAttrs, f, params);
+}
+CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, CUstream s, void** params, void** extra) {
+  (void)by, (void)bz, (void)s, (void)extra;
+  return record("plain", gx, gy, gz, bx, shared, 0, f, params);
+}
+
+// cuGetProcAddress: lazytriton resolves every entry point through it.
+typedef struct {
+  const char* name;
+  void* fn;
+} Entry;
+#define E(n) {#n, (void*)n}
+static const Entry kEntries[] = {
+    E(cuInit), E(cuDriverGetVersion), E(cuGetErrorName), E(cuGetErrorString), E(cuDeviceGet),
+    E(cuDeviceGetCount), E(cuDeviceGetName), E(cuDeviceGetAttribute), E(cuDevicePrimaryCtxRetain),
+    E(cuCtxGetCurrent), E(cuCtxSetCurrent), E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuModuleLoadData),
+    E(cuModuleUnload), E(cuModuleGetFunction), E(cuFuncGetAttribute), E(cuFuncSetAttribute),
+    E(cuFuncSetCacheConfig), E(cuLaunchKernelEx), E(cuLaunchKernel), E(cuMemAlloc), E(cuMemFree),
+    E(cuMemAllocAsync), E(cuMemFreeAsync), E(cuMemAllocHost), E(cuMemFreeHost), E(cuMemGetInfo),
+    E(cuMemGetAddressRange), E(cuMemcpyDtoDAsync), E(cuMemcpyDtoHAsync), E(cuMemcpyHtoDAsync),
+    E(cuMemsetD8Async), E(cuMemsetD32Async), E(cuEventCreate), E(cuEventDestroy), E(cuEventRecord),
+    E(cuEventSynchronize), E(cuEventElapsedTime), E(cuStreamSynchronize), E(cuStreamIsCapturing),
+    E(cuStreamGetCtx), E(cuThreadExchangeStreamCaptureMode), E(cuTensorMapEncodeTiled),
+    E(cuPointerGetAttribute), E(cuOccupancyMaxActiveClusters), E(cuCtxGetLimit), E(cuCtxSetLimit),
+};
+
+CUresult cuGetProcAddress_v2(const char* name, void** fn, int version, unsigned long long flags, int* status) {
+  (void)version, (void)flags;
+  if (status) *status = 0;
+  for (size_t i = 0; i < sizeof(kEntries) / sizeof(kEntries[0]); ++i)
+    if (strcmp(kEntries[i].name, name) == 0) {
+      *fn = kEntries[i].fn;
+      OK;
+    }
+  *fn = NULL;
+  return 500;  // CUDA_ERROR_NOT_FOUND
+}
+CUresult cuGetProcAddress(const char* name, void** fn, int version, unsigned long long flags) {
+  return cuGetProcAddress_v2(name, fn, version, flags, NULL);
+}
