@@ -31,6 +31,21 @@ def done(r):
         json.dump(r, f)
 """
 
+# The same inputs, timing start and error check for every first-call script of the 2048^3 matmul.
+MATMUL_INPUTS = r"""
+M = N = K = 2048
+torch.manual_seed(0)
+a = torch.randn(M, K, device="cuda", dtype=torch.float16); b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+torch.cuda.synchronize()
+t_ready = time.perf_counter()
+grid = lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))
+"""
+MATMUL_ERR = r"""
+ref = a.float() @ b.float()
+err, ref_max = (c.float() - ref).abs().max().item(), ref.abs().max().item()
+"""
+
 # Wrapping the kernel (where lazytriton starts its compile server) happens at
 # import time, as a decorator in a user's module would; then the data; then the call.
 LAZY = PRELUDE + r"""
@@ -51,23 +66,14 @@ log.addHandler(events)
 log.setLevel(logging.INFO)
 
 k = lazytriton.kernel(demo_matmul)
-M = N = K = 2048
-torch.manual_seed(0)
-a = torch.randn(M, K, device="cuda", dtype=torch.float16); b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
-torch.cuda.synchronize()
-t_ready = time.perf_counter()
-grid = lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))
-k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
+""" + MATMUL_INPUTS + r"""k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
 torch.cuda.synchronize()
 t_first = time.perf_counter()
 k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
 torch.cuda.synchronize()
 t_second = time.perf_counter()
 stubgen.wait_for_builds(120)
-ref = a.float() @ b.float()
-err, ref_max = (c.float() - ref).abs().max().item(), ref.abs().max().item()
-stub = [(t - t_ready, m) for t, m in events.seen if "launch stub" in m and m.startswith(("building", "built"))]
+""" + MATMUL_ERR + r"""stub = [(t - t_ready, m) for t, m in events.seen if "launch stub" in m and m.startswith(("building", "built"))]
 done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "steady_call_s": t_second - t_first,
       "max_err": err, "ref_max": ref_max, "stats": lazytriton.stats(), "stub_events": stub,
       "resolutions": [dict(r, at=r["at"] - t_ready) for r in runtime.timings()]})
@@ -76,19 +82,10 @@ done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "steady
 TRITON = PRELUDE + r"""
 import torch, triton
 from lazytriton.demo_kernels import demo_matmul
-M = N = K = 2048
-torch.manual_seed(0)
-a = torch.randn(M, K, device="cuda", dtype=torch.float16); b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
-torch.cuda.synchronize()
-t_ready = time.perf_counter()
-grid = lambda m: (triton.cdiv(M, m["BM"]), triton.cdiv(N, m["BN"]))
-demo_matmul[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
+""" + MATMUL_INPUTS + r"""demo_matmul[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
 torch.cuda.synchronize()
 t_first = time.perf_counter()
-ref = a.float() @ b.float()
-err, ref_max = (c.float() - ref).abs().max().item(), ref.abs().max().item()
-done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "max_err": err, "ref_max": ref_max})
+""" + MATMUL_ERR + r"""done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "max_err": err, "ref_max": ref_max})
 """
 
 # The JAX rows, split: imports, backend start (first arrays), trace + lowering,
