@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -478,8 +479,8 @@ def needs_fp64(v: Any) -> bool:
     fp32 when fp32 holds it (or it is 0, inf or nan), else fp64."""
     if type(v) is not float:
         return False
-    a = abs(v)
-    return not (np.isnan(v) or np.isinf(v) or a == 0.0 or _F32.tiny <= a <= _F32.max)
+    a = abs(v)  # compared as Python floats: numpy would cast `a` to fp32 (and warn) to compare with fp32 bounds
+    return not (math.isnan(v) or math.isinf(v) or a == 0.0 or float(_F32.tiny) <= a <= float(_F32.max))
 
 
 class _Aval:
