@@ -10,7 +10,10 @@ on sm_80: the parameter layout of the installed Triton, 3.5/3.6 or 3.7+),
 descriptors inside tuples, tuples of pointers and scalars, an autotuned
 kernel whose configs' pre_hooks set the block shapes, lazytriton.jax call
 sites (lowered for CUDA here, resolved as the XLA handler resolves them, and
-launched by the handler's C++ from buffer addresses), and C++ bundles
+launched by the handler's C++ from buffer addresses), Gluon kernels
+(kernels/gluonk.py: plain, autotuned, a 2D layout with a float scalar, a
+device-side TMA copy with global scratch; standalone and through
+lazytriton.jax), and C++ bundles
 (fake_cuda/bundle_launch.cc: lt::TensorDesc and tuple elements, AOT)."""
 import importlib.util
 import json
@@ -81,6 +84,15 @@ def same_launch(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("grid", "block", "shared", "params"))
 
 
+def same_launch_own_scratch(a: dict, b: dict) -> bool:
+    """`a` (lazytriton's) is `b` (Triton's) but for the global scratch pointer (the
+    second last parameter): Triton's from triton.set_allocator, lazytriton's own,
+    which must then be there (not null) and aligned as the kernel asks (128 here)."""
+    scratch = int.from_bytes(bytes.fromhex(a["params"][-2]), "little")
+    return (all(a[k] == b[k] for k in ("grid", "block", "shared")) and a["params"][:-2] == b["params"][:-2]
+            and a["params"][-1] == b["params"][-1] and scratch != 0 and scratch % 128 == 0)
+
+
 @pytest.mark.parametrize("cc", [90, 80])
 def test_launch_parameters_are_tritons(fake_driver, bundle_exe, tmp_path, cc):
     cases = {c["case"]: c for c in probe(fake_driver, tmp_path, cc, bundle_exe)}
@@ -109,8 +121,48 @@ def test_launch_parameters_are_tritons(fake_driver, bundle_exe, tmp_path, cc):
     if cc == 90:  # each config's own block shape (its pre_hook's) was encoded in its trials
         assert len({json.dumps(r["params"]) for r in refs}) == len(refs)
         assert all(any(same_launch(got, r) for got in tuned["lazytriton"]) for r in refs)
+    check_gluon(cases, cc)
     if bundle_exe is not None:  # C++ bundles (AOT): lt::TensorDesc and tuple elements, as Triton launches them
         b = cases["bundle"]
         assert len(b["lazytriton"]) == len(b["triton"]) == 3
         for name, got, ref in zip(b["names"], b["lazytriton"], b["triton"]):
             assert same_launch(got, ref), (name, got, ref)
+
+
+def check_gluon(cases: dict, cc: int):
+    """Gluon kernels (kernels/gluonk.py), standalone and through lazytriton.jax, hand
+    cuLaunchKernelEx Triton's bytes; the device-side TMA copy (sm_90, Triton 3.6+)
+    all but its global scratch pointer, which lazytriton allocates itself."""
+    from kernels import gluonk
+
+    has_jax = importlib.util.find_spec("jax") is not None
+    names = ["gluon_vec_add", "gluon_scale_rows"] + (["jax_gluon_vec_add", "jax_gluon_scale_rows"] if has_jax else [])
+    tma_names = []
+    if cc == 90 and gluonk.HAVE_DEVICE_TMA:
+        tma_names = ["gluon_tma_copy"] + (["jax_gluon_tma_copy"] if has_jax else [])
+    for name in names + tma_names:
+        c = cases[name]
+        (ref,) = c["triton"]
+        assert len(c["lazytriton"]) == (2 if name.startswith("jax") else 4), (name, c["lazytriton"])
+        assert not c.get("trials"), (name, c["trials"])  # one config: nothing to tune
+        if name in tma_names:
+            scratch = int.from_bytes(bytes.fromhex(ref["params"][-2]), "little")
+            assert scratch != 0, ref  # the kernel does ask for global scratch
+            for got in c["lazytriton"]:
+                assert same_launch_own_scratch(got, ref), (name, got, ref)
+        else:
+            for got in c["lazytriton"]:
+                assert same_launch(got, ref), (name, c.get("signature"), got, ref)
+    assert len(cases["gluon_scale_rows"]["triton"][0]["params"]) == 8 + 2  # 3 pointers, 4 ints, the float
+    # Autotuned: each trial is Triton's launch of one config (its block, grid and warps), the
+    # launches after it the winner's.
+    tuned = [cases["gluon_tuned"]] + ([cases["jax_gluon_tuned"]] if has_jax else [])
+    for t in tuned:
+        refs = t.get("triton_per_config") or t["triton"]
+        assert len(refs) == 3 and len({(r["block"], tuple(r["grid"])) for r in refs}) == 3, refs
+        trials = t.get("trials", t["lazytriton"][:-4])
+        assert len(trials) >= 3, t  # every config was timed
+        for got in trials:
+            assert any(same_launch(got, r) for r in refs), got
+        winners = t["lazytriton"][-4:] if "triton_per_config" in t else t["lazytriton"]
+        assert winners and all(same_launch(got, refs[t["winner"]]) for got in winners), (winners, refs[t["winner"]])

@@ -26,12 +26,20 @@ from lazytriton.spec import describe
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tma, tuple_kernels  # noqa: E402
 
+try:  # Gluon (@triton.experimental.gluon.jit) kernels: Triton 3.5+
+    from kernels import gluonk  # noqa: E402
+except ImportError:  # pragma: no cover
+    gluonk = None
+
 # The fake device: sm_90 (descriptors lowered to TMA), or $FAKE_CUDA_CC=80 (decomposed descriptors).
 SM90 = GPUTarget("cuda", int(os.environ.get("FAKE_CUDA_CC", "90")), 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 LOG = os.environ["FAKE_CUDA_LOG"]
 BUNDLE = os.environ.get("FAKE_CUDA_BUNDLE_EXE") and tempfile.mkdtemp(prefix="lt-bundle-")
 BASE = 0x7F0000000000
+# What Triton's launcher gets from triton.set_allocator for a kernel's global scratch (Gluon's
+# device-side descriptors); lazytriton carves its own, so tests compare that parameter apart.
+TRITON_SCRATCH = 0x7D0000000000
 
 
 def array(shape, dtype, addr):
@@ -248,10 +256,115 @@ def jax_cases(sizes_env):
     return cases
 
 
+def jax_site(f, *avals):
+    """A lazytriton.jax call site lowered for CUDA (on this CPU), as the XLA handler rebuilds it."""
+    import jax
+
+    from lazytriton import jax_ffi
+
+    text = jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+    d = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
+    return jax_ffi.Site(d)
+
+
+def site_launches(site, bufs, n_outputs=1):
+    """Resolves `site` as the handler's first execution does (its tuning trials' records
+    first), then launches the entry twice from the buffer addresses (launch_fixed)."""
+    site.d["n_inputs"] = len(bufs) - n_outputs
+    entry = site.resolve(tuple(bufs), 0, 0, False)
+    trials = records()
+    for _ in range(2):
+        lazytriton._core.launch_fixed(entry, 0, [b[0] for b in bufs])
+    return entry, trials, records()
+
+
+def gluon_cases(sizes_env):
+    """Gluon kernels (tests/kernels/gluonk.py): the vector add, the autotuned one, the 2D
+    blocked-layout kernel with a float scalar, the device-side TMA copy (sm_90, Triton 3.6+:
+    its descriptors live in global scratch), standalone and through lazytriton.jax."""
+    if gluonk is None:
+        return []
+    out = []
+    n = 1000
+    x, y, z = (array((n,), "fp32", BASE + i * 2**22) for i in range(3))
+    meta = {"BLOCK": 512, "WARPS": 4, "num_warps": 4}
+    out.append(run_case("gluon_vec_add", gluonk.vec_add, (x, y, z, n), meta, (2, 1, 1), sizes_env))
+    M, N, pitch = 33, 100, 103
+    a, b, o = array((M, pitch), "fp32", BASE), array((N,), "fp32", BASE + 2**22), array((M, pitch), "fp32",
+                                                                                           BASE + 2**23)
+    meta = {"BM": 16, "BN": 64, "WARPS": 4, "num_warps": 4}
+    out.append(run_case("gluon_scale_rows", gluonk.scale_rows, (a, b, o, M, N, pitch, pitch, -1.75), meta,
+                        (3, 2, 1), sizes_env))
+    if gluonk.HAVE_DEVICE_TMA and SM90.arch >= 90:
+        a, o = array((16, 128), "fp32", BASE), array((16, 128), "fp32", BASE + 2**22)
+        out.append(run_case("gluon_tma_copy", gluonk.tma_copy, (a, o), {"M": 16, "N": 128}, (1, 1, 1), sizes_env))
+    # Autotuned: Triton's launch of each config; lazytriton's trials, then the winner's launches.
+    tuned = gluonk.vec_add_tuned
+    n = 100_000
+    x, y, z = (array((n,), "fp32", BASE + i * 2**22) for i in range(3))
+    refs = [triton_launch(tuned.fn, (x, y, z, n), dict(cfg.kwargs), (triton.cdiv(n, cfg.kwargs["BLOCK"]), 1, 1),
+                          sizes_env, options={"num_warps": cfg.num_warps})[0][0] for cfg in tuned.configs]
+    k, ours = lazytriton_launches(tuned, (x, y, z, n), {}, lambda m: (triton.cdiv(n, m["BLOCK"]),))
+    out.append({"case": "gluon_tuned", "triton_per_config": refs, "lazytriton": ours,
+                "winner": k.records[-1].winner_index})
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return out
+    from lazytriton import jax as ltj
+
+    f32 = jnp.float32
+    # vec_add(x, y, out, n): buffers 0, 1 and the output 2; `n` bound by name.
+    n = 10_000
+    bufs = [(BASE + i * 2**22, n * 4) for i in range(3)]
+    x, y, z = (array((n,), "fp32", b[0]) for b in bufs)
+    for name, fn, meta in (("jax_gluon_vec_add", gluonk.vec_add, {"BLOCK": 512, "WARPS": 4, "num_warps": 4}),
+                           ("jax_gluon_tuned", gluonk.vec_add_tuned, {})):
+        site = jax_site(lambda x, y, fn=fn, meta=meta: ltj.triton_call(
+            x, y, n=n, kernel=fn, out_type=x, grid=lambda m: (triton.cdiv(n, m["BLOCK"]),), **meta),
+            jax.ShapeDtypeStruct((n,), f32), jax.ShapeDtypeStruct((n,), f32))
+        if fn is gluonk.vec_add:
+            theirs = triton_launch(fn, (x, y, z, n), meta, (triton.cdiv(n, 512), 1, 1), sizes_env)[0]
+        else:
+            theirs = [triton_launch(fn.fn, (x, y, z, n), dict(cfg.kwargs), (triton.cdiv(n, cfg.kwargs["BLOCK"]), 1, 1),
+                                    sizes_env, options={"num_warps": cfg.num_warps})[0][0] for cfg in fn.configs]
+        _, trials, ours = site_launches(site, bufs)
+        case = {"case": name, "triton": theirs, "trials": trials, "lazytriton": ours}
+        if fn is not gluonk.vec_add:
+            case["winner"] = site.lazy.records[-1].winner_index
+        out.append(case)
+    # scale_rows: a 2D blocked layout and a float scalar (by name) beside the buffers x 0, y 1, out 2.
+    M, N = 100, 300
+    bufs = [(BASE, M * N * 4), (BASE + 2**22, N * 4), (BASE + 2**23, M * N * 4)]
+    meta = {"BM": 16, "BN": 64, "WARPS": 4}
+    site = jax_site(lambda x, y: ltj.triton_call(x, y, M=M, N=N, stride_x=N, stride_out=N, alpha=0.375,
+                                                 kernel=gluonk.scale_rows, out_type=x, grid=(7, 5), num_warps=4,
+                                                 **meta),
+                    jax.ShapeDtypeStruct((M, N), f32), jax.ShapeDtypeStruct((N,), f32))
+    args = (array((M, N), "fp32", bufs[0][0]), array((N,), "fp32", bufs[1][0]), array((M, N), "fp32", bufs[2][0]),
+            M, N, N, N, 0.375)
+    theirs = triton_launch(gluonk.scale_rows, args, {**meta, "num_warps": 4}, (7, 5, 1), sizes_env)[0]
+    _, trials, ours = site_launches(site, bufs)
+    out.append({"case": "jax_gluon_scale_rows", "triton": theirs, "trials": trials, "lazytriton": ours})
+    if gluonk.HAVE_DEVICE_TMA and SM90.arch >= 90:
+        M, N = 16, 128
+        bufs = [(BASE, M * N * 4), (BASE + 2**22, M * N * 4)]
+        site = jax_site(lambda x: ltj.triton_call(x, kernel=gluonk.tma_copy, out_type=x, grid=1, M=M, N=N),
+                        jax.ShapeDtypeStruct((M, N), f32))
+        theirs = triton_launch(gluonk.tma_copy, (array((M, N), "fp32", bufs[0][0]), array((M, N), "fp32", bufs[1][0])),
+                               {"M": M, "N": N}, (1, 1, 1), sizes_env)[0]
+        _, trials, ours = site_launches(site, bufs)
+        out.append({"case": "jax_gluon_tma_copy", "triton": theirs, "trials": trials, "lazytriton": ours})
+    return out
+
+
 def main():
     # Triton's driver utilities (fill_tma_descriptor, load_binary) built against the fake driver.
     utils = nvd.CudaUtils()
     triton.runtime.driver.set_active(types.SimpleNamespace(utils=utils))
+    triton.set_allocator(lambda size, align, stream: TritonBase(TRITON_SCRATCH))
     sizes_env: dict = {}
     out = []
     a = array((64, 64), "fp16", BASE + 2**24)
@@ -276,6 +389,7 @@ def main():
         out.append(bundle_case([c for c in out if c["case"] in ("copy", "scale_store", "add_pair")]))
     out.append(autotuned_case(sizes_env))
     out += jax_cases(sizes_env)
+    out += gluon_cases(sizes_env)
     Path(sys.argv[1]).write_text(json.dumps(out))
 
 
