@@ -215,3 +215,50 @@ def test_triton_call_with_jax_tritons_gluon_memcpy(cache_dir):
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, size, block]
     assert [a.get("dtype") for a in d["args"][:2]] == ["fp32", "fp32"]
     assert d["options"] == {"num_warps": 1} and d["configs"] == [{"grid": [8, 1, 1], "kwargs": {}, "zeroed": []}]
+
+
+def test_triton_call_gluon_memcpy_into_a_ref(cache_dir):
+    # test_gpu_gluon's in-place memcpy (jax-triton 0.4's test_memcpy_inplace): `size` positional after the Ref.
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from lazytriton import jax as ltj
+
+    size, block = 500, 64
+
+    def g(x, y):
+        r = jax.new_ref(y)
+        assert ltj.triton_call(x, r, size, kernel=gluonk.memcpy, out_type=(), grid=(triton.cdiv(size, block),),
+                               num_warps=1, block_size=block) == ()
+        return r[...]
+
+    x = jax.ShapeDtypeStruct((size,), jnp.float32)
+    d = _lower(g, x, x)
+    # x: input 0; the Ref: input 1 aliased to the call's one output (buffer 2), which the kernel writes.
+    assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 2, size, block]
+    assert d["aliases"] == [[1, 0]] and d["options"] == {"num_warps": 1}
+
+
+@pytest.mark.skipif(not gluonk.HAVE_DEVICE_TMA, reason="Gluon's device-side TMA descriptors need Triton 3.6+")
+def test_triton_call_lowers_the_device_tma_copy_and_its_site_compiles_it(cache_dir):
+    # test_gpu_gluon's shapes: every one compiles for sm_90 with two 128-byte descriptors in global scratch.
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from lazytriton import jax as ltj
+    from lazytriton import jax_ffi
+
+    for M, N in [(32, 32), (8, 64), (16, 128)]:
+        d = _lower(lambda x: ltj.triton_call(x, kernel=gluonk.tma_copy, out_type=x, grid=1, M=M, N=N),
+                   jax.ShapeDtypeStruct((M, N), jnp.float32))
+        assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, M, N]
+        jax_ffi._kernels.clear()
+        site = jax_ffi.Site(d)
+        args = (X, X, M, N)
+        res = Resolution(site.lazy, (0,), args, 0, site._grid, site.lazy._shape(args))
+        res.target = SM90
+        (c,) = res._candidates()
+        compile_all(site.lazy.spec, SM90, [c], max_workers=0)
+        assert c.binary is not None, c.error
+        md = c.binary.metadata
+        assert md["global_scratch_size"] >= 256 and md["global_scratch_align"] == 128 and md["shared"] >= M * N * 4
