@@ -38,6 +38,39 @@ N = 4096
 # -- helpers shared with test_gpu_embed.py -----------------------------------------------
 
 
+# The head of every C++ check program (no GPU needed): its checks print "label: message" lines.
+CPP_CHECKS = r"""
+#include <lazytriton/bundle.h>
+#include <cstdio>
+#include <string>
+
+// One output line per check: the error's message with its newlines as " | ".
+void report(const char* label, const char* what) {
+  std::string s(what);
+  for (size_t i; (i = s.find('\n')) != std::string::npos;) s.replace(i, 1, " | ");
+  std::printf("%s: %s\n", label, s.c_str());
+}
+#define TRY(label, expr) try { expr; report(label, "no error"); } catch (const lt::Error& e) { report(label, e.what()); }
+"""
+
+
+def check_lines(out: subprocess.CompletedProcess) -> dict[str, list[str]]:
+    """A check program's "label: message" lines, by label (a label may repeat)."""
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines: dict[str, list[str]] = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(": ")
+        lines.setdefault(key, []).append(value)
+    return lines
+
+
+def cmake_project(name: str, *sources: str) -> str:
+    """A CMakeLists.txt building one program against the installed lazytriton::runtime."""
+    return (f"cmake_minimum_required(VERSION 3.18)\nproject({name} LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
+            f"find_package(lazytriton CONFIG REQUIRED)\nadd_executable({name} {' '.join(sources)})\n"
+            f"target_link_libraries({name} PRIVATE lazytriton::runtime)\n")
+
+
 def cmake_build(src: Path, build: Path, *defs: str) -> None:
     """Configure and build a CMake project against the installed lazytriton package."""
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
@@ -289,20 +322,8 @@ def test_lazy_example_describes_through_python_then_reports_missing_gpu(example,
 
 # -- the C++ API's checks (no GPU needed) --------------------------------------------------------
 
-API_TEST = r"""
-#include <lazytriton/bundle.h>
-#include <cstdio>
+API_TEST = CPP_CHECKS + r"""
 #include <fstream>
-
-#include <string>
-
-// One output line per check: the error's message with its newlines as " | ".
-void report(const char* label, const char* what) {
-  std::string s(what);
-  for (size_t i; (i = s.find('\n')) != std::string::npos;) s.replace(i, 1, " | ");
-  std::printf("%s: %s\n", label, s.c_str());
-}
-#define TRY(label, expr) try { expr; report(label, "no error"); } catch (const lt::Error& e) { report(label, e.what()); }
 
 int main(int argc, char** argv) {
   lt::Bundle b = lt::Bundle::open(argv[1]);
@@ -345,14 +366,7 @@ int main(int argc, char** argv) {
 }
 """
 
-API_CMAKE = """
-cmake_minimum_required(VERSION 3.18)
-project(api_test LANGUAGES CXX)
-set(CMAKE_CXX_STANDARD 17)
-find_package(lazytriton CONFIG REQUIRED)
-add_executable(api_test api_test.cc)
-target_link_libraries(api_test PRIVATE lazytriton::runtime)
-"""
+API_CMAKE = cmake_project("api_test", "api_test.cc")
 
 
 @pytest.fixture(scope="module")
@@ -372,13 +386,7 @@ def api_output(tmp_path_factory, compiled_bundle) -> dict:
         d.mkdir()
         (d / "manifest.json").write_text(text)
         bad.append(d)
-    out = run(build / "api_test", compiled_bundle, *bad)
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = {}
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition(": ")
-        lines.setdefault(key, []).append(value)
-    return lines
+    return check_lines(run(build / "api_test", compiled_bundle, *bad))
 
 
 def test_cpp_reads_the_bundle(api_output):

@@ -17,7 +17,7 @@ from lazytriton.runtime import Resolved
 from lazytriton.spec import describe
 
 from kernels import tma
-from test_embed import CMAKE, cmake_build, run
+from test_embed import CMAKE, CPP_CHECKS, check_lines, cmake_build, cmake_project, run
 from test_tma import INSTALLED_ABI
 
 SOURCE = "kernels.tma:tma_copy_kernel"
@@ -80,19 +80,8 @@ def test_export_cpp_takes_descriptors_by_reference():
         "tensordesc<fp16[64,64]>", "*fp16", "[i32, tensordesc<fp32[8, 16]>]"]
 
 
-API_TEST = r"""
-#include <lazytriton/bundle.h>
-#include <cstdio>
-#include <string>
-
+API_TEST = CPP_CHECKS + r"""
 #include "launch_tma_copy_kernel.h"
-
-void report(const char* label, const char* what) {
-  std::string s(what);
-  for (size_t i; (i = s.find('\n')) != std::string::npos;) s.replace(i, 1, " | ");
-  std::printf("%s: %s\n", label, s.c_str());
-}
-#define TRY(label, expr) try { expr; report(label, "no error"); } catch (const lt::Error& e) { report(label, e.what()); }
 
 int main(int argc, char** argv) {
   lt::Bundle b = lt::Bundle::open(argv[1]);
@@ -127,14 +116,7 @@ int main(int argc, char** argv) {
 }
 """
 
-API_CMAKE = """
-cmake_minimum_required(VERSION 3.18)
-project(tma_api_test LANGUAGES CXX)
-set(CMAKE_CXX_STANDARD 17)
-find_package(lazytriton CONFIG REQUIRED)
-add_executable(tma_api_test tma_api_test.cc launch_tma_copy_kernel.cc)
-target_link_libraries(tma_api_test PRIVATE lazytriton::runtime)
-"""
+API_CMAKE = cmake_project("tma_api_test", "tma_api_test.cc", "launch_tma_copy_kernel.cc")
 
 
 @pytest.fixture(scope="module")
@@ -148,13 +130,7 @@ def api_output(tmp_path_factory) -> dict:
     (src / "CMakeLists.txt").write_text(API_CMAKE)
     export_cpp.export(SOURCE, "tensordesc<fp16[64, 64]>,*fp16", {"M": 64, "N": 64}, src)
     cmake_build(src, src / "build")
-    out = run(src / "build" / "tma_api_test", d)
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = {}
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition(": ")
-        lines.setdefault(key, []).append(value)
-    return lines
+    return check_lines(run(src / "build" / "tma_api_test", d))
 
 
 def test_cpp_binds_a_descriptor_signature(api_output):

@@ -381,17 +381,7 @@ def test_jax_bad_tuple_arguments_are_named():
 # -- C++ bundles: a tuple argument is one signature entry, its elements separate launch arguments ------
 
 CPP_TEST = r"""
-#include <lazytriton/bundle.h>
-#include <cstdio>
 #include "launch_add_pair.h"
-#include <string>
-
-void report(const char* label, const char* what) {
-  std::string s(what);
-  for (size_t i; (i = s.find('\n')) != std::string::npos;) s.replace(i, 1, " | ");
-  std::printf("%s: %s\n", label, s.c_str());
-}
-#define TRY(label, expr) try { expr; report(label, "no error"); } catch (const lt::Error& e) { report(label, e.what()); }
 
 int main(int argc, char** argv) {
   lt::Bundle b = lt::Bundle::open(argv[1]);
@@ -423,14 +413,6 @@ int main(int argc, char** argv) {
 }
 """
 
-CPP_CMAKE = """
-cmake_minimum_required(VERSION 3.18)
-project(tuple_test LANGUAGES CXX)
-set(CMAKE_CXX_STANDARD 17)
-find_package(lazytriton CONFIG REQUIRED)
-add_executable(api_test api_test.cc launch_add_pair.cc)
-target_link_libraries(api_test PRIVATE lazytriton::runtime)
-"""
 
 
 def compiled_tuple_variant(kernel, source, args: tuple, kwargs: dict, meta: dict | None = None):
@@ -515,7 +497,7 @@ def test_bundle_refuses_none_inside_a_tuple():
 
 
 def test_cpp_tuple_signatures(tuple_bundle, tmp_path):
-    from test_embed import CMAKE, NO_GPU, cmake_build, run
+    from test_embed import CMAKE, CPP_CHECKS, NO_GPU, cmake_build, cmake_project, run
 
     from lazytriton import export_cpp
 
@@ -530,8 +512,8 @@ def test_cpp_tuple_signatures(tuple_bundle, tmp_path):
     source = files[1].read_text().replace("kernels.tuple_kernels:add_pair", "tuple_kernels:add_pair")
     assert 'kSignature = "[*fp32, [*fp32,fp32]],*fp32,i32"' in source
     files[1].write_text(source)
-    (tmp_path / "api_test.cc").write_text(CPP_TEST)
-    (tmp_path / "CMakeLists.txt").write_text(CPP_CMAKE)
+    (tmp_path / "api_test.cc").write_text(CPP_CHECKS + CPP_TEST)
+    (tmp_path / "CMakeLists.txt").write_text(cmake_project("api_test", "api_test.cc", "launch_add_pair.cc"))
     cmake_build(tmp_path, tmp_path / "build")
     out = run(tmp_path / "build" / "api_test", tuple_bundle)
     assert out.returncode == 0, out.stdout + out.stderr
