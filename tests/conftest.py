@@ -49,3 +49,12 @@ def cache_dir(tmp_path, monkeypatch):
     import lazytriton.runtime as rt
     monkeypatch.setattr(rt, "_default_cache", None)
     return d
+
+
+@pytest.fixture
+def jax_gpu():
+    """JAX with a GPU backend (the test skips otherwise)."""
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX has no GPU backend here")
+    return jax

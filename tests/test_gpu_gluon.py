@@ -93,14 +93,6 @@ def test_gluon_device_tma_copy_with_global_scratch(cache_dir, M, N):
 # -- through lazytriton.jax.triton_call, under jax.jit -------------------------------------------
 
 
-@pytest.fixture
-def jax_gpu():
-    jax = pytest.importorskip("jax")
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip("JAX has no GPU backend here")
-    return jax
-
-
 def test_triton_call_gluon_vector_add_under_jit(cache_dir, jax_gpu):
     jax = jax_gpu
     import jax.numpy as jnp

@@ -17,14 +17,8 @@ import lazytriton  # noqa: E402
 from lazytriton import jax as ltj  # noqa: E402
 from kernels import jaxk  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("jax_gpu")]
 TESTS = Path(__file__).resolve().parent
-
-
-@pytest.fixture(autouse=True)
-def _needs_jax_gpu():
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip("JAX has no GPU backend here")
 
 
 def cdiv_grid(n):

@@ -275,19 +275,17 @@ def test_tutorial_06_attention_forward(cache_dir, causal, head_dim):
 # -- JAX: lazytriton.jax.TensorDescriptor under jax.jit, command buffers on (conftest.py) -------
 
 
-def _jax():
-    jax = pytest.importorskip("jax")
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip("JAX has no GPU backend here")
+@pytest.fixture
+def jx(jax_gpu):
     from lazytriton import jax as ltj
-    return jax, jax.numpy, ltj
+    return jax_gpu, jax_gpu.numpy, ltj
 
 
 @pytest.mark.parametrize("dtype, padding, tf32", [("float32", "zero", False), ("float32", "nan", True),
                                                   ("float16", "nan", False), ("int8", "zero", False)])
-def test_jax_host_descriptor_copy(cache_dir, dtype, padding, tf32):
+def test_jax_host_descriptor_copy(cache_dir, dtype, padding, tf32, jx):
     # jax-triton 0.4's test_host_side_tma_copy.
-    jax, jnp, ltj = _jax()
+    jax, jnp, ltj = jx
     M, N = 16, 128
     x = jax.random.uniform(jax.random.key(0), (M, N), dtype=jnp.float32)
     x = (x * 100).astype(dtype) if dtype == "int8" else x.astype(dtype)
@@ -301,8 +299,8 @@ def test_jax_host_descriptor_copy(cache_dir, dtype, padding, tf32):
     np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(want))
 
 
-def test_jax_descriptors_inside_a_tuple(cache_dir):
-    jax, jnp, ltj = _jax()
+def test_jax_descriptors_inside_a_tuple(cache_dir, jx):
+    jax, jnp, ltj = jx
     M, N = 16, 32
     scale = tuple_descs_data(M, N)[3]
 
@@ -322,8 +320,8 @@ def test_jax_descriptors_inside_a_tuple(cache_dir):
         np.testing.assert_allclose(got, tuple_descs_reference(hp, ha, hb, scale, 7, M, N), rtol=1e-5, atol=1e-5)
 
 
-def test_jax_tutorial_09_changing_buffers_under_command_buffers(cache_dir):
-    jax, jnp, ltj = _jax()
+def test_jax_tutorial_09_changing_buffers_under_command_buffers(cache_dir, jx):
+    jax, jnp, ltj = jx
     M, N, K = 512, 384, 256
     sms = num_sms()
     kernel = small_matmul()

@@ -112,14 +112,6 @@ def test_standalone_torch(cache_dir):
 # -- JAX ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def jax_gpu():
-    jax = pytest.importorskip("jax")
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip("JAX has no GPU backend here")
-    return jax
-
-
 def test_jax_tuples_under_jit_with_command_buffers(jax_gpu, cache_dir):
     jax = jax_gpu
     import jax.numpy as jnp
