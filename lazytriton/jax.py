@@ -499,7 +499,7 @@ def _descriptor(call: _Call, grid, zeroed_outputs, options) -> str:
     Ref's output is added when its state is discharged)."""
     spec, label = call.spec, call.label
     ident = _kernel_identity(call.kernel)
-    jax_ffi.register_kernel(ident["id"], call.kernel)
+    ident = {**ident, "id": jax_ffi.register_kernel(ident["id"], call.kernel)}
     n_out = len(call.out_types)
     args, seen = [], []  # per value: its descriptor entry, and what a grid or heuristic sees of it
     for p, path, (kind, v, *rest) in zip(call.params, call.paths, call.values):
@@ -571,8 +571,7 @@ def _encode(v: Any, label: str, what: str) -> Any:
         fn = v.fn
         ref = {"module": fn.__module__, "qualname": fn.__qualname__, "name": fn.__name__,
                "fingerprint": keys.kernel_fingerprint(v)}
-        ref["id"] = f"{ref['module']}:{ref['qualname']}:{ref['fingerprint'][:16]}"
-        jax_ffi.register_kernel(ref["id"], v)
+        ref["id"] = jax_ffi.register_kernel(f"{ref['module']}:{ref['qualname']}:{ref['fingerprint'][:16]}", v)
         return {"$jit": ref}
     if type(v).__name__ == "constexpr" and hasattr(v, "value"):
         return _encode(v.value, label, what)

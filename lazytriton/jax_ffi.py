@@ -163,8 +163,18 @@ _sites: dict[str, "Site"] = {}
 _kernels: dict[str, Any] = {}  # kernel identity -> the Triton kernel object (filled at trace time)
 
 
-def register_kernel(identity: str, kernel: Any) -> None:
-    _kernels[identity] = kernel
+def register_kernel(identity: str, kernel: Any) -> str:
+    """The id under which this process resolves `kernel`'s call sites:
+    `identity` (module, qualname, source fingerprint), suffixed when another
+    kernel object already holds it. Two autotune wrappers of one function
+    (other prune hooks, reset_to_zero, key) share an identity but must not
+    share a call site; a fresh process imports the kernel by name either way."""
+    key, n = identity, 1
+    while (held := _kernels.get(key)) is not None and held is not kernel:
+        n += 1
+        key = f"{identity}#{n}"
+    _kernels[key] = kernel
+    return key
 
 
 def _resolve(descriptor: str, buffers: tuple, stream: int, device: int, capturing: bool) -> int:

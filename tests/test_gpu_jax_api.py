@@ -190,8 +190,9 @@ def test_export_runs_in_fresh_processes(cache_dir, tmp_path):
     env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(TESTS)}
     stats = []
     for _ in range(2):  # first: compiled and tuned there; second: the persisted winner, nothing compiled
+        # cwd outside the checkout: the child must import the installed package, not the source tree.
         r = subprocess.run([sys.executable, "-c", RUN_EXPORTED, str(path)], capture_output=True, text=True,
-                           timeout=600, env=env)
+                           timeout=600, env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         stats.append(json.loads(r.stdout.strip().splitlines()[-1]))
     assert stats[0]["tunes"] == 1

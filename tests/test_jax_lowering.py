@@ -169,6 +169,31 @@ def test_site_rebuilt_from_descriptor_imports_module_level_kernels():
         jax_ffi.Site(bad)
 
 
+def test_two_autotune_wrappers_of_one_function_are_two_call_sites():
+    """Same source, same configs, other autotune settings (a prune hook,
+    reset_to_zero): each wrapper's call site resolves its own kernel object,
+    not whichever was traced first."""
+    def make(**autotune):
+        @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1024)], key=["n"], **autotune)
+        @triton.jit
+        def twin(x, out, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out + offs, tl.load(x + offs, mask=offs < n) * 2, mask=offs < n)
+        return twin
+
+    plain = make()
+    pruned = make(prune_configs_by={"early_config_prune": lambda configs, named, **kw: configs[:1]})
+    zeroed = make(reset_to_zero=["out"])
+    sites = []
+    for kern in (plain, pruned, zeroed, plain):
+        d = descriptor(lower(lambda x: ltj.triton_call(x, kernel=kern, out_type=x, n=1000,  # noqa: B023
+                                                       grid=lambda m: (triton.cdiv(1000, m["BLOCK"]),)), F32))
+        sites.append(jax_ffi.Site(d))
+    assert [s.d["kernel"]["id"] == sites[0].d["kernel"]["id"] for s in sites] == [True, False, False, True]
+    assert sites[0].lazy.spec.early_config_prune is None and sites[1].lazy.spec.early_config_prune is not None
+    assert sites[2].lazy.spec.reset_to_zero == ["out"] and sites[3].lazy.spec.reset_to_zero == []
+
+
 @pytest.mark.parametrize("value, t", [(3, "i32"), (-3, "i32"), (2**40, "i64"), (2**64 - 1, "u64"), (True, "u1"),
                                       (1.5, "fp32"), (-2.25, "fp64"), (0.5, "fp16"), (3.0, "bf16")])
 def test_scalar_bits_are_the_parameter_bytes(value, t):
