@@ -1,0 +1,58 @@
+"""The JAX GPU-correctness tests of the modern-kernel and JAX-API features,
+run again under compute-sanitizer's memcheck with each XLA allocator: the
+BFC allocator (one arena: an address a little off may still land in it) and
+the platform allocator (one cudaMalloc per buffer: memcheck sees each
+buffer's exact bounds). Each group runs in a pytest process of its own,
+command buffers on (tests/conftest.py), compute-sanitizer following it and
+its children.
+
+(The command-buffer matrix, test_gpu_capture_matrix.py, does the same for
+the capture cases with a worker of its own.)
+"""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("jax")
+TESTS = Path(__file__).resolve().parent
+
+# group -> pytest arguments (files under tests/ and a -k selection of their JAX tests)
+GROUPS = {
+    "tma": ["test_gpu_tma.py", "-k", "jax"],
+    "tuples": ["test_gpu_tuples.py", "-k", "jax"],
+    "gluon": ["test_gpu_gluon.py", "-k", "triton_call"],
+    # The export test runs two child processes of its own: kept out of the memcheck run's time.
+    "jax_api": ["test_gpu_jax_api.py", "-k", "not export"],
+}
+
+
+@pytest.mark.parametrize("allocator", ["bfc", "platform"])
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_jax_tests_are_clean_under_memcheck(tmp_path, group, allocator):
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not installed")
+    env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "ltcache"), "PYTHONUNBUFFERED": "1",
+           "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    env.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    if allocator == "platform":
+        env["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
+    files, *select = GROUPS[group]
+    cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", "--print-limit", "20",
+           sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+           "--rootdir", str(TESTS.parent), "-c", str(TESTS.parent / "pyproject.toml"),
+           str(TESTS / files), *select]
+    # cwd outside the checkout: the run imports the installed package.
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500, cwd=str(tmp_path))
+    out = r.stdout + r.stderr
+    print(f"[{group} {allocator}] rc={r.returncode}\n" + "\n".join(out.splitlines()[-15:]))
+    assert r.returncode == 0, out[-8000:]
+    assert "ERROR SUMMARY: 0 errors" in out, out[-8000:]
+    # Every selected test ran under the sanitizer: none skipped (no GPU seen there, say).
+    summary = [ln for ln in out.splitlines() if " passed" in ln]
+    assert summary and not any(w in summary[-1] for w in ("failed", "skipped", "error")), out[-4000:]
