@@ -118,16 +118,18 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     assert any("XLA's op" in r for r in jtp) and any("jax-triton" in r for r in jtp)
     assert any(r.startswith("matmul") for r in rows["tuning"]) and "vector add 64M fp32" not in rows["tuning"]
     assert len(rows["first_call"]) == 7 and any("warm" in r for r in rows["first_call"])
-    # The hook for the TMA matmul and flash attention: skipped with a note while their module is absent.
-    assert any(n.startswith("TMA persistent matmul: skipped (hook)") for n in notes)
-    assert any(n.startswith("flash attention forward: skipped (hook)") for n in notes)
+    # Triton's TMA tutorials: lazytriton beside Triton's own launch of the same config, at both sizes.
+    for sec in ("throughput", "small"):
+        assert sum("TMA persistent matmul" in r for r in rows[sec]) == 4 - (sec == "throughput")
+        assert sum("flash attention fwd" in r and "same config" in r for r in rows[sec]) == 1
+    assert not any("TMA" in r or "attention" in r for r in rows["tuning"])
     assert any("distributed" in n and "2 GPUs" in n for n in notes)
     # Budgets: the full suite in 3 processes (jax-triton too) fits the default budget with room to spare,
-    # and the budget leaves a 10-minute device command time for the report; quick is about 2 minutes.
+    # and the budget leaves a 10-minute device command time for the report; quick is under 3 minutes.
     assert plan.estimate_s(full, 3) <= cli.DEFAULT_BUDGET_S - 30
     assert cli.DEFAULT_BUDGET_S + cli.BUDGET_GRACE_S + plan.REPORT_S <= 9 * 60
     quick, _ = plan.build("quick", gpus=1, importable=_all)
-    assert plan.estimate_s(quick, cli.DEFAULT_PROCESSES["quick"]) <= 2.4 * 60
+    assert plan.estimate_s(quick, cli.DEFAULT_PROCESSES["quick"]) <= 2.7 * 60
     assert {"cold-jax-runtime-handler", "warm-jax"}.isdisjoint(g.name for g in quick)
     assert "small" not in next(g for g in quick if g.name == "torch").rows
     two, _ = plan.build("full", gpus=2, importable=_all)
@@ -163,7 +165,6 @@ def test_dry_run_lists_processes_rows_and_estimate(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "lazytriton bench --suite full:" in r.stdout and "min by estimate" in r.stdout
     assert "group cpu:" in r.stdout and "    - launch stub build (generated C, g++)" in r.stdout
-    assert "skipped:" in r.stdout and "TMA persistent matmul" in r.stdout
     assert not (tmp_path / "never").exists()  # nothing ran
     r = subprocess.run([sys.executable, "-m", "lazytriton.bench", "--suite", "full", "--dry-run", "--only", "cpu"],
                        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=ENV)
@@ -172,7 +173,8 @@ def test_dry_run_lists_processes_rows_and_estimate(tmp_path):
 
 @pytest.mark.parametrize("script,section", [("launch_overhead.py", "launch"), ("cpp_launch_overhead.py", "launch"),
                                             ("jax_chain.py", "chain"), ("cold_warm_start.py", "first_call"),
-                                            ("distributed_first_step.py", "distributed")])
+                                            ("distributed_first_step.py", "distributed"),
+                                            ("tma_steady_state.py", "throughput")])
 def test_benchmark_scripts_are_entry_points_to_the_harness(script, section, tmp_path):
     src = (ROOT / "benchmarks" / script).read_text()
     assert "script_main" in src and "perf_counter" not in src and "def " not in src  # no timing loop of their own
@@ -182,6 +184,21 @@ def test_benchmark_scripts_are_entry_points_to_the_harness(script, section, tmp_
     assert "lazytriton bench --suite full:" in r.stdout
     planned = {s for g in plan.build("full", gpus=2, importable=_all)[0] for s in g.sections}
     assert section in planned
+
+
+def test_workloads_option_keeps_the_named_workloads_in_every_section(monkeypatch):
+    """--workloads (tma_steady_state.py: the TMA tutorials) reaches the plan and
+    every process through LAZYTRITON_BENCH_WORKLOADS."""
+    assert 'workloads="TMA,attention"' in (ROOT / "benchmarks" / "tma_steady_state.py").read_text()
+    monkeypatch.setenv("LAZYTRITON_BENCH_WORKLOADS", "TMA,attention")
+    rows = {}
+    for g in plan.build("full", gpus=1, importable=_all)[0]:
+        for sec, rs in g.rows.items():
+            rows.setdefault(sec, []).extend(rs)
+    for sec in ("small", "throughput"):
+        assert rows[sec] and all("TMA" in x or "attention" in x for x in rows[sec]), rows[sec]
+    assert rows["tuning"] == [] and rows["jax_throughput"] == []
+    assert len(rows["launch"]) > 3  # sections without workloads are not filtered
 
 
 def test_tuning_kernels_name_the_harness_kernel():

@@ -50,7 +50,7 @@ def chain_rows(command_buffers: bool) -> list[tuple[str, str, str]]:
 
 def throughput_rows(suite: str) -> list[str]:
     return [f"{w.name}: {s}" for w in throughput_workloads(suite) if w.jax is not None
-            for s in ("lazytriton.jax triton_call", "XLA's op", "jax-triton triton_call")]
+            for s in ("lazytriton.jax triton_call", "XLA's op", *(["jax-triton triton_call"] if w.jax_triton else []))]
 
 
 # -- pieces --------------------------------------------------------------------------------

@@ -19,9 +19,12 @@ from .timing import interleaved
 from .workloads import throughput_workloads
 
 
+SAME = "Triton, same config"  # Triton's own launch of the config lazytriton chose
+
+
 def throughput_rows(suite: str) -> list[str]:
     return [f"{w.name}: {s}" for w in throughput_workloads(suite) if w.torch is not None
-            for s in ("lazytriton", "torch")]
+            for s in ("lazytriton", *([SAME] if w.same_config else []), "torch")]
 
 
 def tuning_rows(suite: str) -> list[str]:
@@ -45,9 +48,6 @@ def run(progress, suite: str) -> dict:
     except Exception as exc:  # noqa: BLE001  (the kernel times stand without them)
         ceil = {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
         notes.append(f"the device's ceilings not measured ({why(exc)})")
-    from .workloads import optional_workloads
-
-    notes += optional_workloads(suite)[1]
     for w in throughput_workloads(suite):
         if w.torch is None:
             continue
@@ -59,9 +59,13 @@ def run(progress, suite: str) -> dict:
             s["run"]()
             torch.cuda.synchronize()
             correct = bool(s["check"]())
-            # lazytriton and torch's op in alternating rounds: drift hits both alike
-            got = interleaved({"lazy": device_us(s["run"], 25), "ref": device_us(s["ref"], 25)},
-                              torch.cuda.synchronize, rounds=8, batch=1)
+            paths = {"lazy": device_us(s["run"], 25), "ref": device_us(s["ref"], 25)}
+            if w.same_config:
+                same = s["same"]()
+                same()  # Triton's compile of that config
+                paths["same"] = device_us(same, 25)
+            # lazytriton and the others in alternating rounds: drift hits all alike
+            got = interleaved(paths, torch.cuda.synchronize, rounds=8, batch=1)
         except Exception as exc:  # noqa: BLE001
             notes.append(f"{w.name}: not measured ({why(exc)})")
             continue
@@ -74,6 +78,8 @@ def run(progress, suite: str) -> dict:
         common = dict(workload=w.name, rate_unit=unit, ceiling=ceiling, bound=w.bound, bytes=w.bytes, flops=w.flops)
         rows.append(row(f"{w.name}: lazytriton", "lazytriton", got["lazy"], correct=correct,
                         rate=[rate(t) for t in got["lazy"]], **common))
+        if "same" in got:
+            rows.append(row(f"{w.name}: {SAME}", "other", got["same"], rate=[rate(t) for t in got["same"]], **common))
         rows.append(row(f"{w.name}: torch", "other", got["ref"], op=s["ref_name"],
                         rate=[rate(t) for t in got["ref"]], **common))
         if not correct:
@@ -84,7 +90,7 @@ def run(progress, suite: str) -> dict:
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{w.name}: tuning quality not measured ({why(exc)})")
     notes.append("device time: each sample the median of 25 ms of triton.testing.do_bench (L2 flushed), 8 rounds "
-                 "alternating lazytriton and torch's op; rate = bytes moved (or flops) / time, "
+                 f"alternating lazytriton, torch's op and ({SAME}) Triton's own launch of lazytriton's config; rate = bytes moved (or flops) / time, "
                  "against the device's copy bandwidth (a 1 GiB copy) and fp16 matmul rate (8192^3 torch.matmul) "
                  "measured in the same process")
     return {"sections": {

@@ -40,9 +40,16 @@ def launch_rows(suite: str) -> list[str]:
             + [cpp.PREFIX + name for name, _ in cpp.PATHS])
 
 
+SMALL_PATHS = (("lazytriton k[grid](...)", "lazytriton", "run"), ("Triton's launcher (autotuner)", "other", "triton"),
+               ("Triton's launcher, same config", "other", "same"), ("torch", "other", "ref"))
+
+
+def _small_paths(w) -> list[tuple]:
+    return [p for p in SMALL_PATHS if p[2] != "same" or w.same_config]
+
+
 def small_rows(suite: str) -> list[str]:
-    return [f"{w.name}: {s}" for w in small_workloads(suite)
-            for s in ("lazytriton k[grid](...)", "Triton's launcher (autotuner)", "torch")]
+    return [f"{w.name}: {name}" for w in small_workloads(suite) for name, _, _ in _small_paths(w)]
 
 
 def run(progress, suite: str) -> dict:
@@ -170,21 +177,21 @@ def _small(progress, suite: str) -> dict:
             s["run"]()
             torch.cuda.synchronize()
             correct = bool(s["check"]())
-            s["triton"]()  # Triton's autotuner: compile and benchmark its configs once
-            s["ref"]()
+            if w.same_config:
+                s["same"] = s["same"]()  # the chosen config, read now that lazytriton has tuned
+            for _, _, key in _small_paths(w)[1:]:
+                s[key]()  # Triton's autotuner benchmarks its configs; Triton compiles; torch warms up
             torch.cuda.synchronize()
             stubgen.wait_for_builds(120)  # the generated launch stub (built in the background) serves the rounds
         except Exception as exc:  # noqa: BLE001
             notes.append(f"{w.name}: not measured ({why(exc)})")
             continue
-        paths = {f"{w.name}: lazytriton k[grid](...)": _calls(s["run"], torch.cuda.synchronize),
-                 f"{w.name}: Triton's launcher (autotuner)": _calls(s["triton"], torch.cuda.synchronize),
-                 f"{w.name}: torch": _calls(s["ref"], torch.cuda.synchronize)}
+        paths = {f"{w.name}: {name}": _calls(s[key], torch.cuda.synchronize) for name, _, key in _small_paths(w)}
         samples = interleaved(paths, torch.cuda.synchronize, rounds=20, batch=50)
-        for (name, smp), kind in zip(samples.items(), ("lazytriton", "other", "other")):
+        for (name, smp), (_, kind, key) in zip(samples.items(), _small_paths(w)):
             rows.append(row(name, kind, smp, workload=w.name,
                             **({"correct": correct} if kind == "lazytriton" else {"op": s["ref_name"]}
-                               if name.endswith(": torch") else {})))
+                               if key == "ref" else {})))
         if not correct:
             notes.append(f"{w.name}: lazytriton gave a WRONG result")
     notes.append("wall time per call over batches of 50 back-to-back calls, the GPU drained at the end of each "

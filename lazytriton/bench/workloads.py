@@ -12,21 +12,20 @@ A torch setup returns a dict:
   check()      True when lazytriton's output is right (float64/float32 reference)
   kernel, grid, args, meta   for timing every config (tuning quality)
   lazy         the LazyKernel (its records say which config won)
+  same()       optional: after the first call, Triton's own launch of the
+               config lazytriton chose (workloads with same_config=True)
 A JAX setup returns a dict:
   paths        {system: step()}: step() runs one call, returns what to block on
   kinds        {system: "lazytriton" | "other"}
   check()      True when lazytriton.jax's output is right
   notes        why a system is missing (jax-triton not importable, ...)
 
-OPTIONAL below is the hook for workloads whose kernels live in modules that
-may be absent (the TMA persistent matmul and flash attention forward of branch
-`tma`): each entry names a module and a factory; when the module or factory
-is missing, the workload is skipped with a note saying so.
+The TMA workloads (Triton's tutorials 09 and 06, kernels_tma.py) need a
+Hopper GPU; elsewhere their setup raises and the section notes it.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,6 +40,8 @@ class Workload:
     jax: Callable[[], dict] | None = None
     suites: tuple = ("quick", "full")
     tuning: bool = True             # in the tuning-quality section (autotuned kernels)
+    same_config: bool = False       # also timed: Triton's own launch of the config lazytriton chose
+    jax_triton: bool = True         # a jax-triton row beside lazytriton.jax (its setup says why not)
     notes: list = field(default_factory=list)
 
 
@@ -199,6 +200,101 @@ def _t_inplace(n: int) -> Callable[[], dict]:
     return setup
 
 
+def same_config(lazy, kernel, grid, args: tuple, meta: dict) -> Callable[[], Callable[[], None]]:
+    """make() -> a call of Triton's own launcher (kernel.fn[grid]) with the
+    config lazytriton chose: its meta-parameters and options, and `args`'
+    host descriptors given the block shapes that config's pre_hook sets (as
+    Triton's autotuner would). make() reads the winner: call it after the
+    first lazytriton call."""
+    def make():
+        cfg = lazy.spec.configs[lazy.records[-1].winner_index]
+        if cfg.pre_hook is not None:
+            cfg.pre_hook({**dict(zip(kernel.fn.arg_names, args)), **meta, **cfg.all_kwargs()})
+        opts = {f: getattr(cfg, f) for f in ("num_warps", "num_stages", "num_ctas") if getattr(cfg, f, None)}
+        g = grid({**meta, **cfg.kwargs})
+        return lambda: kernel.fn[g](*args, **meta, **cfg.kwargs, **opts)
+    return make
+
+
+def _hopper() -> None:
+    import torch
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        raise RuntimeError(f"needs a Hopper GPU (TMA tutorial kernels), not {torch.cuda.get_device_name()}")
+
+
+def _t_tma_matmul(m: int, n: int, kk: int) -> Callable[[], dict]:
+    def setup():
+        import torch
+        import triton
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        import lazytriton
+
+        from .kernels_tma import matmul_kernel_tma_persistent as kern
+
+        _hopper()
+        sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+        a = torch.randn(m, kk, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, kk, device="cuda", dtype=torch.float16)  # tutorial 09: C = A @ B.T
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+
+        def descs():  # the tutorial's: each config's pre_hook sets the block shapes
+            return tuple(TensorDescriptor.from_tensor(t, [1, 1]) for t in (a, b, c))
+
+        def grid(meta):
+            return (min(sms, triton.cdiv(m, meta["BLOCK_SIZE_M"]) * triton.cdiv(n, meta["BLOCK_SIZE_N"])),)
+
+        meta = dict(FP8_OUTPUT=False, NUM_SMS=sms, WARP_SPECIALIZE=False)
+        k, s = lazytriton.kernel(kern), _stream()
+        args, theirs = (*descs(), m, n, kk), (*descs(), m, n, kk)
+        want = a.float() @ b.float().T
+        tol = 2e-2 * want.abs().max().item() + 1e-2
+        return dict(run=lambda: k[grid](*args, stream=s, **meta), triton=lambda: kern[grid](*theirs, **meta),
+                    same=same_config(k, kern, grid, (*descs(), m, n, kk), meta),
+                    ref=lambda: a @ b.T, ref_name="torch.matmul (cuBLAS)",
+                    check=lambda: (c.float() - want).abs().max().item() <= tol, kernel=kern, grid=grid, args=args,
+                    meta=meta, lazy=k)
+    return setup
+
+
+def _t_attention(z: int, h: int, n_ctx: int, d: int, causal: bool) -> Callable[[], dict]:
+    def setup():
+        import torch
+        import triton
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        import lazytriton
+
+        from .kernels_tma import _attn_fwd as kern
+
+        _hopper()
+        q, k_, v = (torch.randn((z, h, n_ctx, d), device="cuda", dtype=torch.float16) for _ in range(3))
+        o = torch.full_like(q, float("nan"))
+        lse = torch.empty((z, h, n_ctx), device="cuda", dtype=torch.float32)
+        y, scale = z * h * n_ctx, d ** -0.5
+
+        def descs():  # tutorial 06's host descriptors over (Z*H*N_CTX, HEAD_DIM) views
+            return tuple(TensorDescriptor(t, shape=[y, d], strides=[d, 1], block_shape=[1, 1]) for t in (q, k_, v, o))
+
+        def grid(meta):
+            return (triton.cdiv(n_ctx, meta["BLOCK_M"]), z * h, 1)
+
+        meta = dict(N_CTX=n_ctx, HEAD_DIM=d, FP8_OUTPUT=False, STAGE=3 if causal else 1, warp_specialize=False,
+                    IS_HOPPER=True)
+        lk, s = lazytriton.kernel(kern), _stream()
+        args, theirs = (scale, lse, z, h, *descs()), (scale, lse, z, h, *descs())
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        want = sdpa(q.float(), k_.float(), v.float(), is_causal=causal, scale=scale)
+        return dict(run=lambda: lk[grid](*args, stream=s, **meta), triton=lambda: kern[grid](*theirs, **meta),
+                    same=same_config(lk, kern, grid, (scale, lse, z, h, *descs()), meta),
+                    ref=lambda: sdpa(q, k_, v, is_causal=causal, scale=scale),
+                    ref_name="torch scaled_dot_product_attention",
+                    check=lambda: torch.allclose(o.float(), want, atol=1e-2, rtol=0), kernel=kern, grid=grid,
+                    args=args, meta=meta, lazy=lk)
+    return setup
+
+
 # -- JAX setups ----------------------------------------------------------------------------
 
 
@@ -294,13 +390,17 @@ def _j_layer_norm(rows: int, cols: int) -> Callable[[], dict]:
             return (v - mean) * jax.lax.rsqrt(((v - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
 
         want = np.asarray(ref(x, w, b))
-        p = _jax_paths(call, xla, "layer norm (jnp, fused by XLA)", (x, w, b), call)
+        # No jax-triton row: the kernel's weights follow its output, so they are passed by keyword
+        # (jax-triton 0.4's rule); jax-triton 0.3 takes keywords as meta-parameters only.
+        p = _jax_paths(call, xla, "layer norm (jnp, fused by XLA)", (x, w, b))
+        p["notes"].append("no jax-triton row: its weights are passed by keyword, which jax-triton 0.3 cannot "
+                          "(0.4 can; it needs triton >= 3.7)")
         p["check"] = lambda out: np.allclose(np.asarray(out, np.float32), want, atol=3e-2, rtol=0)
         return p
     return setup
 
 
-def _j_matmul(m: int, n: int, kk: int) -> Callable[[], dict]:
+def _j_matmul(m: int, n: int, kk: int, jax_triton: bool = True) -> Callable[[], dict]:
     def setup():
         import jax
         import jax.numpy as jnp
@@ -321,7 +421,10 @@ def _j_matmul(m: int, n: int, kk: int) -> Callable[[], dict]:
         want = np.asarray(jax.jit(lambda a, b: jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
                                                        precision=jax.lax.Precision.HIGHEST))(a, b))
         tol = 2e-2 * np.abs(want).max() + 1e-2
-        p = _jax_paths(call, jnp.dot, "jnp.dot (cuBLAS)", (a, b), call)
+        p = _jax_paths(call, jnp.dot, "jnp.dot (cuBLAS)", (a, b), call if jax_triton else None)
+        if not jax_triton:
+            p["notes"].append("no jax-triton row at this shape: jax-triton compiles every config again at each "
+                              "lowering, about 12 s a shape (its 4096^3 row shows it)")
         p["check"] = lambda out: float(np.abs(np.asarray(out, np.float32) - want).max()) <= tol
         return p
     return setup
@@ -407,10 +510,33 @@ def _j_vector_add(n: int) -> Callable[[], dict]:
 # -- the catalogue -------------------------------------------------------------------------
 
 
-def _mm(m: int, n: int, k: int, suites=("quick", "full")) -> Workload:
+def _mm(m: int, n: int, k: int, suites=("quick", "full"), jax_triton: bool = True) -> Workload:
     return Workload(f"matmul {m}x{n}x{k} fp16" if len({m, n, k}) > 1 else f"matmul {m}^3 fp16",
                     bytes=2 * (m * k + k * n + m * n), flops=2 * m * n * k, bound="compute",
-                    torch=_t_matmul(m, n, k), jax=_j_matmul(m, n, k), suites=suites)
+                    torch=_t_matmul(m, n, k), jax=_j_matmul(m, n, k, jax_triton), suites=suites, jax_triton=jax_triton)
+
+
+def _tma_mm(m: int, n: int, k: int, suites=("quick", "full")) -> Workload:
+    # 48 configs: tuning quality would compile each again through Triton, serially: not in that section.
+    return Workload(f"TMA persistent matmul {m}x{n}x{k} fp16 (tutorial 09)" if len({m, n, k}) > 1 else
+                    f"TMA persistent matmul {m}^3 fp16 (tutorial 09)", bytes=2 * (m * k + k * n + m * n),
+                    flops=2 * m * n * k, bound="compute", torch=_t_tma_matmul(m, n, k), suites=suites, tuning=False,
+                    same_config=True)
+
+
+def _attn(z: int, h: int, n_ctx: int, d: int, suites=("quick", "full")) -> Workload:
+    # causal: half the score matrix is computed
+    return Workload(f"flash attention fwd {z}x{h}x{n_ctx}x{d} causal fp16 (tutorial 06, TMA)",
+                    bytes=2 * 4 * z * h * n_ctx * d, flops=2 * z * h * n_ctx * n_ctx * d, bound="compute",
+                    torch=_t_attention(z, h, n_ctx, d, True), suites=suites, tuning=False, same_config=True)
+
+
+def selected(workloads: list[Workload]) -> list[Workload]:
+    """The workloads $LAZYTRITON_BENCH_WORKLOADS names (comma-separated parts of
+    their names, case-sensitive: "TMA" is not in "softmax"; `lazytriton bench
+    --workloads`), or all."""
+    want = [w.strip() for w in os.environ.get("LAZYTRITON_BENCH_WORKLOADS", "").split(",") if w.strip()]
+    return [w for w in workloads if not want or any(x in w.name for x in want)]
 
 
 def throughput_workloads(suite: str) -> list[Workload]:
@@ -422,18 +548,20 @@ def throughput_workloads(suite: str) -> list[Workload]:
         Workload(f"softmax {r}x{c} fp16", bytes=4 * r * c, flops=4 * r * c, bound="memory",
                  torch=_t_softmax(r, c), jax=_j_softmax(r, c)),
         Workload(f"layer norm {r}x{c} fp16", bytes=4 * r * c + 8 * c, flops=7 * r * c, bound="memory",
-                 torch=_t_layer_norm(r, c), jax=_j_layer_norm(r, c)),
+                 torch=_t_layer_norm(r, c), jax=_j_layer_norm(r, c), jax_triton=False),
         _mm(4096, 4096, 4096),
-        _mm(1024, 1024, 8192, suites=("full",)),
-        _mm(8192, 256, 4096, suites=("full",)),
+        _mm(1024, 1024, 8192, suites=("full",), jax_triton=False),
+        _mm(8192, 256, 4096, suites=("full",), jax_triton=False),
         Workload("permute rows 8192x2048 fp32 (index-driven)", bytes=8 * 8192 * 2048 + 4 * 8192, flops=0,
                  bound="memory", torch=_t_permute(8192, 2048), jax=_j_permute(8192, 2048)),
         Workload("in-place scale 64M fp32 (aliased, autotuned)", bytes=8 << 26, flops=1 << 26, bound="memory",
                  torch=_t_inplace(1 << 26), jax=_j_inplace(1 << 26)),
         Workload("softmax 16384x1024 fp16, 9 configs", bytes=4 * 16384 * 1024, flops=4 * 16384 * 1024,
                  bound="memory", torch=_t_softmax(16384, 1024, "softmax_rows"), suites=("full",)),
+        _tma_mm(4096, 4096, 4096),
+        _attn(4, 32, 2048, 128),
     ]
-    return [w for w in out if suite in w.suites] + optional_workloads(suite)[0]
+    return selected([w for w in out if suite in w.suites])
 
 
 def small_workloads(suite: str) -> list[Workload]:
@@ -449,38 +577,7 @@ def small_workloads(suite: str) -> list[Workload]:
                  suites=full),
         Workload("in-place scale 4096 fp32", bytes=8 * 4096, flops=4096, bound="memory", torch=_t_inplace(4096),
                  suites=full),
+        _tma_mm(512, 512, 512, suites=full),
+        _attn(1, 4, 512, 64, suites=full),
     ]
-    return [w for w in out if suite in w.suites]
-
-
-# -- the hook for workloads whose kernels may be absent -------------------------------------
-
-# HOOK (issue 13): the TMA persistent matmul and flash attention forward come
-# with branch `tma`. To enable them, add lazytriton/bench/kernels_tma.py
-# defining `tma_matmul_workloads(suite)` and `attention_workloads(suite)`, each
-# returning a list of Workload (torch= and/or jax= setups as documented at the
-# top of this module). Until then each is skipped with the note below; nothing
-# else in the harness needs to change (dry-run, tables and plots pick them up).
-OPTIONAL = [
-    ("TMA persistent matmul", "lazytriton.bench.kernels_tma", "tma_matmul_workloads"),
-    ("flash attention forward", "lazytriton.bench.kernels_tma", "attention_workloads"),
-]
-
-
-def optional_workloads(suite: str) -> tuple[list[Workload], list[str]]:
-    """(workloads whose module and factory exist, notes for those skipped)."""
-    found, notes = [], []
-    for title, module, factory in OPTIONAL:
-        try:
-            spec = importlib.util.find_spec(module)
-        except ImportError:
-            spec = None
-        if spec is None:
-            notes.append(f"{title}: skipped (hook): module {module} is absent (added with branch `tma`)")
-            continue
-        fn = getattr(importlib.import_module(module), factory, None)
-        if fn is None:
-            notes.append(f"{title}: skipped (hook): {module} defines no {factory}(suite)")
-            continue
-        found += list(fn(suite))
-    return found, notes
+    return selected([w for w in out if suite in w.suites])
