@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -436,10 +437,12 @@ def compile_command(source: Path, output: Path, extra_flags: tuple[str, ...] = (
             *extra_flags, str(source), "-o", str(output), f"-L{libdir}", "-llazytriton", f"-Wl,-rpath,{libdir}"]
 
 
-def load_stub(shape: Shape):
-    """The built stub module for `shape`, building it on first use (blocking)."""
+def load_stub(shape: Shape, background: bool = False):
+    """The built stub module for `shape`, building it on first use (blocking;
+    `background`: the compiler runs at a lower CPU priority)."""
     name = f"lt_stub_{shape.digest()}"
-    return load_module(name, lambda: generate(shape, name), f"launch stub {name} for ({', '.join(shape.names)})")
+    return load_module(name, lambda: generate(shape, name), f"launch stub {name} for ({', '.join(shape.names)})",
+                       background=background)
 
 
 _generic: dict[str, object] = {}
@@ -474,7 +477,7 @@ def stub_now(shape: Shape, on_built: Callable[[object], None] | None = None):
 
     def build():
         try:
-            built = load_stub(shape)
+            built = load_stub(shape, background=True)
         except Exception as exc:  # the table-driven stub goes on serving these calls
             log.warning("%s; calls of this shape keep the table-driven stub", exc)
             return
@@ -527,10 +530,13 @@ def _built_path(name: str, tag: str = "") -> Path:
 
 
 def load_module(name: str, source: Callable[[], str], what: str, extra_flags: tuple[str, ...] = (),
-                tag: str = ""):
+                tag: str = "", background: bool = False):
     """A Python extension module built from `source()` against lazytriton's
     headers and library, cached on disk per toolchain (and `tag`). Builds of
-    different modules run concurrently; one module is built once."""
+    different modules run concurrently; one module is built once. A
+    `background` build (a launch stub while the table-driven one serves the
+    calls) runs its compiler niced: it must not slow the candidates' compile
+    that the first call waits for."""
     with _lock:
         if name in _loaded:
             return _loaded[name]
@@ -542,7 +548,7 @@ def load_module(name: str, source: Callable[[], str], what: str, extra_flags: tu
         so = _built_path(name, tag)
         so.parent.mkdir(parents=True, exist_ok=True)
         if not so.exists():
-            _build(name, source, so, what, extra_flags)
+            _build(name, source, so, what, extra_flags, background)
         module = _import(name, so)
         with _lock:
             _loaded[name] = module
@@ -552,7 +558,8 @@ def load_module(name: str, source: Callable[[], str], what: str, extra_flags: tu
 _name_locks: dict[str, threading.Lock] = {}
 
 
-def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flags: tuple[str, ...]) -> None:
+def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flags: tuple[str, ...],
+           background: bool = False) -> None:
     with open(so.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others reuse
         if so.exists():
@@ -562,6 +569,8 @@ def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flag
         fd, tmp = tempfile.mkstemp(dir=so.parent, suffix=".so.tmp")
         os.close(fd)
         cmd = compile_command(src, Path(tmp), extra_flags)
+        if background and shutil.which("nice"):
+            cmd = ["nice", "-n", "10", *cmd]
         log.info("building %s", what)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)

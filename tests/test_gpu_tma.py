@@ -349,6 +349,49 @@ def test_jax_tutorial_09_changing_buffers_under_command_buffers(cache_dir, jx):
     assert lazytriton.stats()["tunes"] >= 1
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_jax_tutorial_06_attention_forward_under_command_buffers(cache_dir, jx, causal):
+    """Tutorial 06's forward kernel, its pre_hook autotune, through triton_call
+    under jax.jit with command buffers on: host descriptors over (Z*H*N_CTX,
+    HEAD_DIM) views of (Z, H, N_CTX, HEAD_DIM) arrays, as the tutorial builds
+    them; o (through a descriptor) and the log-sum-exp M (through a pointer) are
+    inputs poisoned with NaN and aliased to the outputs (jax-triton 0.4's
+    convention). Fresh q, k, v at each execution, checked against float32."""
+    jax, jnp, ltj = jx
+    Z, H, N_CTX, D = 2, 3, 512, 64
+    y, sm_scale = Z * H * N_CTX, 0.5
+
+    @jax.jit
+    def attn(q, k, v):
+        o0 = jnp.full((Z, H, N_CTX, D), jnp.nan, jnp.float16)
+        m0 = jnp.full((Z, H, N_CTX), jnp.nan, jnp.float32)
+        dq, dk, dv, do = (ltj.TensorDescriptor(t, shape=(y, D), strides=(D, 1), block_shape=(1, 1))
+                          for t in (q, k, v, o0))
+        return ltj.triton_call(sm_scale, m0, Z, H, dq, dk, dv, do, kernel=tma._attn_fwd,
+                               out_type=(jax.typeof(o0), jax.typeof(m0)), input_output_aliases={7: 0, 1: 1},
+                               grid=lambda META: (triton.cdiv(N_CTX, META["BLOCK_M"]), Z * H, 1),
+                               N_CTX=N_CTX, HEAD_DIM=D, FP8_OUTPUT=False, STAGE=3 if causal else 1,
+                               warp_specialize=False, IS_HOPPER=True)
+
+    for i in range(3):  # new operands each time: XLA re-records the command buffer with their addresses
+        q, k, v = (jax.random.normal(key, (Z, H, N_CTX, D), jnp.float16)
+                   for key in jax.random.split(jax.random.key(10 + i), 3))
+        o, m = attn(q, k, v)
+        qf, kf, vf = (np.asarray(t, np.float32) for t in (q, k, v))
+        p = qf @ kf.transpose(0, 1, 3, 2) * sm_scale
+        if causal:
+            p = np.where(np.tril(np.ones((N_CTX, N_CTX), bool)), p, -np.inf)
+        e = np.exp(p - p.max(-1, keepdims=True))
+        ref = (e / e.sum(-1, keepdims=True)) @ vf
+        o, m = np.asarray(o, np.float32), np.asarray(m)
+        assert not np.isnan(o).any() and not np.isnan(m).any()
+        np.testing.assert_allclose(o, ref, atol=2e-2, rtol=0)
+        # M: the row's log2-sum-exp of the scaled scores (the tutorial's backward reads it)
+        lse2 = (np.log(e.sum(-1)) + p.max(-1)) / np.log(2)
+        np.testing.assert_allclose(m, lse2, atol=1e-2, rtol=1e-3)
+    assert lazytriton.stats()["tunes"] >= 1
+
+
 # -- C++: a bundle's tutorial 09 winner launched with lt::TensorDesc arguments -----------------
 
 MATMUL_CPP = r"""

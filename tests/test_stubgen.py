@@ -217,3 +217,23 @@ def test_two_processes_build_the_same_stub(cache_dir, tmp_path):
     # x aligned (bit 0), n % 16 == 0 (bit 3), then the constexpr's (int tag, value), then the shape's word.
     assert module.launch(handle.handle, (1,), 0, (DeviceArray(0x1000, "fp32", 4), 2**40, 64)) == \
         (0b1001, 3, 64, shape.shape_word())
+
+
+def test_background_builds_run_their_compiler_niced(cache_dir, tmp_path, monkeypatch):
+    """A stub built while the table-driven one serves the calls (stub_now) must
+    not take CPU from the candidates' compile that a first call waits for: its
+    compiler runs niced. A build the caller waits for (load_stub) does not."""
+    log = tmp_path / "nice.log"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f'#!/bin/sh\nnice >> "{log}"\nexec c++ "$@"\n')
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    background = Shape(("x", "n"), (Slot("ptr", dtype=DTYPE_IDS["fp32"]), Slot("int", int_type="i32")))
+    waited = Shape(("y", "m"), (Slot("ptr", dtype=DTYPE_IDS["fp16"]), Slot("int", int_type="i64")))
+    for shape in (background, waited):
+        monkeypatch.delitem(stubgen._loaded, f"lt_stub_{shape.digest()}", raising=False)
+    assert stubgen.stub_now(background) is not None  # the table-driven stub, at once
+    stubgen.wait_for_builds(120)
+    stubgen.load_stub(waited)
+    base = os.nice(0)
+    assert [int(v) for v in log.read_text().split()] == [min(base + 10, 19), base]
