@@ -369,7 +369,9 @@ def _timeline(sec: dict, path: Path) -> str:
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the data being ready (black: first result, median process)")
     ax.set_title(sec.get("title", ""), fontsize=9)
-    ax.legend(handles=[Patch(color=c, label=lane) for lane, c in seen.items()], fontsize=6, loc="lower right")
+    # Beside the axes: inside, it hides the end of the longest bars.
+    ax.legend(handles=[Patch(color=c, label=lane) for lane, c in seen.items()], fontsize=6, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 

@@ -423,8 +423,9 @@ def _j_matmul(m: int, n: int, kk: int, jax_triton: bool = True) -> Callable[[], 
         tol = 2e-2 * np.abs(want).max() + 1e-2
         p = _jax_paths(call, jnp.dot, "jnp.dot (cuBLAS)", (a, b), call if jax_triton else None)
         if not jax_triton:
-            p["notes"].append("no jax-triton row at this shape: jax-triton compiles every config again at each "
-                              "lowering, about 12 s a shape (its 4096^3 row shows it)")
+            p["notes"].append("no jax-triton row at this shape (its 4096^3 row compares it): jax-triton compiles "
+                              "every config at each lowering, about 5 s a shape, which the budget keeps for the "
+                              "other rows")
         p["check"] = lambda out: float(np.abs(np.asarray(out, np.float32) - want).max()) <= tol
         return p
     return setup
