@@ -93,7 +93,7 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     full, notes = plan.build("full", gpus=1, importable=_all)
     names = [g.name for g in full]
     assert names == ["torch", "throughput", "jax-cb-on", "jax-cb-off", "cold-triton", "cold-lazy", "warm-lazy",
-                     "cold-jax", "warm-jax", "cold-jax-runtime-handler", "cold-jax-triton", "cpu"]
+                     "cold-lazy-gap", "cold-jax", "warm-jax", "cold-jax-runtime-handler", "cold-jax-triton", "cpu"]
     rows = {}
     for g in full:
         for sec, rs in g.rows.items():
@@ -117,7 +117,7 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     jtp = rows["jax_throughput"]
     assert any("XLA's op" in r for r in jtp) and any("jax-triton" in r for r in jtp)
     assert any(r.startswith("matmul") for r in rows["tuning"]) and "vector add 64M fp32" not in rows["tuning"]
-    assert len(rows["first_call"]) == 7 and any("warm" in r for r in rows["first_call"])
+    assert len(rows["first_call"]) == 8 and any("warm" in r for r in rows["first_call"])
     # Triton's TMA tutorials: lazytriton beside Triton's own launch of the same config, at both sizes.
     for sec in ("throughput", "small"):
         assert sum("TMA persistent matmul" in r for r in rows[sec]) == 4 - (sec == "throughput")
@@ -149,6 +149,10 @@ def test_schedule_is_round_robin_and_cold_rows_precede_their_warm_rows():
         assert names.index("cold-lazy") < names.index("warm-lazy") and names.index("cold-jax") < names.index("warm-jax")
     warm = next(g for g in groups if g.name == "warm-lazy")
     assert warm.fresh_cache == "cold-lazy" and warm.script == cold.LAZY
+    # The same cold script with a gap between wrapping and calling: its own fresh caches, once.
+    gap = next(g for g in groups if g.name == "cold-lazy-gap")
+    assert gap.script == cold.LAZY and gap.fresh_cache == "cold-lazy-gap" and gap.once
+    assert float(gap.env["LAZYTRITON_BENCH_WRAP_GAP_S"]) > 1
 
 
 def test_missing_modules_skip_their_groups_with_a_note():
