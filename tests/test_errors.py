@@ -167,7 +167,11 @@ def installed(add):
 
 
 # Stable ids (a lambda's repr has its address): xdist workers must collect the same tests.
-@pytest.mark.parametrize("grid", BAD_GRIDS, ids=lambda g: "callable" + str(BAD_GRIDS.index(g)) if callable(g) else repr(g))
+def _grid_id(g) -> str:
+    return f"callable{BAD_GRIDS.index(g)}" if callable(g) else repr(g)
+
+
+@pytest.mark.parametrize("grid", BAD_GRIDS, ids=_grid_id)
 def test_bad_grid_is_rejected(installed, grid):
     k, args = installed
     with pytest.raises((ValueError, TypeError)):

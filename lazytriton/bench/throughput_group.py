@@ -90,7 +90,8 @@ def run(progress, suite: str) -> dict:
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{w.name}: tuning quality not measured ({why(exc)})")
     notes.append("device time: each sample the median of 25 ms of triton.testing.do_bench (L2 flushed), 8 rounds "
-                 f"alternating lazytriton, torch's op and ({SAME}) Triton's own launch of lazytriton's config; rate = bytes moved (or flops) / time, "
+                 f"alternating lazytriton, torch's op and ({SAME}) Triton's own launch of lazytriton's config; "
+                 "rate = bytes moved (or flops) / time, "
                  "against the device's copy bandwidth (a 1 GiB copy) and fp16 matmul rate (8192^3 torch.matmul) "
                  "measured in the same process")
     return {"sections": {

@@ -177,16 +177,15 @@ def _small(progress, suite: str) -> dict:
             s["run"]()
             torch.cuda.synchronize()
             correct = bool(s["check"]())
-            if w.same_config:
-                s["same"] = s["same"]()  # the chosen config, read now that lazytriton has tuned
+            calls = {**s, "same": s["same"]()} if w.same_config else s  # the chosen config, now that it is tuned
             for _, _, key in _small_paths(w)[1:]:
-                s[key]()  # Triton's autotuner benchmarks its configs; Triton compiles; torch warms up
+                calls[key]()  # Triton's autotuner benchmarks its configs; Triton compiles; torch warms up
             torch.cuda.synchronize()
             stubgen.wait_for_builds(120)  # the generated launch stub (built in the background) serves the rounds
         except Exception as exc:  # noqa: BLE001
             notes.append(f"{w.name}: not measured ({why(exc)})")
             continue
-        paths = {f"{w.name}: {name}": _calls(s[key], torch.cuda.synchronize) for name, _, key in _small_paths(w)}
+        paths = {f"{w.name}: {name}": _calls(calls[key], torch.cuda.synchronize) for name, _, key in _small_paths(w)}
         samples = interleaved(paths, torch.cuda.synchronize, rounds=20, batch=50)
         for (name, smp), (_, kind, key) in zip(samples.items(), _small_paths(w)):
             rows.append(row(name, kind, smp, workload=w.name,
