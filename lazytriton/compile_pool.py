@@ -1,22 +1,11 @@
 """Compiling candidate configs in worker processes, so that they compile in parallel.
 
-Triton's front end (the AST walk that emits TTIR) holds the GIL, so candidates
-compiled on threads mostly serialise. As PyTorch Inductor does, lazytriton
-keeps one compile server process (``python -m lazytriton.compile_pool``) that
-imports Triton and compiles one tiny kernel once (the first compile in a
-process pays for backend set-up), then forks a child per candidate, at most
-one per core at a time. The server has no threads, so forking it is safe, and
-it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``): the caller's
-CUDA context is never forked, and a process that never calls a kernel only
-pays for one idle process.
-
-A child compiles ``triton.compile(ASTSource(fn, ...), target=...)`` (a Gluon
-kernel: ``GluonASTSource``) for a kernel it imports by module and qualified name, and returns the
-CompiledBinary (Triton's own cache is filled as a side effect). It checks that
-the function it imported has the caller's ``cache_key``, so a source file
-edited since the caller imported it is never compiled in its place. Kernels
-that cannot be imported by name (defined in ``__main__``, inside a function)
-are compiled in the caller's process instead (``worker_job`` returns None).
+The caller's side: a handle on the compile server (lazytriton.compile_server),
+started when a kernel is wrapped so that it is warm by the first call that
+compiles; a process that never calls a kernel only pays for one idle process.
+Jobs are Futures. Kernels that cannot be imported by name in another process
+(defined in ``__main__``, inside a function) are compiled in the caller's
+process instead (``worker_job`` returns None).
 
 A child that dies (a crash in the compiler) is reported for its candidate
 alone, naming the kernel and config; a server that dies fails every pending
@@ -33,24 +22,17 @@ import itertools
 import logging
 import os
 import pickle
-import selectors
-import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+
+from .compile_server import BOOTSTRAP, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
 
 log = logging.getLogger("lazytriton.compile_pool")
 
-_HEADER = struct.Struct("<Q")
-
-
-class WorkerUnavailable(Exception):
-    """The worker could not compile this kernel by name (import failed, or its
-    source differs from the caller's): compile it in the caller's process."""
+__all__ = ["CompileFailed", "CompilePool", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start", "worker_job"]
 
 
 class WorkerCrashed(RuntimeError):
@@ -66,30 +48,6 @@ def default_workers() -> int:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return max(1, min(cores, 32))
-
-
-# -- framing: length-prefixed pickles ------------------------------------------------
-
-def _write_frame(stream, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
-    stream.flush()
-
-
-def _read_exact(stream, n: int) -> bytes:
-    chunks, left = [], n
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_frame(stream) -> Any:
-    (n,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
-    return pickle.loads(_read_exact(stream, n))
 
 
 # -- what a job is -------------------------------------------------------------------
@@ -125,25 +83,11 @@ def worker_job(spec, target, bound) -> dict | None:
     return job
 
 
-def _is_triton_setting(name: str) -> bool:
-    from .keys import _EXTRA_ENV_VARS
-
-    return name.startswith("TRITON_") or name in _EXTRA_ENV_VARS
-
-
 def _triton_env() -> dict:
     """The caller's Triton settings now (TRITON_*, PTXAS_OPTIONS, ...): a worker
     compiles under these, not under those the server started with (Triton's
     compiler reads some knobs itself, e.g. TRITON_INSTRUMENTATION_MODE)."""
-    return {k: v for k, v in os.environ.items() if _is_triton_setting(k)}
-
-
-def _shadows(entry: str, here: str) -> bool:
-    """Whether sys.path entry `entry` holds another lazytriton than the one at `here`."""
-    try:
-        return os.path.isdir(os.path.join(entry, "lazytriton")) and not os.path.samefile(entry, here)
-    except OSError:
-        return False
+    return {k: v for k, v in os.environ.items() if is_triton_setting(k)}
 
 
 # -- the caller's side -------------------------------------------------------------------
@@ -158,7 +102,9 @@ class CompilePool:
         self._pending: dict[int, tuple[subprocess.Popen, Future]] = {}  # job id -> (its server, its future)
         self._ids = itertools.count()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
-        self._started_at = 0.0
+        # The running server's start-up on this process's perf_counter clock: started_at,
+        # then from its ready frame imports_done_at, ready_at, waited_for_hash_s.
+        self.timeline: dict = {}
 
     def start(self) -> None:
         """Starts the server if it is not running (returns at once: it warms up on its own)."""
@@ -171,12 +117,12 @@ class CompilePool:
         # The server must never see a GPU; Triton's settings and sys.path are inherited,
         # and it imports this very lazytriton (not a source tree in its working directory).
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        path = [here] + [p for p in sys.path if p and not _shadows(p, here)]
+        path = [here] + [p for p in sys.path if p and not shadows(p, here)]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(path))
-        proc = subprocess.Popen([sys.executable, "-m", "lazytriton.compile_pool", str(self.workers)],
+        proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, cwd=here, close_fds=True, start_new_session=True)
-        self._proc, self._started_at = proc, time.perf_counter()
+        self._proc, self.timeline = proc, {"started_at": time.perf_counter()}
         threading.Thread(target=self._read_results, args=(proc,), name="lazytriton-compile-pool",
                          daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(proc,), name="lazytriton-compile-pool-stderr",
@@ -193,7 +139,7 @@ class CompilePool:
             job_id = next(self._ids)
             self._pending[job_id] = (proc, fut)
             try:
-                _write_frame(proc.stdin, (job_id, job))
+                write_frame(proc.stdin, (job_id, job))
             except (BrokenPipeError, OSError, ValueError) as exc:
                 self._pending.pop(job_id, None)
                 fut.set_exception(WorkerCrashed(f"the compile server is gone ({exc}){self._tail()}"))
@@ -206,9 +152,17 @@ class CompilePool:
     def _read_results(self, proc: subprocess.Popen) -> None:
         while True:
             try:
-                job_id, status, value, seconds = _read_frame(proc.stdout)
+                job_id, status, value, seconds = read_frame(proc.stdout)
             except (EOFError, OSError, pickle.UnpicklingError):
                 break
+            if job_id == READY:
+                with self._lock:
+                    if self._proc is proc:
+                        self.timeline.update(value)
+                log.debug("the compile server is ready, %.3fs after it started (%.3fs of it waiting for Triton's "
+                          "installation hash)", value["ready_at"] - self.timeline.get("started_at", 0.0),
+                          value["waited_for_hash_s"])
+                continue
             with self._lock:
                 _, fut = self._pending.pop(job_id, (None, None))
             if fut is None:
@@ -279,181 +233,12 @@ def start() -> None:
         pool.start()
 
 
-# -- the server: python -m lazytriton.compile_pool N -----------------------------------------
-
-def _import_kernel(module: str, qualname: str, cache_key: str, gluon: bool = False):
-    import importlib
-
-    from triton.runtime.jit import JITFunction
-
-    from .spec import is_gluon
-
-    try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:
-        raise WorkerUnavailable(f"cannot import {module}.{qualname} in the worker: {type(exc).__name__}: {exc}")
-    seen = 0
-    while not isinstance(obj, JITFunction) and hasattr(obj, "fn") and seen < 8:  # autotune/heuristics wrappers
-        obj, seen = obj.fn, seen + 1
-    if not isinstance(obj, JITFunction):
-        raise WorkerUnavailable(f"{module}.{qualname} is not a Triton kernel in the worker")
-    if is_gluon(obj) != gluon:
-        raise WorkerUnavailable(f"{module}.{qualname} is {'not ' if gluon else ''}a Gluon kernel in the worker, unlike "
-                                "the caller's")
-    if obj.cache_key != cache_key:
-        raise WorkerUnavailable(f"{module}.{qualname} differs from the caller's (source edited since it was imported?)")
-    return obj
-
-
-def _compile(job: dict):
-    import triton
-
-    from .cache import CompiledBinary
-    from .compiler import ast_source
-
-    if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        sys.path[:] = [here] + [p for p in job["sys_path"] if not _shadows(p or ".", here)]
-    env = job.get("env")
-    if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
-        for k in [k for k in os.environ if _is_triton_setting(k) and k not in env]:
-            del os.environ[k]
-        os.environ.update(env)
-    fn = _import_kernel(job["module"], job["qualname"], job["cache_key"], job.get("gluon", False))
-    src = ast_source(fn, job["signature"], job["constexprs"], job["attrs"])  # Gluon kernels: GluonASTSource
-    return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["options"]))
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(exc).__name__}: {first[:300]}"
-
-
-def _child(job: dict, wfd: int) -> None:
-    """Runs in a forked child: compile, write one frame to wfd, exit."""
-    code = 0
-    t0 = time.perf_counter()
-    if job.get("crash_for_test"):  # tests: a worker that dies as a compiler crash would kill it
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        try:
-            result = ("ok", _compile(job))
-        except WorkerUnavailable as exc:
-            result = ("unavailable", str(exc))
-        except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
-            result = ("error", _reason(exc))
-        with os.fdopen(wfd, "wb") as out:
-            _write_frame(out, (*result, time.perf_counter() - t0))
-    except BaseException:
-        code = 1
-    finally:
-        os._exit(code)
-
-
-def _warm_up() -> None:
-    """One tiny compile: the first compile in a process sets up the backend
-    (ptxas version, libdevice, pass pipelines); forked children inherit it."""
-    import tempfile
-
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from . import cache, compiler  # noqa: F401  (what the children use)
-
-    @triton.jit
-    def _lt_warm_up(x, n, B: tl.constexpr):
-        o = tl.program_id(0) * B + tl.arange(0, B)
-        tl.store(x + o, tl.load(x + o, mask=o < n) + 1, mask=o < n)
-
-    # Into a throwaway cache: a hit in Triton's cache would skip the set-up.
-    saved = os.environ.get("TRITON_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as d:
-        os.environ["TRITON_CACHE_DIR"] = d  # Triton's knobs read the environment at each use
-        try:
-            arch = int(os.environ.get("LAZYTRITON_DEFAULT_ARCH", "90"))
-            triton.compile(ASTSource(_lt_warm_up, {"x": "*fp32", "n": "i32", "B": "constexpr"}, {(2,): 128}),
-                           target=GPUTarget("cuda", arch, 32))
-        finally:
-            if saved is None:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-            else:
-                os.environ["TRITON_CACHE_DIR"] = saved
-
-
-def _serve(workers: int) -> None:
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
-    try:
-        _warm_up()
-    except Exception as exc:  # the children will report real errors
-        print(f"lazytriton compile server: warm-up failed: {_reason(exc)}", file=sys.stderr)
-    sel = selectors.DefaultSelector()
-    sel.register(stdin, selectors.EVENT_READ, None)
-    queue: collections.deque = collections.deque()
-    running: dict[int, tuple[int, int, bytearray]] = {}  # read fd -> (job id, pid, data)
-    stdin_open = True
-    inbox = bytearray()
-
-    def reply(job_id, status, value, seconds):
-        _write_frame(stdout, (job_id, status, value, seconds))
-
-    while stdin_open or queue or running:
-        while queue and len(running) < workers:
-            job_id, job = queue.popleft()
-            rfd, wfd = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.close(rfd)
-                _child(job, wfd)
-            os.close(wfd)
-            running[rfd] = (job_id, pid, bytearray())
-            sel.register(rfd, selectors.EVENT_READ, rfd)
-        for key, _ in sel.select():
-            if key.data is None:  # jobs from the caller (unbuffered: a read may hold several frames)
-                chunk = os.read(stdin.fileno(), 1 << 20)
-                if not chunk:  # the caller is gone: stop
-                    stdin_open = False
-                    sel.unregister(stdin)
-                    for _, pid, _ in running.values():
-                        os.kill(pid, signal.SIGKILL)
-                    queue.clear()
-                    continue
-                inbox += chunk
-                while len(inbox) >= _HEADER.size:
-                    (n,) = _HEADER.unpack(bytes(inbox[:_HEADER.size]))
-                    if len(inbox) < _HEADER.size + n:
-                        break
-                    queue.append(pickle.loads(bytes(inbox[_HEADER.size:_HEADER.size + n])))
-                    del inbox[:_HEADER.size + n]
-                continue
-            rfd = key.data
-            job_id, pid, data = running[rfd]
-            chunk = os.read(rfd, 1 << 20)
-            if chunk:
-                data += chunk
-                continue
-            sel.unregister(rfd)
-            os.close(rfd)
-            del running[rfd]
-            _, status = os.waitpid(pid, 0)
-            if not stdin_open:
-                continue
-            try:
-                (n,) = _HEADER.unpack(bytes(data[:_HEADER.size]))
-                result = pickle.loads(bytes(data[_HEADER.size:_HEADER.size + n]))
-            except Exception:
-                if os.WIFSIGNALED(status):
-                    how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
-                else:
-                    how = f"exited with code {os.waitstatus_to_exitcode(status)}"
-                result = ("crashed", f"the compile worker process {how} (a crash in Triton's compiler?)", 0.0)
-            reply(job_id, *result)
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
+def server_timeline() -> dict:
+    """The running compile server's start-up on this process's perf_counter
+    clock (started_at, imports_done_at, ready_at; waited_for_hash_s), for
+    benchmarks; {} when none was started."""
+    pool = _pool
+    if pool is None:
+        return {}
+    with pool._lock:
+        return dict(pool.timeline)

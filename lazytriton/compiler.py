@@ -4,7 +4,6 @@ candidate for the device's target, in parallel worker processes
 (compile_pool), skipping those that fail."""
 from __future__ import annotations
 
-import _imp
 import concurrent.futures as cf
 import logging
 import os
@@ -60,13 +59,14 @@ _specializer_ready = threading.Lock()
 _specializer_primed = False
 
 
-def prime_specializer_without_torch() -> None:
-    """Triton's native specializer (3.5+) imports torch on its first use, only
-    to register a fast path for torch.Tensor. In a process that has not
-    imported torch (JAX), that import costs seconds of a first call. Its first
-    use here runs with torch hidden from import (under the import lock, so no
-    other thread's import of torch sees it hidden); torch tensors still
-    specialize identically, through the specializer's data_ptr fallback."""
+def prime_specializer() -> None:
+    """Makes the first use of Triton's native specializer (3.5+), which imports
+    modules (Gluon's, about 0.1 s) and, in a process that has not imported
+    torch, would import torch only to register a fast path for torch.Tensor:
+    seconds of a first call in a JAX process. This first use runs with torch
+    hidden from this thread's imports (other threads still import it); torch
+    tensors still specialize identically, through the specializer's data_ptr
+    fallback."""
     global _specializer_primed
     if _specializer_primed:
         return
@@ -78,23 +78,49 @@ def prime_specializer_without_torch() -> None:
             from triton.backends.compiler import BaseBackend
         except ImportError:  # a Triton without the native specializer imports nothing extra
             native_specialize_impl = None
-        if native_specialize_impl is not None and "torch" not in sys.modules:
-            _imp.acquire_lock()
-            sys.meta_path.insert(0, _HideTorch)  # `import torch` raises ImportError, which Triton clears
+        if native_specialize_impl is not None:
+            hide = "torch" not in sys.modules
+            if hide:
+                _HideTorch.thread = threading.get_ident()
+                sys.meta_path.insert(0, _HideTorch)  # `import torch` raises ImportError, which Triton clears
             try:
                 native_specialize_impl(BaseBackend, 16, False, True, True)
             finally:
-                sys.meta_path.remove(_HideTorch)
-                _imp.release_lock()
+                if hide:
+                    sys.meta_path.remove(_HideTorch)
+                    _HideTorch.thread = None
         _specializer_primed = True
 
 
 class _HideTorch:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name == "torch":
+    thread: int | None = None  # the thread priming the specializer
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "torch" and threading.get_ident() == cls.thread:
             raise ModuleNotFoundError("hidden while Triton's specializer starts", name="torch")
         return None
+
+
+_priming: threading.Thread | None = None
+
+
+def warm_up() -> None:
+    """Starts, in the background, what a first call that compiles will wait
+    for: the compile server (a process) and Triton's specializer (a thread).
+    Called when a kernel is wrapped; nothing is compiled."""
+    global _priming
+    compile_pool.start()
+    if _priming is None and not _specializer_primed:
+        _priming = threading.Thread(target=_prime_quietly, name="lazytriton-prime-specializer", daemon=True)
+        _priming.start()
+
+
+def _prime_quietly() -> None:
+    try:
+        prime_specializer()
+    except Exception as exc:  # the first bind calls it again and raises where a caller sees it
+        log.debug("priming Triton's specializer failed: %s", exc)
 
 
 _WIDER_FLOATS = frozenset({"fp64"})
@@ -110,7 +136,7 @@ class Binder:
     """Triton's own argument binder/specializer for one kernel and target."""
 
     def __init__(self, spec: KernelSpec, target: GPUTarget):
-        prime_specializer_without_torch()
+        prime_specializer()
         self.spec, self.target = spec, target
         self.backend = make_backend(target)
         self._bind = create_function_from_signature(spec.fn.signature, spec.fn.params, self.backend)

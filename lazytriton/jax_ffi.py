@@ -108,9 +108,9 @@ def prepare_in_background() -> None:
 
     if not any(installed(p) for p in _CUDA_PLUGINS):
         return
-    from . import compile_pool
+    from . import compiler
 
-    compile_pool.start()  # idempotent; a Site's LazyKernel is made only at first execution
+    compiler.warm_up()  # idempotent; a Site's LazyKernel is made only at first execution
     if _module is not None:
         return
 

@@ -21,7 +21,7 @@ from typing import Any
 import triton
 from triton.runtime.jit import JITFunction
 
-from . import _core, compile_pool, keys, pre_hooks, stubgen, tensor_desc, tuples
+from . import _core, compiler, keys, pre_hooks, stubgen, tensor_desc, tuples
 from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
@@ -99,7 +99,7 @@ class LazyKernel(_core.LaunchBase):
         self._call_params = [p for p in self.spec.params if p.name not in supplied]
         self._n_call = len(self._call_params)
         self._core = _core.LazyKernel(self.name, self._resolve)
-        compile_pool.start()  # warm by the first call that compiles (nothing is compiled here)
+        compiler.warm_up()  # the compile server and Triton's specializer, ready by the first call that compiles
         self._handle = self._core.handle
         self._stubs: list = []
         self._shapes: dict[str, Any] = {}

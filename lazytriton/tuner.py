@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -35,13 +34,14 @@ class TuneOptions:
     # LAZYTRITON_FLUSH_L2=0/1 forces it.
     flush_l2: bool | None = dataclasses.field(default_factory=_env_flush)
     # Second pass: the candidates within `retime_within` of the first pass's
-    # best (at most `retime_top`) are re-timed in `retime_rounds` interleaved
-    # rounds, so that clock and thermal drift hit them alike; each one's time is
-    # the median of its round medians.
+    # best (at most `retime_top`) are timed again against each other, their
+    # launches interleaved one by one, so that clock and power drift (a GPU at
+    # its power cap moves its clocks by 10-20% within a second) hit them
+    # alike: `retime_target_ms` of launches each, at most `retime_max_reps`.
     retime_within: float = 0.15
     retime_top: int = 4
-    retime_rounds: int = 7
-    retime_target_ms: float = 10.0
+    retime_target_ms: float = 20.0
+    retime_max_reps: int = 200
 
     def as_dict(self, flush_l2: bool | None = None) -> dict:
         flush = self.flush_l2 if flush_l2 is None else flush_l2
@@ -168,6 +168,8 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
         _finish(saved.snapshot, zero, stream)
     finally:
         saved.snapshot = None  # frees the copies after the queued restore has run
+        for c in seen:  # the trials' modules (the winner is launched from its own)
+            c.extra.pop("loaded", None)
     if not ok:
         raise AllCandidatesFailed(kernel_name, seen)
     if len(ok) == 1:
@@ -184,9 +186,7 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
 def _time_one(kernel_name, c, names, values, arrays, grid, stream, snapshot, zero, options) -> None:
     types, vals = runtime_args(c, names, values, arrays)
     try:
-        k = _core.Kernel(c.binary.cubin, c.binary.metadata)
-        k.load()
-        r = _core.bench(k, grid, stream, types, vals, snapshot, zero, options.as_dict())
+        r = _core.bench(_loaded(c), grid, stream, types, vals, snapshot, zero, options.as_dict())
     except _core.RuntimeFailure as exc:
         # Load-time refusals (resources) are per-candidate; a failed launch
         # (e.g. an illegal address) poisons the context and must surface.
@@ -213,33 +213,39 @@ def _resolved_options(options: TuneOptions, arrays: dict, device: int) -> TuneOp
     return dataclasses.replace(options, flush_l2=bool(l2) and 0 < total <= l2)
 
 
+def _loaded(c: Candidate):
+    """The candidate's module, loaded once for all of its trials."""
+    k = c.extra.get("loaded")
+    if k is None:
+        k = _core.Kernel(c.binary.cubin, c.binary.metadata)
+        k.load()
+        c.extra["loaded"] = k
+    return k
+
+
 def _retime(kernel_name, timed, names, values, arrays, grid_of, stream, saved, zero, options) -> None:
-    """Re-times the close contenders in interleaved rounds (see TuneOptions)."""
-    if len(timed) < 2 or options.retime_rounds <= 0:
+    """Times the close contenders again, against each other (see TuneOptions)."""
+    if len(timed) < 2 or options.retime_top < 2:
         return
     best = min(c.extra["time_ms"] for c in timed)
     close = sorted((c for c in timed if c.extra["time_ms"] <= best * (1 + options.retime_within)),
-                   key=lambda c: c.extra["time_ms"])[:max(2, options.retime_top)]
+                   key=lambda c: c.extra["time_ms"])[:options.retime_top]
     if len(close) < 2:
         return
-    quick = dataclasses.replace(options, warmup=1, target_ms=options.retime_target_ms)
-    rounds: dict[int, list[float]] = {id(c): [] for c in close}
-    first = {id(c): c.extra["time_ms"] for c in close}
-    for r in range(options.retime_rounds):
-        # Alternate the order, so that no candidate always follows the same one.
-        for c in (close if r % 2 == 0 else close[::-1]):
-            if c.error is not None:
-                continue
-            _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, saved.snapshot, zero, quick)
-            if c.error is None:
-                rounds[id(c)].append(c.extra["time_ms"])
-    for c in close:
-        if rounds[id(c)]:
-            c.extra.update(time_ms=statistics.median(rounds[id(c)]), first_pass_ms=first[id(c)],
-                           rounds=len(rounds[id(c)]))
-    log.info("kernel %s: re-timed %d close candidates in %d interleaved rounds: %s", kernel_name, len(close),
-             options.retime_rounds,
-             ", ".join(f"{c.index}: {first[id(c)]:.4f} -> {c.extra['time_ms']:.4f}" for c in close))
+    args = [runtime_args(c, names, values, arrays) for c in close]
+    opts = dataclasses.replace(options, warmup=1, target_ms=options.retime_target_ms,
+                               max_reps=options.retime_max_reps).as_dict()
+    try:
+        results = _core.bench_interleaved([_loaded(c) for c in close], [grid_of(c) for c in close], stream,
+                                          [t for t, _ in args], [v for _, v in args], saved.snapshot, zero, opts)
+    except _core.RuntimeFailure as exc:  # each ran in the first pass: a failure now is the context's
+        raise _core.RuntimeFailure(f"kernel {kernel_name}: re-timing {', '.join(c.label for c in close)} on the "
+                                   f"call's buffers failed, nothing was persisted: {exc}") from exc
+    for c, r in zip(close, results):
+        c.extra.update(first_pass_ms=c.extra["time_ms"], time_ms=r["median_ms"], min_ms=r["min_ms"], reps=r["reps"])
+    log.info("kernel %s: re-timed %d close candidates, launches interleaved (%d each): %s", kernel_name, len(close),
+             results[0]["reps"], ", ".join(f"{c.index}: {c.extra['first_pass_ms']:.4f} -> {c.extra['time_ms']:.4f}"
+                                           for c in close))
 
 
 def _finish(snapshot, zero, stream: int) -> None:

@@ -338,6 +338,15 @@ def test_timeline_phases_of_each_kind_of_row():
     warm = cold.phases({"first_call_s": 0.02, "stats": {}, "resolutions": []})
     assert warm == [["cached winner: load + launch", 0.0, 0.02]]
     assert cold.phases({"first_call_s": 5.0}) == [["compile + benchmark every config (serial)", 0.0, 5.0]]
+    # The compile server's start-up shows where it reaches past the data being ready, not where it ended before.
+    lazy_cold = {"first_call_s": 0.8, "server": {"started_at": -0.3, "imports_done_at": -0.1, "ready_at": 0.25},
+                 "resolutions": [{"kernel": "demo_matmul", "candidates": 8, "compiled_s": 0.6, "tuned_s": 0.75,
+                                  "at": 0.78}]}
+    lanes = {p[0]: p[1:] for p in cold.phases(lazy_cold)}
+    assert lanes["compile server start-up (background)"] == [0.0, 0.25]
+    assert lanes["bind + cache lookup"] == pytest.approx([0.0, 0.03]) and lanes["first launch"] == [0.78, 0.8]
+    lazy_cold["server"]["ready_at"] = -0.05
+    assert "compile server start-up (background)" not in {p[0] for p in cold.phases(lazy_cold)}
 
 
 # -- merging and the report ------------------------------------------------------------------

@@ -5,6 +5,7 @@ candidate with an error naming the kernel and the config, and nothing hangs."""
 import logging
 import os
 import signal
+import time
 
 import pytest
 import triton
@@ -50,6 +51,31 @@ def test_demo_configs_compile_in_worker_processes(fresh_triton_cache, caplog):
     compile_all(spec, TARGET, local, max_workers=1)
     assert local[0].binary.cubin == cands[0].binary.cubin
     assert any(fresh_triton_cache.joinpath("triton").rglob("*.cubin"))
+
+
+def test_workers_fill_triton_cache_under_tritons_own_key(fresh_triton_cache):
+    """The server computes Triton's installation hash on a thread while its
+    warm-up compiles under a stand-in: its children must still key Triton's
+    cache exactly as Triton does, so Triton in this process finds their entry."""
+    spec, cands = demo_candidates(DEMO_CONFIGS[:1])
+    compile_all(spec, TARGET, cands)
+    assert cands[0].binary is not None, cands[0].error
+    cache = fresh_triton_cache / "triton"
+    before = sorted(p.name for p in cache.iterdir())
+    assert before and not any("warm" in p for p in before)  # the warm-up's stand-in key went to a throwaway cache
+    compile_all(spec, TARGET, demo_candidates(DEMO_CONFIGS[:1])[1], max_workers=0)  # triton.compile, here
+    assert sorted(p.name for p in cache.iterdir()) == before  # a hit: no new entry
+
+
+def test_the_server_reports_its_start_up_on_the_callers_clock(fresh_triton_cache):
+    pool = compile_pool.get_pool()
+    spec, cands = demo_candidates(DEMO_CONFIGS[:1])
+    compile_all(spec, TARGET, cands)  # starts the server and waits for a compile
+    t = compile_pool.server_timeline()
+    assert set(t) == {"started_at", "imports_done_at", "ready_at", "waited_for_hash_s"}, t
+    assert t["started_at"] < t["imports_done_at"] < t["ready_at"] < time.perf_counter()
+    assert 0 <= t["waited_for_hash_s"] < t["ready_at"] - t["started_at"] < 60
+    assert pool is compile_pool.get_pool()
 
 
 def test_stream_yields_each_candidate_once(fresh_triton_cache):

@@ -13,7 +13,7 @@ from triton.experimental.gluon._runtime import GluonJITFunction
 from triton.runtime.jit import JITFunction
 
 import lazytriton
-from lazytriton import compile_pool, keys
+from lazytriton import compile_pool, compile_server, keys
 from lazytriton.arrays import DeviceArray
 from lazytriton.compiler import Binder, Candidate, ast_source, compile_all
 from lazytriton.runtime import Resolution
@@ -117,10 +117,10 @@ def test_gluon_candidates_compile_in_worker_processes(fresh_pool, caplog):
 def test_worker_refuses_a_kernel_of_the_other_language():
     fn = gluonk.vec_add
     with pytest.raises(compile_pool.WorkerUnavailable, match="is a Gluon kernel in the worker"):
-        compile_pool._import_kernel("kernels.gluonk", "vec_add", fn.cache_key, gluon=False)
+        compile_server._import_kernel("kernels.gluonk", "vec_add", fn.cache_key, gluon=False)
     with pytest.raises(compile_pool.WorkerUnavailable, match="is not a Gluon kernel in the worker"):
-        compile_pool._import_kernel("kernels.basic", "add_kernel", basic.add_kernel.cache_key, gluon=True)
-    assert compile_pool._import_kernel("kernels.gluonk", "vec_add", fn.cache_key, gluon=True) is fn
+        compile_server._import_kernel("kernels.basic", "add_kernel", basic.add_kernel.cache_key, gluon=True)
+    assert compile_server._import_kernel("kernels.gluonk", "vec_add", fn.cache_key, gluon=True) is fn
 
 
 def _same_source(x, out, n, BLOCK: tl.constexpr):

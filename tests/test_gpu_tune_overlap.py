@@ -10,7 +10,7 @@ import lazytriton
 from lazytriton import _core
 from lazytriton.compiler import Binder, Candidate, compile_all, device_target
 from lazytriton.spec import describe
-from lazytriton.tuner import TuneOptions, tune
+from lazytriton.tuner import TuneOptions, runtime_args, tune
 
 from kernels import overlap
 
@@ -56,7 +56,7 @@ def test_later_candidate_writing_more_buffers_is_covered(cache_dir, order):
     stream = cp.cuda.get_current_stream().ptr
     winner = tune(spec.name, iter([cands[i] for i in order]), names, (x, out, side, N), arrays,
                   lambda c: (triton.cdiv(N, c.config.kwargs["B"]),), stream, _core.current_device(), [], [],
-                  TuneOptions(target_ms=2.0, retime_rounds=3))
+                  TuneOptions(target_ms=2.0, retime_target_ms=2.0))
     assert all(cands[i].extra.get("time_ms") for i in order), [cands[i].error for i in order]
     # The caller's buffers are back to the original data (the winner has not run).
     cp.cuda.runtime.deviceSynchronize()
@@ -76,3 +76,43 @@ def test_first_call_equals_one_launch_of_the_winner(cache_dir):
     want_out, want_side = expected(x0, out0, side0, overlap.SIDE_CONFIGS[rec.winner_index].kwargs)
     np.testing.assert_array_equal(out.get(), want_out)
     np.testing.assert_array_equal(side.get(), want_side)
+
+
+def test_interleaved_bench_times_each_kernel_as_it_times_alone(cache_dir):
+    """The second pass's timing: two candidates' launches interleaved one by
+    one give each the time it gets alone (and the same repetitions), and every
+    launch starts from the snapshot (the kernel accumulates into `out`)."""
+    x, out, side = buffers()
+    out0 = out.copy()
+    spec = describe(overlap.accumulate_side)
+    target = device_target(_core.device_info(_core.current_device())["capability"])
+    names = ["x", "out", "side", "n"]
+    from lazytriton.arrays import PointerArg, array_info
+
+    arrays = {n: (array_info(v, n).ptr, array_info(v, n).nbytes) for n, v in (("x", x), ("out", out), ("side", side))}
+    bind_vals = [PointerArg(array_info(v).ptr, "fp32") for v in (x, out, side)] + [N]
+    cands = [Candidate(i, spec.configs[i], Binder(spec, target).bind(tuple(bind_vals), spec.configs[i].all_kwargs()))
+             for i in (0, 3)]  # B=1024 with 4 warps, B=128 with 1 warp: different times
+    compile_all(spec, target, cands)
+    stream = cp.cuda.get_current_stream().ptr
+    kernels = [_core.Kernel(c.binary.cubin, c.binary.metadata) for c in cands]
+    for k in kernels:
+        k.load()
+    grids = [(triton.cdiv(N, c.config.kwargs["B"]),) for c in cands]
+    args = [runtime_args(c, names, (x, out, side, N), arrays) for c in cands]
+    snapshot = _core.Snapshot(stream, [arrays["out"], arrays["side"]])
+    opts = {"warmup": 1, "target_ms": 5.0, "min_reps": 20, "max_reps": 200, "flush_l2": False}
+    alone = [_core.bench(k, g, stream, t, v, snapshot, [], opts)["median_ms"]
+             for k, g, (t, v) in zip(kernels, grids, args)]
+    together = _core.bench_interleaved(kernels, grids, stream, [t for t, _ in args], [v for _, v in args], snapshot,
+                                       [], opts)
+    assert together[0]["reps"] == together[1]["reps"] >= 20
+    for a, r in zip(alone, together):
+        assert r["min_ms"] <= r["median_ms"] and r["median_ms"] == pytest.approx(a, rel=0.3), (alone, together)
+    assert (alone[0] < alone[1]) == (together[0]["median_ms"] < together[1]["median_ms"]), (alone, together)
+    cp.cuda.runtime.deviceSynchronize()
+    # Each launch started from the snapshot: the last one left out0 + x, not out0 + (launches) * x.
+    np.testing.assert_array_equal(out.get(), (out0 + x).get())
+    with pytest.raises(ValueError, match="one grid, type list and argument list per kernel"):
+        _core.bench_interleaved(kernels, grids[:1], stream, [t for t, _ in args], [v for _, v in args], None, [],
+                                opts)

@@ -21,7 +21,15 @@ PROBE = textwrap.dedent("""
         pass
 
     before = "torch" in sys.modules
-    if sys.argv[1] == "lazytriton":
+    if sys.argv[1] in ("wrap", "wrap-then-import"):  # priming starts in the background when a kernel is wrapped
+        import lazytriton, lazytriton.compiler as compiler
+        lazytriton.kernel(k)
+        if sys.argv[1] == "wrap-then-import":  # while the priming thread may be running: this thread sees torch
+            import torch
+            assert torch.IMPORTED
+        compiler._priming.join(60)
+        assert compiler._specializer_primed
+    if sys.argv[1] != "triton":
         b = Binder(describe(k), default_target()).bind((PointerArg(256, "fp16"), 32), {"BLOCK": 64})
         sig = b.signature
     else:  # Triton's specializer used directly: the control
@@ -40,7 +48,7 @@ def _run(tmp_path, how):
     pkg = tmp_path / "torch"
     pkg.mkdir(exist_ok=True)
     (pkg / "__init__.py").write_text("IMPORTED = True\nclass Tensor:\n    pass\n")
-    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "LAZYTRITON_COMPILE_WORKERS": "0"}
     (tmp_path / "probe.py").write_text(PROBE)
     out = subprocess.run([sys.executable, str(tmp_path / "probe.py"), how], env=env, capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
@@ -65,3 +73,16 @@ def test_first_bind_does_not_import_torch(tmp_path):
     assert r["after_bind"] is False, "lazytriton's first bind imported torch"
     assert r["signature"] == {"x": "*fp16", "n": "i32", "BLOCK": "constexpr"}
     assert r["imported_later"] is True
+
+
+def test_priming_when_a_kernel_is_wrapped_does_not_import_torch(tmp_path):
+    r = _run(tmp_path, "wrap")
+    assert r["before"] is False
+    assert r["after_bind"] is False, "priming Triton's specializer imported torch"
+    assert r["signature"] == {"x": "*fp16", "n": "i32", "BLOCK": "constexpr"}
+
+
+def test_torch_stays_importable_by_other_threads_while_priming(tmp_path):
+    r = _run(tmp_path, "wrap-then-import")
+    assert r["imported_later"] is True
+    assert r["signature"] == {"x": "*fp16", "n": "i32", "BLOCK": "constexpr"}

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <memory>
 
 #include "lazytriton/bundle.h"
 #include "lazytriton/call_site.h"
@@ -26,6 +27,24 @@ int dict_int(const py::dict& d, const char* k, int dflt) {
 }
 uint64_t dict_u64(const py::dict& d, const char* k, uint64_t dflt) {
   return d.contains(k) && !d[k].is_none() ? d[k].cast<uint64_t>() : dflt;
+}
+
+BenchOptions bench_options(const py::dict& opt) {
+  BenchOptions o;
+  o.warmup = dict_int(opt, "warmup", o.warmup);
+  o.min_reps = dict_int(opt, "min_reps", o.min_reps);
+  o.max_reps = dict_int(opt, "max_reps", o.max_reps);
+  if (opt.contains("target_ms")) o.target_ms = opt["target_ms"].cast<double>();
+  if (opt.contains("flush_l2")) o.flush_l2 = opt["flush_l2"].cast<bool>();
+  return o;
+}
+
+py::dict bench_dict(const BenchResult& r) {
+  py::dict d;
+  d["median_ms"] = r.median_ms;
+  d["min_ms"] = r.min_ms;
+  d["reps"] = r.reps;
+  return d;
 }
 
 // One entry of Triton's tensordesc_meta.
@@ -468,12 +487,7 @@ PYBIND11_MODULE(_core, m) {
          const Snapshot* snapshot, const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
         ArgPack pack(types, args, &k.meta());
         Dim3 g = dim3_from(grid);
-        BenchOptions o;
-        o.warmup = dict_int(opt, "warmup", o.warmup);
-        o.min_reps = dict_int(opt, "min_reps", o.min_reps);
-        o.max_reps = dict_int(opt, "max_reps", o.max_reps);
-        if (opt.contains("target_ms")) o.target_ms = opt["target_ms"].cast<double>();
-        if (opt.contains("flush_l2")) o.flush_l2 = opt["flush_l2"].cast<bool>();
+        BenchOptions o = bench_options(opt);
         cu::CUstream s = as_stream(stream);
         cu::CUcontext ctx = current_context();
         BenchResult r = without_gil([&] {
@@ -485,12 +499,45 @@ PYBIND11_MODULE(_core, m) {
               },
               o);
         });
-        py::dict d;
-        d["median_ms"] = r.median_ms;
-        d["min_ms"] = r.min_ms;
-        d["reps"] = r.reps;
-        return d;
+        return bench_dict(r);
       },
       py::arg("kernel"), py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"),
+      py::arg("snapshot"), py::arg("zero"), py::arg("options"));
+
+  // Several candidates timed against each other, their launches interleaved one by one.
+  m.def(
+      "bench_interleaved",
+      [](const std::vector<Kernel*>& kernels, py::sequence grids, uint64_t stream,
+         const std::vector<std::vector<std::string>>& types, py::sequence args, const Snapshot* snapshot,
+         const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
+        size_t n = kernels.size();
+        if (py::len(grids) != n || types.size() != n || py::len(args) != n)
+          throw std::invalid_argument("bench_interleaved: one grid, type list and argument list per kernel");
+        std::vector<std::unique_ptr<ArgPack>> packs;
+        std::vector<Dim3> dims;
+        for (size_t i = 0; i < n; ++i) {
+          packs.push_back(std::make_unique<ArgPack>(types[i], py::sequence(args[i]), &kernels[i]->meta()));
+          dims.push_back(dim3_from(grids[i]));
+        }
+        BenchOptions o = bench_options(opt);
+        cu::CUstream s = as_stream(stream);
+        cu::CUcontext ctx = current_context();
+        std::vector<std::function<void()>> launches;
+        for (size_t i = 0; i < n; ++i)
+          launches.push_back([&, i] { kernels[i]->launch(ctx, s, dims[i], packs[i]->ptrs.data(), packs[i]->ptrs.size()); });
+        std::vector<BenchResult> rs = without_gil([&] {
+          return lt::bench_interleaved(
+              s, launches,
+              [&] {
+                if (snapshot) snapshot->restore(s);
+                for (auto& [p, nb] : zero) zero_buffer(s, {p, nb});
+              },
+              o);
+        });
+        py::list out;
+        for (const auto& r : rs) out.append(bench_dict(r));
+        return out;
+      },
+      py::arg("kernels"), py::arg("grids"), py::arg("stream"), py::arg("types"), py::arg("args"),
       py::arg("snapshot"), py::arg("zero"), py::arg("options"));
 }

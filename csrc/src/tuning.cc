@@ -33,46 +33,65 @@ float elapsed(cu::CUevent a, cu::CUevent b) {
   return ms;
 }
 
-std::vector<float> timed_runs(cu::CUstream stream, int reps, const std::function<void()>& launch,
-                              const std::function<void()>& prepare) {
-  Events ev(2 * size_t(reps));
-  const Driver& d = driver();
-  for (int i = 0; i < reps; ++i) {
-    prepare();
-    check(d.cuEventRecord(ev[2 * i], stream), "cuEventRecord");
-    launch();
-    check(d.cuEventRecord(ev[2 * i + 1], stream), "cuEventRecord");
-    counters().bench_launches++;
-  }
-  check(d.cuEventSynchronize(ev[2 * size_t(reps) - 1]), "tuning: cuEventSynchronize");
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) ms[i] = elapsed(ev[2 * i], ev[2 * i + 1]);
-  return ms;
+BenchResult summarize(std::vector<float> ms) {
+  std::sort(ms.begin(), ms.end());
+  BenchResult r;
+  r.reps = int(ms.size());
+  r.min_ms = ms.front();
+  r.median_ms = r.reps % 2 ? ms[r.reps / 2] : 0.5f * (ms[r.reps / 2 - 1] + ms[r.reps / 2]);
+  return r;
 }
 
 }  // namespace
 
-BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
-                  const std::function<void()>& prepare, const BenchOptions& opt) {
+std::vector<BenchResult> bench_interleaved(cu::CUstream stream, const std::vector<std::function<void()>>& launches,
+                                           const std::function<void()>& prepare, const BenchOptions& opt) {
+  const size_t n = launches.size();
+  if (n == 0) return {};
   auto full_prepare = [&] {
     prepare();
     if (opt.flush_l2) flush_l2(stream);
   };
-  for (int i = 0; i < opt.warmup; ++i) {
-    full_prepare();
-    launch();
-    counters().bench_launches++;
+  for (const auto& launch : launches) {
+    for (int i = 0; i < opt.warmup; ++i) {
+      full_prepare();
+      launch();
+      counters().bench_launches++;
+    }
   }
-  // One timed launch estimates the cost; the budget then sets the repetitions.
-  float est = std::max(timed_runs(stream, 1, launch, full_prepare)[0], 1e-4f);
+  // One timed launch each estimates the cost; the budget then sets the repetitions.
+  const Driver& d = driver();
+  auto timed = [&](int reps) {
+    Events ev(2 * size_t(reps) * n);  // rep r, launch i: events 2(nr + i) and 2(nr + i) + 1
+    cu::CUevent last = nullptr;
+    for (int r = 0; r < reps; ++r) {
+      for (size_t j = 0; j < n; ++j) {
+        size_t e = 2 * (n * size_t(r) + (r % 2 ? n - 1 - j : j));
+        full_prepare();
+        check(d.cuEventRecord(ev[e], stream), "cuEventRecord");
+        launches[e / 2 - n * size_t(r)]();
+        check(d.cuEventRecord(last = ev[e + 1], stream), "cuEventRecord");
+        counters().bench_launches++;
+      }
+    }
+    check(d.cuEventSynchronize(last), "tuning: cuEventSynchronize");
+    std::vector<std::vector<float>> ms(n, std::vector<float>(reps));
+    for (int r = 0; r < reps; ++r)
+      for (size_t i = 0; i < n; ++i) ms[i][r] = elapsed(ev[2 * (n * r + i)], ev[2 * (n * r + i) + 1]);
+    return ms;
+  };
+  double est = 0;
+  for (const auto& one : timed(1)) est += std::max(one[0], 1e-4f);
+  est /= double(n);
   int reps = int(std::clamp(opt.target_ms / est, double(opt.min_reps), double(opt.max_reps)));
-  std::vector<float> ms = timed_runs(stream, reps, launch, full_prepare);
-  std::sort(ms.begin(), ms.end());
-  BenchResult r;
-  r.reps = reps;
-  r.min_ms = ms.front();
-  r.median_ms = reps % 2 ? ms[reps / 2] : 0.5f * (ms[reps / 2 - 1] + ms[reps / 2]);
-  return r;
+  std::vector<BenchResult> out;
+  for (auto& ms : timed(reps)) out.push_back(summarize(std::move(ms)));
+  return out;
+}
+
+BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
+                  const std::function<void()>& prepare, const BenchOptions& opt) {
+  return bench_interleaved(stream, {launch}, prepare, opt)[0];
 }
 
 size_t allocation_extent(cu::CUdeviceptr ptr) {

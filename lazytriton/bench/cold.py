@@ -51,7 +51,7 @@ err, ref_max = (c.float() - ref).abs().max().item(), ref.abs().max().item()
 LAZY = PRELUDE + r"""
 import logging
 import torch, triton, lazytriton
-from lazytriton import runtime, stubgen
+from lazytriton import compile_pool, runtime, stubgen
 from lazytriton.demo_kernels import demo_matmul
 
 class Events(logging.Handler):  # when the background stub build started and ended
@@ -66,6 +66,7 @@ log.addHandler(events)
 log.setLevel(logging.INFO)
 
 k = lazytriton.kernel(demo_matmul)
+t_wrap = time.perf_counter()
 GAP_S = float(os.environ.get("LAZYTRITON_BENCH_WRAP_GAP_S", "0"))  # the program's other set-up, if any
 if GAP_S:
     time.sleep(GAP_S)
@@ -76,9 +77,11 @@ k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
 torch.cuda.synchronize()
 t_second = time.perf_counter()
 stubgen.wait_for_builds(120)
+server = {k: v - t_ready if k.endswith("_at") else v for k, v in compile_pool.server_timeline().items()}
 """ + MATMUL_ERR + r"""stub = [(t - t_ready, m) for t, m in events.seen if "launch stub" in m and m.startswith(("building", "built"))]
 done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "steady_call_s": t_second - t_first,
-      "max_err": err, "ref_max": ref_max, "stats": lazytriton.stats(), "stub_events": stub,
+      "max_err": err, "ref_max": ref_max, "stats": lazytriton.stats(), "stub_events": stub, "server": server,
+      "wrapped_s": t_wrap - t_ready,
       "resolutions": [dict(r, at=r["at"] - t_ready) for r in runtime.timings()]})
 """
 
@@ -131,6 +134,8 @@ h = jax_ffi.handler_info()
 r["handler"] = {"how": h.get("how"), "seconds": h.get("seconds"),
                 "ready_after_s": h["ready_at"] - t_ready if "ready_at" in h else None}
 r["resolutions"] = [dict(x, at=x["at"] - t_ready) for x in runtime.timings()]
+from lazytriton import compile_pool
+r["server"] = {k: v - t_ready if k.endswith("_at") else v for k, v in compile_pool.server_timeline().items()}
 r["stats"] = lazytriton.stats()
 done(r)
 """
@@ -177,6 +182,9 @@ def phases(raw: dict) -> list[list]:
     for r in resolutions:
         start = r["at"] - r["tuned_s"]
         out += [["compile candidates", start, start + r["compiled_s"]], ["compile + tune (overlapped)", start, r["at"]]]
+    server = raw.get("server") or {}
+    if server.get("ready_at", 0.0) > 0:  # the compile server was still starting when the data was ready
+        out.append(["compile server start-up (background)", max(0.0, server["started_at"]), server["ready_at"]])
     stub = raw.get("stub_events") or []
     begin = next((t for t, m in stub if m.startswith("building")), None)
     end = next((t for t, m in stub if m.startswith("built")), None)
@@ -205,6 +213,10 @@ def to_row(group: str, raw: dict) -> dict:
         extra["stats"] = {k: raw["stats"].get(k) for k in ("compiles", "tunes", "record_hits", "resolves")}
     if raw.get("handler"):
         extra["handler"] = raw["handler"]
+    if raw.get("server"):  # the compile server's start-up, from the data being ready (< 0: before)
+        extra["server"] = {k: round(v, 4) for k, v in raw["server"].items()}
+    if "wrapped_s" in raw:
+        extra["wrapped_s"] = round(raw["wrapped_s"], 4)
     return row(name, kind, [raw["first_call_s"]], **extra)
 
 

@@ -26,6 +26,13 @@ struct BenchResult {
 BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
                   const std::function<void()>& prepare, const BenchOptions& opt);
 
+// Times several launches against each other: their timed launches alternate
+// one by one (forward, then backward), so that clock and power drift (a GPU
+// at its power cap moves its clocks by 10-20%) hit them alike. Every launch
+// gets the same number of repetitions: the budget over their mean estimate.
+std::vector<BenchResult> bench_interleaved(cu::CUstream stream, const std::vector<std::function<void()>>& launches,
+                                           const std::function<void()>& prepare, const BenchOptions& opt);
+
 struct DeviceBuffer {
   cu::CUdeviceptr ptr = 0;
   size_t bytes = 0;  // 0: up to the end of the allocation containing ptr

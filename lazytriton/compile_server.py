@@ -1,0 +1,301 @@
+"""The compile server: the process that compiles candidate configs for
+lazytriton.compile_pool, one forked child per candidate.
+
+Triton's front end (the AST walk that emits TTIR) holds the GIL, so candidates
+compiled on threads mostly serialise; as PyTorch Inductor does, lazytriton
+compiles them in processes. The server imports Triton, computes Triton's
+installation hash and compiles one tiny kernel (the first compile in a process
+pays for backend set-up), then forks a child per candidate, at most one per
+core at a time. When it forks it runs no other thread, so forking it is safe,
+and it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``).
+
+A child compiles ``triton.compile(ASTSource(fn, ...), target=...)`` (a Gluon
+kernel: ``GluonASTSource``) for a kernel it imports by module and qualified
+name, and returns the CompiledBinary (Triton's own cache is filled as a side
+effect). It checks that the function it imported has the caller's
+``cache_key``, so a source file edited since the caller imported it is never
+compiled in its place.
+
+Protocol: length-prefixed pickles. The caller writes ``(job id, job)``; the
+server answers ``(job id, status, value, seconds)`` with status ``ok`` (value:
+the CompiledBinary), ``unavailable`` (compile it in the caller's process),
+``error`` (Triton refused it: the reason) or ``crashed`` (the child died).
+Once warm it sends ``(READY, "ready", {when}, 0.0)``. The server exits when
+its stdin closes, killing its children.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import selectors
+import signal
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+# The server's command line (``python -c BOOTSTRAP N``). Its first act after
+# importing Triton is to start Triton's installation hash (``triton_key()``:
+# sha256 of the 400 MB libtriton.so, about 0.35 s) on a thread, so that the hash
+# overlaps importing lazytriton and the warm-up compile instead of following them.
+BOOTSTRAP = """\
+import sys, threading
+from triton.runtime import cache
+key = threading.Thread(target=cache.triton_key, name="triton_key")
+key.start()
+from lazytriton.compile_server import serve
+serve(int(sys.argv[1]), key)
+"""
+
+_HEADER = struct.Struct("<Q")
+READY = -1  # the job id of the frame the server sends once, when it is ready to fork
+
+
+class WorkerUnavailable(Exception):
+    """The worker could not compile this kernel by name (import failed, or its
+    source differs from the caller's): compile it in the caller's process."""
+
+
+# -- framing: length-prefixed pickles ------------------------------------------------
+
+def write_frame(stream, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read_exact(stream, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(stream) -> Any:
+    (n,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
+    return pickle.loads(_read_exact(stream, n))
+
+
+# -- what both sides agree on ----------------------------------------------------------
+
+def is_triton_setting(name: str) -> bool:
+    from .keys import _EXTRA_ENV_VARS
+
+    return name.startswith("TRITON_") or name in _EXTRA_ENV_VARS
+
+
+def shadows(entry: str, here: str) -> bool:
+    """Whether sys.path entry `entry` holds another lazytriton than the one at `here`."""
+    try:
+        return os.path.isdir(os.path.join(entry, "lazytriton")) and not os.path.samefile(entry, here)
+    except OSError:
+        return False
+
+
+# -- compiling one job (in a forked child) -----------------------------------------------
+
+def _import_kernel(module: str, qualname: str, cache_key: str, gluon: bool = False):
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    from .spec import is_gluon
+
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise WorkerUnavailable(f"cannot import {module}.{qualname} in the worker: {type(exc).__name__}: {exc}")
+    seen = 0
+    while not isinstance(obj, JITFunction) and hasattr(obj, "fn") and seen < 8:  # autotune/heuristics wrappers
+        obj, seen = obj.fn, seen + 1
+    if not isinstance(obj, JITFunction):
+        raise WorkerUnavailable(f"{module}.{qualname} is not a Triton kernel in the worker")
+    if is_gluon(obj) != gluon:
+        raise WorkerUnavailable(f"{module}.{qualname} is {'not ' if gluon else ''}a Gluon kernel in the worker, unlike "
+                                "the caller's")
+    if obj.cache_key != cache_key:
+        raise WorkerUnavailable(f"{module}.{qualname} differs from the caller's (source edited since it was imported?)")
+    return obj
+
+
+def _compile(job: dict):
+    import triton
+
+    from .cache import CompiledBinary
+    from .compiler import ast_source
+
+    if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.path[:] = [here] + [p for p in job["sys_path"] if not shadows(p or ".", here)]
+    env = job.get("env")
+    if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
+        for k in [k for k in os.environ if is_triton_setting(k) and k not in env]:
+            del os.environ[k]
+        os.environ.update(env)
+    fn = _import_kernel(job["module"], job["qualname"], job["cache_key"], job.get("gluon", False))
+    src = ast_source(fn, job["signature"], job["constexprs"], job["attrs"])  # Gluon kernels: GluonASTSource
+    return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["options"]))
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def _child(job: dict, wfd: int) -> None:
+    """Runs in a forked child: compile, write one frame to wfd, exit."""
+    code = 0
+    t0 = time.perf_counter()
+    if job.get("crash_for_test"):  # tests: a worker that dies as a compiler crash would kill it
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        try:
+            result = ("ok", _compile(job))
+        except WorkerUnavailable as exc:
+            result = ("unavailable", str(exc))
+        except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
+            result = ("error", _reason(exc))
+        with os.fdopen(wfd, "wb") as out:
+            write_frame(out, (*result, time.perf_counter() - t0))
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _warm_up(key: threading.Thread | None) -> float:
+    """One tiny compile: the first compile in a process sets up the backend
+    (ptxas version, libdevice, pass pipelines); forked children inherit it.
+    Returns how long it then waited for Triton's installation hash (`key`)."""
+    import tempfile
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime import cache as triton_cache
+
+    from . import cache, compiler  # noqa: F401  (what the children use)
+
+    if key is None:
+        key = threading.Thread(target=triton_cache.triton_key, name="triton_key")
+        key.start()
+
+    @triton.jit
+    def _lt_warm_up(x, n, B: tl.constexpr):
+        o = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(x + o, tl.load(x + o, mask=o < n) + 1, mask=o < n)
+
+    # Into a throwaway cache (a hit in Triton's cache would skip the set-up), so
+    # its cache key does not matter: it is made with a stand-in for Triton's
+    # installation hash while the real one is computed on the thread.
+    real_key = triton_cache.triton_key
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["TRITON_CACHE_DIR"] = d  # Triton's knobs read the environment at each use
+        triton_cache.triton_key = lambda: "lazytriton-compile-server-warm-up"
+        try:
+            arch = int(os.environ.get("LAZYTRITON_DEFAULT_ARCH", "90"))
+            triton.compile(ASTSource(_lt_warm_up, {"x": "*fp32", "n": "i32", "B": "constexpr"}, {(2,): 128}),
+                           target=GPUTarget("cuda", arch, 32))
+        finally:
+            triton_cache.triton_key = real_key
+            if saved is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = saved
+    t0 = time.perf_counter()
+    key.join()
+    real_key()  # from the thread's lru_cache (had the thread failed: computed here, or its error raised)
+    return time.perf_counter() - t0
+
+
+def serve(workers: int, key: threading.Thread | None = None) -> None:
+    """The server's loop; `key` is the thread computing Triton's installation
+    hash, if BOOTSTRAP started it."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
+    t0 = time.perf_counter()
+    try:
+        waited_s = _warm_up(key)
+    except Exception as exc:  # the children will report real errors
+        waited_s = 0.0
+        print(f"lazytriton compile server: warm-up failed: {_reason(exc)}", file=sys.stderr)
+    finally:
+        if key is not None:
+            key.join()  # no other thread may run when the server forks
+    # When it became ready, on the caller's clock (perf_counter is CLOCK_MONOTONIC): where a
+    # cold first call's wait for the server goes.
+    write_frame(stdout, (READY, "ready", {"imports_done_at": t0, "ready_at": time.perf_counter(),
+                                          "waited_for_hash_s": waited_s}, 0.0))
+    sel = selectors.DefaultSelector()
+    sel.register(stdin, selectors.EVENT_READ, None)
+    queue: collections.deque = collections.deque()
+    running: dict[int, tuple[int, int, bytearray]] = {}  # read fd -> (job id, pid, data)
+    stdin_open = True
+    inbox = bytearray()
+
+    def reply(job_id, status, value, seconds):
+        write_frame(stdout, (job_id, status, value, seconds))
+
+    while stdin_open or queue or running:
+        while queue and len(running) < workers:
+            job_id, job = queue.popleft()
+            rfd, wfd = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(rfd)
+                _child(job, wfd)
+            os.close(wfd)
+            running[rfd] = (job_id, pid, bytearray())
+            sel.register(rfd, selectors.EVENT_READ, rfd)
+        for ready, _ in sel.select():
+            if ready.data is None:  # jobs from the caller (unbuffered: a read may hold several frames)
+                chunk = os.read(stdin.fileno(), 1 << 20)
+                if not chunk:  # the caller is gone: stop
+                    stdin_open = False
+                    sel.unregister(stdin)
+                    for _, pid, _ in running.values():
+                        os.kill(pid, signal.SIGKILL)
+                    queue.clear()
+                    continue
+                inbox += chunk
+                while len(inbox) >= _HEADER.size:
+                    (n,) = _HEADER.unpack(bytes(inbox[:_HEADER.size]))
+                    if len(inbox) < _HEADER.size + n:
+                        break
+                    queue.append(pickle.loads(bytes(inbox[_HEADER.size:_HEADER.size + n])))
+                    del inbox[:_HEADER.size + n]
+                continue
+            rfd = ready.data
+            job_id, pid, data = running[rfd]
+            chunk = os.read(rfd, 1 << 20)
+            if chunk:
+                data += chunk
+                continue
+            sel.unregister(rfd)
+            os.close(rfd)
+            del running[rfd]
+            _, status = os.waitpid(pid, 0)
+            if not stdin_open:
+                continue
+            try:
+                (n,) = _HEADER.unpack(bytes(data[:_HEADER.size]))
+                result = pickle.loads(bytes(data[_HEADER.size:_HEADER.size + n]))
+            except Exception:
+                if os.WIFSIGNALED(status):
+                    how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+                else:
+                    how = f"exited with code {os.waitstatus_to_exitcode(status)}"
+                result = ("crashed", f"the compile worker process {how} (a crash in Triton's compiler?)", 0.0)
+            reply(job_id, *result)
+
