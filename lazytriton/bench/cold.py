@@ -183,7 +183,8 @@ def phases(raw: dict) -> list[list]:
         start = r["at"] - r["tuned_s"]
         out += [["compile candidates", start, start + r["compiled_s"]], ["compile + tune (overlapped)", start, r["at"]]]
     server = raw.get("server") or {}
-    if server.get("ready_at", 0.0) > 0:  # the compile server was still starting when the data was ready
+    # The compile server was still starting when the data was ready, and the call compiled.
+    if server.get("ready_at", 0.0) > 0 and raw.get("resolutions"):
         out.append(["compile server start-up (background)", max(0.0, server["started_at"]), server["ready_at"]])
     stub = raw.get("stub_events") or []
     begin = next((t for t, m in stub if m.startswith("building")), None)

@@ -338,7 +338,7 @@ def _tuning_plot(sec: dict, path: Path) -> str:
 LANE_COLORS = {"jit(...).lower()": "#9467bd", "XLA compile": "#8c564b", "first execution": "#e377c2",
                "compile candidates": "#ff7f0e", "compile + tune (overlapped)": "#ffbb78",
                "launch stub build (background)": "#17becf", "bind + cache lookup": "#7f7f7f",
-               "compile server start-up (background)": "#bcbd22",
+               "compile server start-up (background)": "#393b79",
                "first launch": "#2ca02c", "cached winner: load + launch": "#2ca02c",
                "compile + benchmark every config (serial)": "#d62728"}
 
