@@ -172,7 +172,7 @@ def _child(job: dict, wfd: int) -> None:
         os._exit(code)
 
 
-def _warm_up(key: threading.Thread | None) -> float:
+def _warm_up(key: threading.Thread) -> float:
     """One tiny compile: the first compile in a process sets up the backend
     (ptxas version, libdevice, pass pipelines); forked children inherit it.
     Returns how long it then waited for Triton's installation hash (`key`)."""
@@ -185,10 +185,6 @@ def _warm_up(key: threading.Thread | None) -> float:
     from triton.runtime import cache as triton_cache
 
     from . import cache, compiler  # noqa: F401  (what the children use)
-
-    if key is None:
-        key = threading.Thread(target=triton_cache.triton_key, name="triton_key")
-        key.start()
 
     @triton.jit
     def _lt_warm_up(x, n, B: tl.constexpr):
@@ -219,9 +215,9 @@ def _warm_up(key: threading.Thread | None) -> float:
     return time.perf_counter() - t0
 
 
-def serve(workers: int, key: threading.Thread | None = None) -> None:
-    """The server's loop; `key` is the thread computing Triton's installation
-    hash, if BOOTSTRAP started it."""
+def serve(workers: int, key: threading.Thread) -> None:
+    """The server's loop; `key` is the thread BOOTSTRAP started computing
+    Triton's installation hash."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
     t0 = time.perf_counter()
@@ -231,8 +227,7 @@ def serve(workers: int, key: threading.Thread | None = None) -> None:
         waited_s = 0.0
         print(f"lazytriton compile server: warm-up failed: {_reason(exc)}", file=sys.stderr)
     finally:
-        if key is not None:
-            key.join()  # no other thread may run when the server forks
+        key.join()  # no other thread may run when the server forks
     # When it became ready, on the caller's clock (perf_counter is CLOCK_MONOTONIC): where a
     # cold first call's wait for the server goes.
     write_frame(stdout, (READY, "ready", {"imports_done_at": t0, "ready_at": time.perf_counter(),

@@ -89,8 +89,9 @@ def test_interleaved_bench_times_each_kernel_as_it_times_alone(cache_dir):
     names = ["x", "out", "side", "n"]
     from lazytriton.arrays import PointerArg, array_info
 
-    arrays = {n: (array_info(v, n).ptr, array_info(v, n).nbytes) for n, v in (("x", x), ("out", out), ("side", side))}
-    bind_vals = [PointerArg(array_info(v).ptr, "fp32") for v in (x, out, side)] + [N]
+    infos = {n: array_info(v, n) for n, v in (("x", x), ("out", out), ("side", side))}
+    arrays = {n: (i.ptr, i.nbytes) for n, i in infos.items()}
+    bind_vals = [PointerArg(i.ptr, "fp32") for i in infos.values()] + [N]
     cands = [Candidate(i, spec.configs[i], Binder(spec, target).bind(tuple(bind_vals), spec.configs[i].all_kwargs()))
              for i in (0, 3)]  # B=1024 with 4 warps, B=128 with 1 warp: different times
     compile_all(spec, target, cands)
