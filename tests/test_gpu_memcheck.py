@@ -1,5 +1,5 @@
-"""The JAX GPU-correctness tests of the modern-kernel and JAX-API features,
-run again under compute-sanitizer's memcheck with each XLA allocator: the
+"""The JAX GPU-correctness tests of the modern-kernel and JAX-API features
+(and the tuner's own GPU tests), run again under compute-sanitizer's memcheck with each XLA allocator: the
 BFC allocator (one arena: an address a little off may still land in it) and
 the platform allocator (one cudaMalloc per buffer: memcheck sees each
 buffer's exact bounds). Each group runs in a pytest process of its own,
@@ -28,6 +28,9 @@ GROUPS = {
     "gluon": ["test_gpu_gluon.py", "-k", "triton_call"],
     # The export test runs two child processes of its own: kept out of the memcheck run's time.
     "jax_api": ["test_gpu_jax_api.py", "-k", "not export"],
+    # The tuner's trials (interleaved timing, snapshots grown while candidates compile), on CuPy
+    # arrays: XLA's allocator does not apply there, the JAX groups above tune through them too.
+    "tune_overlap": ["test_gpu_tune_overlap.py"],
 }
 
 
