@@ -78,12 +78,11 @@ def test_first_call_equals_one_launch_of_the_winner(cache_dir):
     np.testing.assert_array_equal(side.get(), want_side)
 
 
-def test_interleaved_bench_times_each_kernel_as_it_times_alone(cache_dir):
-    """The second pass's timing: two candidates' launches interleaved one by
-    one give each the time it gets alone (and the same repetitions), and every
-    launch starts from the snapshot (the kernel accumulates into `out`)."""
+def _two_candidates():
+    """Two compiled configs of accumulate_side (B=1024 with 4 warps, B=128 with
+    1 warp: different times), ready for _core's timing calls. The caller keeps
+    the arrays alive: the kernels and the snapshot hold their raw pointers."""
     x, out, side = buffers()
-    out0 = out.copy()
     spec = describe(overlap.accumulate_side)
     target = device_target(_core.device_info(_core.current_device())["capability"])
     names = ["x", "out", "side", "n"]
@@ -93,27 +92,40 @@ def test_interleaved_bench_times_each_kernel_as_it_times_alone(cache_dir):
     arrays = {n: (i.ptr, i.nbytes) for n, i in infos.items()}
     bind_vals = [PointerArg(i.ptr, "fp32") for i in infos.values()] + [N]
     cands = [Candidate(i, spec.configs[i], Binder(spec, target).bind(tuple(bind_vals), spec.configs[i].all_kwargs()))
-             for i in (0, 3)]  # B=1024 with 4 warps, B=128 with 1 warp: different times
+             for i in (0, 3)]
     compile_all(spec, target, cands)
-    stream = cp.cuda.get_current_stream().ptr
     kernels = [_core.Kernel(c.binary.cubin, c.binary.metadata) for c in cands]
     for k in kernels:
         k.load()
     grids = [(triton.cdiv(N, c.config.kwargs["B"]),) for c in cands]
     args = [runtime_args(c, names, (x, out, side, N), arrays) for c in cands]
+    stream = cp.cuda.get_current_stream().ptr
     snapshot = _core.Snapshot(stream, [arrays["out"], arrays["side"]])
     opts = {"warmup": 1, "target_ms": 5.0, "min_reps": 20, "max_reps": 200, "flush_l2": False}
-    alone = [_core.bench(k, g, stream, t, v, snapshot, [], opts)["median_ms"]
-             for k, g, (t, v) in zip(kernels, grids, args)]
-    together = _core.bench_interleaved(kernels, grids, stream, [t for t, _ in args], [v for _, v in args], snapshot,
-                                       [], opts)
+    return (x, out, side), kernels, grids, [t for t, _ in args], [v for _, v in args], stream, snapshot, opts
+
+
+def test_interleaved_bench_starts_every_launch_from_the_snapshot(cache_dir):
+    """The second pass's timing: every candidate gets the same repetitions, and
+    every launch starts from the snapshot (the kernel accumulates into `out`)."""
+    (x, out, side), kernels, grids, types, vals, stream, snapshot, opts = _two_candidates()
+    out0 = out.copy()
+    together = _core.bench_interleaved(kernels, grids, stream, types, vals, snapshot, [], opts)
     assert together[0]["reps"] == together[1]["reps"] >= 20
-    for a, r in zip(alone, together):
-        assert r["min_ms"] <= r["median_ms"] and r["median_ms"] == pytest.approx(a, rel=0.3), (alone, together)
-    assert (alone[0] < alone[1]) == (together[0]["median_ms"] < together[1]["median_ms"]), (alone, together)
+    assert all(0 < r["min_ms"] <= r["median_ms"] for r in together), together
     cp.cuda.runtime.deviceSynchronize()
     # Each launch started from the snapshot: the last one left out0 + x, not out0 + (launches) * x.
     np.testing.assert_array_equal(out.get(), (out0 + x).get())
     with pytest.raises(ValueError, match="one grid, type list and argument list per kernel"):
-        _core.bench_interleaved(kernels, grids[:1], stream, [t for t, _ in args], [v for _, v in args], None, [],
-                                opts)
+        _core.bench_interleaved(kernels, grids[:1], stream, types, vals, None, [], opts)
+
+
+def test_interleaved_bench_times_each_kernel_as_it_times_alone(cache_dir):
+    """Interleaved, each candidate gets the time it gets alone (not under memcheck: timing)."""
+    arrays, kernels, grids, types, vals, stream, snapshot, opts = _two_candidates()  # arrays: kept alive
+    alone = [_core.bench(k, g, stream, t, v, snapshot, [], opts)["median_ms"]
+             for k, g, t, v in zip(kernels, grids, types, vals)]
+    together = _core.bench_interleaved(kernels, grids, stream, types, vals, snapshot, [], opts)
+    for a, r in zip(alone, together):
+        assert r["median_ms"] == pytest.approx(a, rel=0.3), (alone, together)
+    assert (alone[0] < alone[1]) == (together[0]["median_ms"] < together[1]["median_ms"]), (alone, together)
