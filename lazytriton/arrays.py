@@ -101,6 +101,16 @@ def is_tensor_descriptor(obj: Any) -> int:
     return int(is_descriptor(obj))
 
 
+def is_folded_constexpr(obj: Any) -> int:
+    """Called by the C++ stubs once per type: 1 for a value Triton's binder turns
+    into a constexpr when it is passed for a parameter not declared tl.constexpr
+    (a tl.constexpr, a @triton.jit function; None is checked in C)."""
+    from triton.language import constexpr
+    from triton.runtime.jit import JITFunction
+
+    return int(obj is None or isinstance(obj, (constexpr, JITFunction)))
+
+
 @dataclass(frozen=True)
 class ArrayInfo:
     ptr: int

@@ -249,6 +249,8 @@ def _scalar(a: Any) -> Any:
 def _is_ref(a: Any) -> bool:
     if isinstance(a, TransformedRef):
         return True
+    if a is None or isinstance(a, (bool, int, float, str, tuple)):
+        return False  # jax.typeof would refuse an int outside int32 (or int64 with x64) here
     try:
         return isinstance(jax.typeof(a), AbstractRef)
     except TypeError:

@@ -370,7 +370,7 @@ class LazyKernel(_core.LaunchBase):
         are always Triton's defaults: its binder specializes tuple elements
         with specialize and align on, whatever the parameter says)."""
         if v is None or _is_constexpr_value(v):
-            return Slot("constexpr")  # folded into the binary (Triton: a constexpr, keyed by value)
+            return Slot("constexpr", folded=True)  # folded into the binary (Triton: a constexpr, keyed by value)
         if isinstance(v, bool):
             return Slot("bool", in_key=in_key)
         if isinstance(v, int):
@@ -549,7 +549,7 @@ class Resolution:
         for name, v in zip(self.leaf_names, self.leaf_values):
             if is_array(v):
                 info = array_info(v, f"kernel {k.name}, argument {name}")
-                self.arrays[name] = (info.ptr, info.nbytes or 0)
+                self.arrays[name] = (info.ptr, info.nbytes)  # nbytes None: unknown (the allocation's extent)
             elif tensor_desc.is_descriptor(v):
                 d = self.descs[name] = tensor_desc.read(v, f"kernel {k.name}, argument {name}")
                 self.arrays[name] = (d.ptr, d.nbytes)  # its base: what a trial may write
@@ -736,6 +736,12 @@ class Resolution:
         return self._make_entry(self._ckey(c), c.binary, info["is_param"], info["meta"])
 
     def _make_entry(self, ckey: str, binary, is_param: list, meta: dict):
+        # A slot the stub reads as a constexpr packs nothing: a winner that takes a kernel
+        # parameter there was compiled for another specialization than this shape's.
+        for name, slot, p in zip(self.leaf_names, self.shape.slots, is_param):
+            if p and slot.kind == "constexpr":
+                raise RuntimeError(f"kernel {self.k.name}, argument {name}: internal error: the winner takes it "
+                                   "as a kernel parameter, but this call's argument shape holds it as a constexpr")
         kern = self.k._kernels.get(ckey)
         if kern is None:
             kern = self.k._kernels[ckey] = _core.Kernel(binary.cubin, binary.metadata)

@@ -37,7 +37,7 @@ FIXED_INTS = {"i8": "kFixI8", "i16": "kFixI16", "i32": "kFixI32", "i64": "kFixI6
 INT_RANGES = {t: ((-2**(int(t[1:]) - 1), 2**(int(t[1:]) - 1) - 1) if t[0] == "i" else (0, 2**int(t[1:]) - 1))
               for t in FIXED_INTS}
 # Codes of the table-driven stub (generic_stub.cc; FixedInt in python_args.h).
-_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4, "desc": 5}
+_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4, "desc": 5, "folded": 6}
 _FIXED_CODES = {t: i for i, t in enumerate(("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"))}
 _FLOAT_CODES = {"fp16": 0, "bf16": 1, "fp32": 2, "fp64": 3}
 # Float parameter types, with the C type the stub packs each as (Triton's launcher's bytes).
@@ -61,6 +61,11 @@ class Slot:
     divisibility: bool = True  # ints: the % 16 bit (tt.divisibility 16)
     float_type: str = "fp32"  # float: the parameter type, fp16 | bf16 | fp32 | fp64
     rank: int = 0  # desc: the descriptor's rank
+    # constexpr: made by the value, not declared (None, a tl.constexpr or a @triton.jit function
+    # passed for a plain parameter, which Triton's binder folds into a constexpr). The stub then
+    # takes only such values there: an array or a number is another specialization, one with a
+    # kernel parameter this shape does not have.
+    folded: bool = False
 
     def param_type(self) -> str:
         """The kernel parameter type the stub packs this argument as (a
@@ -82,6 +87,8 @@ class Slot:
             text += f":{self.float_type}"
         if self.kind == "desc":
             text += f":r{self.rank}"
+        if self.folded:
+            text += ":folded"
         return text
 
 
@@ -143,7 +150,7 @@ class Shape:
         """The slot table of the table-driven stub (csrc/python/generic_stub.cc)."""
         rows = []
         for sl in self.slots:
-            kind = _KINDS[sl.kind]
+            kind = _KINDS["folded" if sl.folded else sl.kind]
             if sl.kind == "int":
                 code = _FIXED_CODES[sl.int_type] if sl.annotated else INT_CLASSES[sl.int_type]
             elif sl.kind == "desc":
@@ -249,6 +256,8 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
             value_word += 1
     elif s.kind == "constexpr":
         member = f"uint64_t s{i};"
+        if s.folded:
+            out.append(f"if (!is_folded_constexpr({arg})) return false;")
         out.append(f"constexpr_key({arg}, &a.key[{value_word}]);")
         value_word += 2
     elif s.kind == "desc":
@@ -467,12 +476,16 @@ def stub_now(shape: Shape, on_built: Callable[[object], None] | None = None):
     """The stub for `shape` without waiting for a compiler: the generated one if
     it is loaded or on disk, else the table-driven one, while the generated one
     builds on a background thread; `on_built(module)` is then called with it
-    (on that thread). LAZYTRITON_STUB_BUILD=sync builds in the caller instead."""
+    (on that thread). LAZYTRITON_STUB_BUILD=sync builds in the caller instead;
+    =off never builds (the table-driven stub serves every call: no C++ compiler needed)."""
+    mode = os.environ.get("LAZYTRITON_STUB_BUILD", "").lower()
+    if mode == "off":
+        return generic_stub(shape)
     name = f"lt_stub_{shape.digest()}"
     module = _loaded.get(name)
     if module is not None:
         return module
-    if os.environ.get("LAZYTRITON_STUB_BUILD", "").lower() == "sync" or _built_path(name).exists():
+    if mode == "sync" or _built_path(name).exists():
         return load_stub(shape)
 
     def build():

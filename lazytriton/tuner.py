@@ -51,8 +51,8 @@ class TuneOptions:
 
 @dataclass
 class CallBuffers:
-    """The device buffers of one call, by parameter name: (pointer, bytes or 0)."""
-    arrays: dict[str, tuple[int, int]]
+    """The device buffers of one call, by parameter name: (pointer, bytes; None if unknown)."""
+    arrays: dict[str, tuple[int, int | None]]
     stream: int
 
 
@@ -83,7 +83,14 @@ def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict,
         runtime = [n for n in names if sig.get(n, "constexpr") != "constexpr"]
         written = written_pointer_args(c.binary.ttir, runtime) if c.binary.ttir else None
         out |= set(written) if written is not None else {n for n in runtime if n in arrays}
-    return sorted(n for n in out if n in arrays)
+    return sorted(n for n in out if n in arrays and arrays[n][1] != 0)  # an empty buffer: nothing to save
+
+
+def _buffers(arrays: dict, names) -> list[tuple[int, int]]:
+    """(address, bytes) for the C++ snapshot and zeroing: 0 bytes there means unknown
+    (up to the end of the allocation); a buffer known to be empty is left out (its
+    address may be no allocation at all: XLA's zero-size buffers)."""
+    return [(arrays[n][0], arrays[n][1] or 0) for n in names if n in arrays and arrays[n][1] != 0]
 
 
 class _Saved:
@@ -111,7 +118,7 @@ class _Saved:
         self.names_saved = sorted(set(self.names_saved) | set(more))
         log.info("kernel %s: saving %s for the trials%s", self.kernel_name, ", ".join(self.names_saved),
                  f" ({c.label} writes {', '.join(more)})" if self.snapshot is not None else "")
-        self.snapshot = _core.Snapshot(self.stream, [self.arrays[n] for n in self.names_saved])
+        self.snapshot = _core.Snapshot(self.stream, _buffers(self.arrays, self.names_saved))
         if self.snapshot.host_bytes:
             log.info("kernel %s: device memory is short: %d bytes of the snapshot are in pinned host memory",
                      self.kernel_name, self.snapshot.host_bytes)
@@ -126,7 +133,7 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
     candidate that compiles is never timed."""
     seen: list[Candidate] = []
     ok: list[Candidate] = []
-    zero = [arrays[n] for n in reset_to_zero if n in arrays]
+    zero = _buffers(arrays, reset_to_zero)
     saved = _Saved(kernel_name, names, arrays, restore_value, scratch, stream)
     resolved: list[TuneOptions] = []  # decided at the first trial (none: no device query)
 
@@ -205,7 +212,7 @@ def _resolved_options(options: TuneOptions, arrays: dict, device: int) -> TuneOp
     """`options` with flush_l2 decided: on when the call's buffers fit in L2."""
     if options.flush_l2 is not None:
         return options
-    total = sum(nbytes for _, nbytes in arrays.values())
+    total = sum(nbytes or 0 for _, nbytes in arrays.values())
     try:
         l2 = int(_core.device_info(device).get("l2_bytes", 0))
     except Exception:

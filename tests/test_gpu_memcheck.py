@@ -32,6 +32,9 @@ GROUPS = {
     # arrays: XLA's allocator does not apply there, the JAX groups above tune through them too.
     # Not the test that compares timings: the sanitizer changes them.
     "tune_overlap": ["test_gpu_tune_overlap.py", "-k", "not as_it_times_alone"],
+    # Issue 23: optional pointers switching between None and arrays in one process (CuPy), and a
+    # Python int beyond int32 indexing an 8 GiB buffer through lazytriton.jax.
+    "specialization": ["test_gpu_specialization.py"],
 }
 
 

@@ -275,3 +275,27 @@ def test_heuristics_are_evaluated_once_at_trace_time_and_carried_to_the_compile(
     site = jax_ffi.Site(d)
     (cfg,) = site.lazy.spec.configs
     assert cfg.kwargs == {"BLOCK": 256, "EVEN": True} and cfg.num_warps == 2 and site.options == {}
+
+
+@triton.jit
+def _copy_prefix(x, n, out, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
+
+
+@pytest.mark.parametrize("n, t", [(2**31, "i64"), (2**31 + 16, "i64"), (2**40 + 3, "i64"), (2**63 + 5, "u64"),
+                                  (-2**31 - 1, "i64"), (2**31 - 1, "i32")])
+def test_python_ints_outside_int32_are_typed_as_triton_types_them(n, t):
+    """Issue 23: a Python int beyond int32 (an 8 GiB buffer's length) beside an
+    aliased output raised OverflowError from jax.typeof before anything was bound.
+    Triton types it i64 (u64 from 2**63): so must the call site's shape."""
+    f = lambda x, o: ltj.triton_call(x, n, o, kernel=_copy_prefix, out_type=o, grid=(4,), BLOCK=128,  # noqa: E731
+                                     input_output_aliases={2: 0})
+    d = descriptor(lower(f, F32, F32))
+    assert {"name": "n", "scalar": n} in d["args"]
+    site = jax_ffi.Site(d)
+    bufs = ((0x7F0000000000, 4000), (0x7F0000100000, 4000), (0x7F0000100000, 4000))  # o aliased by the output
+    args = site.call_args(bufs)
+    shape = site.lazy._shape(site.lazy._bind_call(tuple(args), dict(site.options)))
+    slot = shape.slots[shape.names.index("n")]
+    assert (slot.kind, slot.int_type) == ("int", t)

@@ -366,3 +366,34 @@ def test_portable_key_has_constexpr_values_not_indices(stub):
     args = call(BLOCK=64)
     key = stub.stub.launch(stub.handle.handle, (1,), 0, args)
     assert stub.shape.portable_key(key, args) == key[:-1]
+
+
+@triton.jit
+def optional_pointer(x, maybe, stride, out, HAS: tl.constexpr):
+    pass
+
+
+@pytest.mark.parametrize("generated", [False, True], ids=["table-driven", "generated"])
+def test_a_none_slot_takes_only_none(cache_dir, generated):
+    """Issue 23 (TransformerEngine's permute kernel): a pointer or a stride that is
+    None in one call (Triton folds it into a constexpr: no kernel parameter) and
+    an array or an int in the next is another specialization. The stub made for
+    the first call must not take the second (it would launch the first call's
+    binary with a parameter missing: out-of-bounds reads on the GPU)."""
+    k = lazytriton.kernel(optional_pointer)
+    x, out = DeviceArray(0x7F0000000000, "fp32", 1 << 20), DeviceArray(0x7F0000100000, "fp32", 1 << 20)
+    first = (x, None, None, out, False)
+    shape = k._shape(first)
+    assert [s.kind for s in shape.slots] == ["ptr", "constexpr", "constexpr", "ptr", "constexpr"]
+    assert shape.slots[1].folded and shape.slots[2].folded and not shape.slots[4].folded
+    stub = stubgen.load_stub(shape) if generated else stubgen.generic_stub(shape)
+    assert stub.key(first) is not None
+    assert stub.key((x, None, None, out, True)) is not None  # a declared constexpr takes any value
+    assert stub.key((x, tl.constexpr(None), None, out, False)) is not None  # Triton folds a tl.constexpr too
+    for second in [(x, DeviceArray(0x7F0000200000, "fp32", 64), None, out, True),
+                   (x, None, 4096, out, False), (x, None, 1, out, False), (x, None, 2.5, out, False),
+                   (x, None, True, out, False)]:
+        assert stub.key(second) is None, second  # not this stub's shape
+        other = k._shape(second)
+        assert other.digest() != shape.digest()
+        assert (stubgen.load_stub(other) if generated else stubgen.generic_stub(other)).key(second) is not None

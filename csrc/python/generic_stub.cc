@@ -8,7 +8,8 @@
 //
 // Slot table (built by stubgen.Shape.table(), one tuple per argument):
 //   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
-//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor
+//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor,
+//         6 constexpr folded from the value (takes only None, a tl.constexpr, a @jit function)
 //   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h; a descriptor's rank
 //   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
 // Tuple arguments (lazytriton.tuples): Stub(..., arg_names, paths, tuples)
@@ -31,7 +32,7 @@ using namespace lt::pyargs;
 
 namespace {
 
-enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4, kDesc = 5 };
+enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4, kDesc = 5, kFolded = 6 };
 enum FloatCode { kFp16 = 0, kBf16 = 1, kFp32 = 2, kFp64 = 3 };
 
 struct SlotSpec {
@@ -174,6 +175,9 @@ bool read(const Stub* s, PyObject* args, Read& r) {
         r.descs.push_back(d);
         break;
       }
+      case kFolded:  // an array or a number here is another shape
+        if (!is_folded_constexpr(arg)) return false;
+        [[fallthrough]];
       default:  // constexpr
         constexpr_key(arg, &r.key[vw]);
         vw += 2;
@@ -242,7 +246,7 @@ PyObject* stub_params(PyObject* self, PyObject* args) {
   size_t k = 0;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
-    PyObject* item = sl.kind == kConstexpr ? Py_NewRef(Py_None)
+    PyObject* item = sl.kind == kConstexpr || sl.kind == kFolded ? Py_NewRef(Py_None)
                      : sl.kind == kDesc    ? desc_tuple(r.descs[k++])
                                            : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&r.cell[size_t(i)]),
                                                                        Py_ssize_t(sl.size));

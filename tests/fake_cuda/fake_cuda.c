@@ -7,7 +7,10 @@
 //     rank dims, rank - 1 byte strides, rank box dims, rank element strides).
 //   cuLaunchKernelEx / cuLaunchKernel: one JSON line appended to $FAKE_CUDA_LOG
 //     with the grid, block, shared bytes and every parameter's bytes in hex;
-//     parameter sizes come from $FAKE_CUDA_PARAM_SIZES ("kernel:8,128,4;other:8").
+//     parameter sizes come from the cubin itself (its .nv.info.<kernel> section's
+//     KPARAM_INFO records: what the GPU would read), else from $FAKE_CUDA_PARAM_SIZES
+//     ("kernel:8,128,4;other:8"); "image" is a hash of the cubin the function came
+//     from, so a test can tell which compiled specialization was launched.
 // Device: one sm_90 GPU ("FAKE sm_90"; $FAKE_CUDA_CC=80 makes it sm_80). Memory calls hand out
 // addresses nothing reads.
 #include <stdarg.h>
@@ -25,7 +28,17 @@ typedef void* CUstream;
 typedef void* CUevent;
 
 typedef struct {
+  uint64_t hash;  // FNV-1a of the image
+  const unsigned char* image;  // a copy (the caller may free its own)
+  size_t size;
+} FakeModule;
+
+#define MAX_PARAMS 512
+typedef struct {
   char name[256];
+  uint64_t image_hash;
+  int n_params;  // -1: the cubin did not say (then $FAKE_CUDA_PARAM_SIZES)
+  int param_sizes[MAX_PARAMS];
 } FakeFunction;
 
 typedef struct {
@@ -37,7 +50,7 @@ typedef struct {
   unsigned numAttrs;
 } FakeLaunchConfig;  // CUlaunchConfig's layout
 
-static int g_ctx_token, g_module_token, g_event_token;
+static int g_ctx_token, g_event_token;
 static CUdeviceptr g_next_alloc = 0x7e0000000000ull;
 
 #define OK return 0
@@ -81,12 +94,84 @@ CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; OK; }
 CUresult cuCtxSynchronize(void) { OK; }
 CUresult cuCtxGetLimit(size_t* v, int limit) { (void)limit; *v = 0; OK; }
 CUresult cuCtxSetLimit(int limit, size_t v) { (void)limit; (void)v; OK; }
-CUresult cuModuleLoadData(CUmodule* m, const void* image) { (void)image; *m = &g_module_token; OK; }
+// An ELF64 image's size: its section header table ends it (cubins put it last).
+static size_t elf_size(const unsigned char* e) {
+  if (memcmp(e, "\177ELF", 4) != 0 || e[4] != 2) return 0;
+  uint64_t shoff;
+  uint16_t shentsize, shnum;
+  memcpy(&shoff, e + 0x28, 8);
+  memcpy(&shentsize, e + 0x3A, 2);
+  memcpy(&shnum, e + 0x3C, 2);
+  return (size_t)(shoff + (uint64_t)shentsize * shnum);
+}
+
+CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+  FakeModule* mod = (FakeModule*)calloc(1, sizeof(FakeModule));  // kept: handles outlive modules here
+  mod->size = elf_size((const unsigned char*)image);
+  if (mod->size) {
+    unsigned char* copy = (unsigned char*)malloc(mod->size);
+    memcpy(copy, image, mod->size);
+    mod->image = copy;
+  }
+  mod->hash = 1469598103934665603ull;
+  for (size_t i = 0; i < mod->size; ++i) mod->hash = (mod->hash ^ mod->image[i]) * 1099511628211ull;
+  *m = mod;
+  OK;
+}
 CUresult cuModuleUnload(CUmodule m) { (void)m; OK; }
+
+// The parameter sizes of kernel `name` from the cubin's .nv.info.<name> section:
+// EIATTR_KPARAM_INFO (0x17) records, 12-byte payload: index u32, ordinal u16,
+// offset u16, then a word whose bits 18.. hold the size in bytes. -1 if absent.
+static int cubin_param_sizes(const FakeModule* mod, const char* name, int* sizes) {
+  const unsigned char* e = mod->image;
+  if (!e) return -1;
+  uint64_t shoff;
+  uint16_t shentsize, shnum, shstrndx;
+  memcpy(&shoff, e + 0x28, 8);
+  memcpy(&shentsize, e + 0x3A, 2);
+  memcpy(&shnum, e + 0x3C, 2);
+  memcpy(&shstrndx, e + 0x3E, 2);
+  uint64_t stroff;
+  memcpy(&stroff, e + shoff + (uint64_t)shentsize * shstrndx + 0x18, 8);
+  char want[300];
+  snprintf(want, sizeof(want), ".nv.info.%s", name);
+  for (uint16_t i = 0; i < shnum; ++i) {
+    const unsigned char* sh = e + shoff + (uint64_t)shentsize * i;
+    uint32_t name_off;
+    uint64_t off, size;
+    memcpy(&name_off, sh, 4);
+    memcpy(&off, sh + 0x18, 8);
+    memcpy(&size, sh + 0x20, 8);
+    if (strcmp((const char*)e + stroff + name_off, want) != 0) continue;
+    int n = 0;
+    for (uint64_t p = off; p + 4 <= off + size;) {
+      unsigned fmt = e[p], attr = e[p + 1];
+      uint16_t len = 0;
+      if (fmt == 0x04) memcpy(&len, e + p + 2, 2);  // EIFMT_SVAL: a payload of len bytes follows
+      if (fmt == 0x04 && attr == 0x17 && len >= 12) {
+        uint16_t ordinal;
+        uint32_t word;
+        memcpy(&ordinal, e + p + 8, 2);
+        memcpy(&word, e + p + 12, 4);
+        if (ordinal < MAX_PARAMS) {
+          sizes[ordinal] = (int)(word >> 18);
+          if (ordinal + 1 > n) n = ordinal + 1;
+        }
+      }
+      p += 4 + (fmt == 0x04 ? len : 0);
+    }
+    return n;
+  }
+  return -1;
+}
+
 CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
-  (void)m;
   FakeFunction* fn = (FakeFunction*)calloc(1, sizeof(FakeFunction));  // kept: handles outlive modules here
   snprintf(fn->name, sizeof(fn->name), "%s", name);
+  const FakeModule* mod = (const FakeModule*)m;
+  fn->image_hash = mod ? mod->hash : 0;
+  fn->n_params = mod ? cubin_param_sizes(mod, name, fn->param_sizes) : -1;
   *f = fn;
   OK;
 }
@@ -116,7 +201,12 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)p, (void)s; OK; }
 CUresult cuMemAllocHost(void** p, size_t n) { *p = malloc(n ? n : 1); OK; }
 CUresult cuMemFreeHost(void* p) { free(p); OK; }
 CUresult cuMemGetInfo(size_t* free_b, size_t* total_b) { *free_b = (size_t)64 << 30; *total_b = (size_t)80 << 30; OK; }
-CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) { *base = p; *size = 1 << 20; OK; }
+CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  if (p == 0) return 500;  // CUDA_ERROR_NOT_FOUND: no allocation holds it (XLA's zero-size buffers)
+  *base = p;
+  *size = 1 << 20;
+  OK;
+}
 CUresult cuMemcpyDtoDAsync(CUdeviceptr a, CUdeviceptr b, size_t n, CUstream s) { (void)a, (void)b, (void)n, (void)s; OK; }
 CUresult cuMemcpyDtoHAsync(void* a, CUdeviceptr b, size_t n, CUstream s) { (void)b, (void)s; memset(a, 0, n); OK; }
 CUresult cuMemcpyHtoDAsync(CUdeviceptr a, const void* b, size_t n, CUstream s) { (void)a, (void)b, (void)n, (void)s; OK; }
@@ -174,14 +264,18 @@ static int param_sizes(const char* name, int* sizes, int max) {
 static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
                        unsigned nattrs, void* f, void** params) {
   const char* path = getenv("FAKE_CUDA_LOG");
-  const char* name = ((FakeFunction*)f)->name;
-  int sizes[512];
-  int n = param_sizes(name, sizes, 512);
+  const FakeFunction* fn = (const FakeFunction*)f;
+  const char* name = fn->name;
+  int env_sizes[MAX_PARAMS];
+  const int* sizes = fn->param_sizes;
+  int n = fn->n_params;
+  if (n < 0) n = param_sizes(name, env_sizes, MAX_PARAMS), sizes = env_sizes;
   if (!path || n < 0) return 1;
   FILE* out = fopen(path, "a");
   if (!out) return 1;
-  fprintf(out, "{\"via\": \"%s\", \"kernel\": \"%s\", \"grid\": [%u, %u, %u], \"block\": %u, \"shared\": %u, "
-               "\"attrs\": %u, \"params\": [", how, name, gx, gy, gz, bx, shared, nattrs);
+  fprintf(out, "{\"via\": \"%s\", \"kernel\": \"%s\", \"image\": \"%016llx\", \"grid\": [%u, %u, %u], "
+               "\"block\": %u, \"shared\": %u, \"attrs\": %u, \"params\": [",
+          how, name, (unsigned long long)fn->image_hash, gx, gy, gz, bx, shared, nattrs);
   for (int i = 0; i < n; ++i) {
     fprintf(out, "%s\"", i ? ", " : "");
     const unsigned char* b = (const unsigned char*)params[i];

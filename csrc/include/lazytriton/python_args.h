@@ -206,6 +206,22 @@ inline bool is_tensor_desc_type(PyObject* obj) {
   return v == 1;
 }
 
+// A value Triton's binder folds into a constexpr when it is passed for a
+// parameter not declared tl.constexpr: None, a tl.constexpr, a @triton.jit
+// function (decided once per type by lazytriton.arrays.is_folded_constexpr).
+// A slot made from such a value takes only such values (stubgen.Slot.folded).
+inline bool is_folded_constexpr(PyObject* obj) {
+  if (obj == Py_None) return true;
+  static IdentityCache<16> cache;
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  int v;
+  if (cache.get(type, &v)) return v == 1;
+  v = ask_python("is_folded_constexpr", obj);
+  if (v < 0) return PyErr_Clear(), false;
+  cache.put(type, v);
+  return v == 1;
+}
+
 // `n` ints from a sequence attribute (list, tuple, torch.Size; items with __index__).
 inline bool read_ints(PyObject* obj, PyObject* attr, int n, int64_t* out) {
   PyObject* seq = PyObject_GetAttr(obj, attr);
