@@ -1,11 +1,12 @@
-"""First-step time of a 2-process jax.distributed job (one GPU each, fresh
-caches), with and without agreement (LAZYTRITON_AGREE), for a jitted program
-whose 8-config autotuned matmul goes through lazytriton.jax.triton_call.
-Needs two GPUs.
+"""First-step time of a jax.distributed job of 2 and of 4 processes (fresh
+caches per rank, as separate hosts would have), with and without agreement
+(LAZYTRITON_AGREE), for a jitted program whose 8-config autotuned matmul goes
+through lazytriton.jax.triton_call. Ranks share the GPUs round-robin: on a
+one-GPU machine every rank runs on GPU 0.
 
 A thin entry point: the measuring code is the harness's (lazytriton/bench/
 distributed.py), this runs its `distributed` section and prints the table:
-    python benchmarks/distributed_first_step.py [--processes N] [--out DIR]
+    python benchmarks/distributed_first_step.py [--out DIR]
 """
 import sys
 

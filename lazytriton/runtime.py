@@ -24,7 +24,7 @@ from triton.runtime.jit import JITFunction
 from . import _core, compiler, keys, pre_hooks, stubgen, tensor_desc, tuples
 from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
-from .cache import Cache, TuningRecord, settings
+from .cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, compile_stream, device_target
 from .spec import KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
 from .stubgen import Shape, Slot
@@ -583,10 +583,35 @@ class Resolution:
         cache, st = k.cache, settings()
         agreement = distributed.agreement() if self.mode == "tune" else None
         if agreement is not None:  # many processes (jax.distributed): one resolves, all launch its winner
-            return agreement.resolve(k.name, tkey, lambda: (self._here(cache, tkey, st), self.record.to_dict()),
-                                     lambda rec, origin: self._entry(self._tune(cache, tkey, self._candidates(),
-                                                                                True, agreed=(rec, origin))))
+            return agreement.resolve(k.name, tkey, lambda: self._shared(cache, self._here(cache, tkey, st)),
+                                     lambda rec, origin, binary: self._adopt(cache, tkey, rec, origin, binary),
+                                     cached=lambda: self._cached(cache, tkey, st))
         return self._here(cache, tkey, st)
+
+    def _cached(self, cache: Cache, tkey: str, st):
+        """The cached winner for agreement to publish, or None (no compile)."""
+        if st.retune:
+            return None
+        with cache.lock(tkey):
+            hit = self._from_record(cache, cache.load_record(tkey))
+        return None if hit is None else self._shared(cache, hit)
+
+    def _shared(self, cache: Cache, entry):
+        """(entry, record, winner's binary) for agreement to publish."""
+        binary = cache.load_binary(self.record.winner)
+        return entry, self.record.to_dict(), None if binary is None else encode_binary(self.record.winner, binary)
+
+    def _adopt(self, cache: Cache, tkey: str, rec: dict, origin: dict, binary: bytes | None):
+        """Launch another process's winner; its binary, when it came along and is
+        what this process would compile (same compile key), goes into the cache first."""
+        cands = self._candidates()
+        if binary is not None and self._ckey(cands[rec["winner_index"]]) == rec.get("winner"):
+            try:
+                cache.store_binary(rec["winner"], decode_binary(rec["winner"], binary))
+            except BadEntry as exc:  # then it compiles here
+                log.warning("kernel %s: the winner's binary from rank %s is unusable (%s); compiling it here",
+                            self.k.name, origin.get("rank"), exc)
+        return self._entry(self._tune(cache, tkey, cands, True, agreed=(rec, origin)))
 
     def _here(self, cache: Cache, tkey: str, st):
         """Resolve as a lone process: the cached winner, else compile and tune."""

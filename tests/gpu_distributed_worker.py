@@ -1,9 +1,8 @@
-"""One process of a 2-GPU jax.distributed job (tests/test_gpu_distributed.py,
-benchmarks/distributed_first_step.py): a jitted program whose autotuned matmul
-goes through lazytriton.jax.triton_call; prints one JSON line with the winner's
+"""One process of a jax.distributed job on a GPU machine (tests/test_gpu_distributed.py):
+a jitted program whose autotuned matmul goes through lazytriton.jax.triton_call; prints one JSON line with the winner's
 config index, who tuned, the first step's time and the result's error.
 
-    CUDA_VISIBLE_DEVICES=R LAZYTRITON_CACHE_DIR=... python gpu_distributed_worker.py R N PORT [SIZE]
+    CUDA_VISIBLE_DEVICES=G LAZYTRITON_CACHE_DIR=... python gpu_distributed_worker.py R N PORT [SIZE]
 """
 import json
 import sys

@@ -134,6 +134,8 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     assert "small" not in next(g for g in quick if g.name == "torch").rows
     two, _ = plan.build("full", gpus=2, importable=_all)
     assert "distributed" in [g.name for g in two]
+    one, _ = plan.build("full", gpus=1, importable=_all, only={"distributed"})
+    assert "distributed" in [g.name for g in one]  # asked for: its ranks share the one GPU
 
 
 def test_schedule_is_round_robin_and_cold_rows_precede_their_warm_rows():

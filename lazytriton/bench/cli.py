@@ -95,9 +95,9 @@ def run(args) -> int:
     if n < 1:
         print("--processes must be at least 1", file=sys.stderr)
         return 2
-    groups, skipped = plan.build(suite, gpus=max(gpus, 1))
+    wanted = {s.strip() for s in args.only.split(",") if s.strip()} if args.only else None
+    groups, skipped = plan.build(suite, gpus=max(gpus, 1), only=wanted)
     if args.only:
-        wanted = {s.strip() for s in args.only.split(",") if s.strip()}
         unknown = wanted - set(plan.SECTION_ORDER)
         if unknown:
             print(f"--only: unknown section(s) {', '.join(sorted(unknown))} (sections: "
