@@ -484,11 +484,10 @@ def test_fault_injection_every_file_the_runtime_writes(fake_driver, triton_cache
 
     # C++ bundle manifest and a cubin of it.
     bundle = tmp_path / "bundle"
-    script = BUNDLE_ADD
-    r = subprocess.run([sys.executable, "-c", script.format(tests=str(HERE)), str(bundle)], env=env,
+    r = subprocess.run([sys.executable, "-c", BUNDLE_ADD.format(tests=str(HERE)), str(bundle)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert read_bundle(bundle_reader, bundle, env).strip() in ("launched", "")
+    assert read_bundle(bundle_reader, bundle, env).strip() == ("launched" if bundle_reader else "")
     [cubin] = (bundle / "cubins").glob("*.cubin")
     cubin.write_bytes(cubin.read_bytes()[:64])
     if bundle_reader is not None:  # the C++ reader names what is broken: it cannot rebuild
@@ -500,14 +499,14 @@ def test_fault_injection_every_file_the_runtime_writes(fake_driver, triton_cache
         assert "manifest.json" in read_bundle(bundle_reader, bundle, env)
     assert cli.main(["bundle", str(bundle)]) == 1  # listing a broken bundle names it
     assert "not a readable bundle manifest" in capsys.readouterr().err
-    r = subprocess.run([sys.executable, "-c", script.format(tests=str(HERE)), str(bundle)], env=env,
+    r = subprocess.run([sys.executable, "-c", BUNDLE_ADD.format(tests=str(HERE)), str(bundle)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"variants": 1}
     assert r.stderr.count("discarding its unreadable manifest") == 1, r.stderr[-3000:]
     assert r.stderr.count("replacing cubins/") == 1, r.stderr[-3000:]
     assert cli.main(["bundle", str(bundle)]) == 0
-    assert read_bundle(bundle_reader, bundle, env).strip() in ("launched", "")
+    assert read_bundle(bundle_reader, bundle, env).strip() == ("launched" if bundle_reader else "")
 
     # Exported archive: refused whole with its name, nothing installed; the cache still serves.
     archive = tmp_path / "kernels.tar.gz"
