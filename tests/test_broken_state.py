@@ -385,7 +385,7 @@ def test_cache_clear_removes_launch_stubs_too(fake_driver, triton_cache, tmp_pat
     cache = tmp_path / "cache"
     first_call(fake_env(fake_driver, cache, triton_cache, LAZYTRITON_STUB_BUILD="sync"))
     assert len(stubs(cache)) == 1
-    assert cli.main(["cache", "clear", "--cache-dir", str(cache)]) == 0
+    assert cli.main(["cache", "--cache-dir", str(cache), "clear"]) == 0
     assert "and 1 launch stub" in capsys.readouterr().out
     assert stubs(cache) == []
 
