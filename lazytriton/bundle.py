@@ -265,12 +265,22 @@ def _identity(v: dict) -> tuple:
 # -- the directory -------------------------------------------------------------------------
 
 
-def read_manifest(path: os.PathLike | str) -> dict:
-    """The bundle's manifest (an empty one if the directory has none)."""
+def read_manifest(path: os.PathLike | str, heal: bool = False) -> dict:
+    """The bundle's manifest (an empty one if the directory has none). One that
+    is not JSON (cut short, garbage) is a ValueError, or, with `heal` (a writer
+    about to rewrite it), discarded with a warning: only lazytriton writes it."""
     f = Path(path) / MANIFEST
     try:
-        doc = json.loads(f.read_text())
+        doc = json.loads(f.read_bytes())
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON {type(doc).__name__}, not an object")
     except FileNotFoundError:
+        return {"format": FORMAT, "version": VERSION, "kernels": {}}
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError too
+        if not heal:
+            raise ValueError(f"{f}: not a readable bundle manifest ({exc})") from None
+        log.warning("bundle %s: discarding its unreadable manifest (%s); starting a new one (the winners it listed "
+                    "are written again as their kernels are added)", path, exc)
         return {"format": FORMAT, "version": VERSION, "kernels": {}}
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise ValueError(f"{f}: not a version-{VERSION} lazytriton bundle")
@@ -291,11 +301,17 @@ def write_variant(path: os.PathLike | str, desc: dict, variant: dict, cubin: byt
     (d / "cubins").mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(cubin).hexdigest()
     rel = f"cubins/{digest[:32]}.cubin"
-    if not (d / rel).exists():
+    try:
+        ok = hashlib.sha256((d / rel).read_bytes()).hexdigest() == digest
+    except FileNotFoundError:
+        ok = None
+    if not ok:
+        if ok is False:
+            log.warning("bundle %s: replacing %s (its contents do not match its name: a write cut short?)", d, rel)
         atomic_write(d / rel, cubin)
     variant = {**variant, "cubin": rel, "cubin_size": len(cubin), "cubin_sha256": digest}
     with _locked(d):
-        manifest = read_manifest(d)
+        manifest = read_manifest(d, heal=True)
         entry = manifest["kernels"].setdefault(desc["source"], {"variants": []})
         entry.update({k: v for k, v in desc.items() if k != "variants"})
         entry["variants"] = [v for v in entry["variants"] if _identity(v) != _identity(variant)] + [variant]
@@ -367,6 +383,10 @@ class Bundle:
 def cli_list(args) -> int:
     """`lazytriton bundle [DIR]`: the kernels and winners of a bundle."""
     b = Bundle(args.dir)
+    if args.dir is not None and not (b.path / MANIFEST).is_file():
+        why = "no manifest.json in it" if b.path.is_dir() else "no such directory"
+        print(f"error: {b.path} is not a lazytriton bundle ({why})", file=sys.stderr)
+        return 1
     try:
         manifest = b.manifest()
     except (ValueError, OSError) as exc:

@@ -23,7 +23,13 @@ def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
     cache_p.add_argument("--cache-dir", default=None,
                          help="cache root (default: $LAZYTRITON_CACHE_DIR or ~/.cache/lazytriton)")
     cache_p.set_defaults(func=lambda args: _usage(cache_p))
+    # --cache-dir is taken after the subcommand too (SUPPRESS: an absent one
+    # leaves the value given before it).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = cache_p.add_subparsers(dest="cache_command", metavar="COMMAND")
+    _add = sub.add_parser
+    sub.add_parser = lambda *a, **k: _add(*a, parents=[common], **k)  # type: ignore[method-assign]
 
     p = sub.add_parser("list", help="list cached binaries and tuning records")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -34,8 +40,9 @@ def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("clear", help="remove entries (all, or those of one kernel)")
-    p.add_argument("--kernel", default=None, help="only entries of this kernel name")
+    p = sub.add_parser("clear", help="remove entries (all, with the built launch stubs; or those of one kernel)")
+    p.add_argument("--kernel", default=None, help="only entries of this kernel name (launch stubs, shared by "
+                                                  "kernels, stay)")
     p.set_defaults(func=cmd_clear)
 
     p = sub.add_parser("export", help="write all valid entries to a bundle file (.tar.gz)")
@@ -156,9 +163,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    removed = _open_cache(args).clear(args.kernel)
+    cache = _open_cache(args)
+    removed = cache.clear(args.kernel)
     what = f" of kernel {args.kernel}" if args.kernel else ""
-    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'}{what}")
+    stubs = ""
+    if not args.kernel:
+        from .stubgen import clear_stubs
+
+        n = clear_stubs(cache.root)
+        stubs = f" and {n} launch stub{'' if n == 1 else 's'}"
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'}{what}{stubs}")
     return 0
 
 

@@ -146,7 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return args.func(args)
+    from .cache.config import SettingError
+
+    try:
+        return args.func(args)
+    except SettingError as exc:  # a LAZYTRITON_* variable of the environment, named: no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from .cache.config import compile_workers
 from .compile_server import BOOTSTRAP, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
 
 log = logging.getLogger("lazytriton.compile_pool")
@@ -40,9 +41,9 @@ class WorkerCrashed(RuntimeError):
 
 
 def default_workers() -> int:
-    env = os.environ.get("LAZYTRITON_COMPILE_WORKERS")
-    if env is not None and env.strip() != "":
-        return max(0, int(env))
+    n = compile_workers()
+    if n is not None:
+        return n
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

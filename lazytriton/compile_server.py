@@ -200,7 +200,12 @@ def _warm_up(key: threading.Thread) -> float:
         os.environ["TRITON_CACHE_DIR"] = d  # Triton's knobs read the environment at each use
         triton_cache.triton_key = lambda: "lazytriton-compile-server-warm-up"
         try:
-            arch = int(os.environ.get("LAZYTRITON_DEFAULT_ARCH", "90"))
+            from lazytriton.cache.config import default_arch
+
+            try:
+                arch = default_arch(90)
+            except ValueError:  # a warm-up only: the caller reports the bad setting
+                arch = 90
             triton.compile(ASTSource(_lt_warm_up, {"x": "*fp32", "n": "i32", "B": "constexpr"}, {(2,): 128}),
                            target=GPUTarget("cuda", arch, 32))
         finally:

@@ -5,6 +5,7 @@ candidate for the device's target, in parallel worker processes
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import logging
 import os
 import sys
@@ -19,16 +20,45 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
 from . import compile_pool, tuples
-from .cache import CompiledBinary
+from .cache import CompiledBinary, config
 from .spec import KernelSpec, is_gluon
 
 log = logging.getLogger("lazytriton.compiler")
 
 DEFAULT_ARCH = 90  # target used to compile when no GPU is present (demo, tests)
 
+# CPython 3.11 keeps the depth counter of ast.parse's AST-to-object conversion
+# per interpreter, not per thread: two threads parsing at once can fail with
+# "SystemError: AST constructor recursion depth mismatch". Triton parses a
+# kernel and each @jit function it calls in JITFunction.parse (its front end,
+# and cache_key's dependency walk), and lazytriton runs those on threads: the
+# candidates' compiles (LAZYTRITON_COMPILE_WORKERS=0, kernels no worker can
+# import) and the background specializer warm-up. A parse holds the GIL
+# throughout anyway, so running one at a time costs nothing.
+PARSE_LOCK = threading.Lock()
+
+
+def _serialize_parse() -> None:
+    from triton.runtime.jit import JITFunction  # GluonJITFunction inherits parse
+
+    parse = JITFunction.parse
+    if getattr(parse, "lazytriton_serialized", False):
+        return
+
+    @functools.wraps(parse)
+    def serialized(self):
+        with PARSE_LOCK:
+            return parse(self)
+
+    serialized.lazytriton_serialized = True
+    JITFunction.parse = serialized
+
+
+_serialize_parse()
+
 
 def default_target() -> GPUTarget:
-    return GPUTarget("cuda", int(os.environ.get("LAZYTRITON_DEFAULT_ARCH", DEFAULT_ARCH)), 32)
+    return GPUTarget("cuda", config.default_arch(DEFAULT_ARCH), 32)
 
 
 def device_target(capability: tuple[int, int]) -> GPUTarget:
@@ -112,7 +142,11 @@ def warm_up() -> None:
     global _priming
     compile_pool.start()
     if _priming is None and not _specializer_primed:
-        _priming = threading.Thread(target=_prime_quietly, name="lazytriton-prime-specializer", daemon=True)
+        # Not a daemon: a process that ends while it primes (a short script
+        # whose first call found its winner on disk) waits for it; a daemon
+        # thread stopped inside Triton's C++ at exit aborts the process
+        # ("terminate called ... FATAL: exception not rethrown").
+        _priming = threading.Thread(target=_prime_quietly, name="lazytriton-prime-specializer", daemon=False)
         _priming.start()
 
 

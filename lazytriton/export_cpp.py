@@ -13,12 +13,15 @@ same launch path as any other C++ call.
 """
 from __future__ import annotations
 
+import ast
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from . import bundle, tuples
+from .spec import describe as describe_spec
 
 # Half-precision scalars are taken as double: converted once, from the double, as
 # Triton's launcher converts them (through float they could round twice).
@@ -87,6 +90,74 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
             if sub and p["annotation"]:
                 raise ValueError(f"kernel {name}, argument {p['name']}: annotated {p['annotation']}, not a tuple")
             out.append((p["name"] + "".join(f"_{i}" for i in sub), t))
+    return out
+
+
+_ADDRESS_OPS = {"load", "store", "make_block_ptr", "make_tensor_descriptor", "atomic_add", "atomic_and",
+                "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_xchg", "atomic_xor"}
+_ADDRESS_KEYWORDS = ("pointer", "base")
+_HINTS = {"multiple_of", "max_contiguous", "max_constancy"}  # return their first argument
+
+
+def check_addresses(kernel_src: str, desc: dict, params: list[tuple[str, str]]) -> None:
+    """Refuses a signature that declares a scalar where the kernel computes an
+    address (tl.load/tl.store/atomics/block pointers) from runtime arguments
+    none of which is declared a pointer: e.g. "*fp32,*fp32,*fp32,i32" for a
+    kernel (x, y, n, out), which would compile `out` as an int and `n` as a pointer."""
+    types = dict(params)
+    tree = ast.parse(kernel_src)
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    assigned.setdefault(t.id, []).append(node.value)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name) and node.value:
+            assigned.setdefault(node.target.id, []).append(node.value)
+
+    def bases(e: ast.expr, seen: frozenset = frozenset()) -> set[str]:
+        """The runtime arguments an address expression is built from (through + and -)."""
+        if isinstance(e, ast.Name):
+            if e.id in types:
+                return {e.id}
+            if e.id in seen:
+                return set()
+            return set().union(*(bases(v, seen | {e.id}) for v in assigned.get(e.id, [])))
+        if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub)):
+            return bases(e.left, seen) | bases(e.right, seen)
+        if isinstance(e, ast.IfExp):
+            return bases(e.body, seen) | bases(e.orelse, seen)
+        if isinstance(e, ast.Call) and _callee(e) in _HINTS and e.args:
+            return bases(e.args[0], seen)
+        return set()
+
+    for call in ast.walk(fn):
+        if not isinstance(call, ast.Call) or _callee(call) not in _ADDRESS_OPS:
+            continue
+        addr = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg in _ADDRESS_KEYWORDS),
+                                                   None)
+        found = bases(addr) if addr is not None else set()
+        if found and not any(types[a].startswith(("*", "tensordesc")) for a in found):
+            declared = ", ".join(f"{n}: {t}" for n, t in params)
+            unused = [n for n, t in params if t.startswith("*") and n not in _all_bases(fn, bases)]
+            also = f"; {', '.join(unused)} declared a pointer but never used as an address" if unused else ""
+            raise ValueError(f"kernel {desc['name']}: the signature does not fit the kernel: "
+                             f"{', '.join(sorted(found))} declared {', '.join(types[a] for a in sorted(found))} "
+                             f"but the kernel uses it as an address ({ast.unparse(call)[:80]}){also}. The signature "
+                             f"gives its runtime arguments in order ({declared}): check the order of the types")
+
+
+def _callee(call: ast.Call) -> str | None:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+def _all_bases(fn, bases) -> set[str]:
+    out: set[str] = set()
+    for call in ast.walk(fn):
+        if isinstance(call, ast.Call) and _callee(call) in _ADDRESS_OPS and call.args:
+            out |= bases(call.args[0])
     return out
 
 
@@ -173,8 +244,18 @@ def export(kernel: str, signature: str, constexprs: dict | None = None, out_dir:
     for p in reversed(list(python_path)):
         if p not in sys.path:
             sys.path.insert(0, p)
-    desc = bundle.describe(bundle.load_source(kernel), kernel)
-    hname, header, source = generate(desc, signature, dict(constexprs or {}), function)
+    if os.getcwd() not in sys.path:  # as `python -m` does: the kernel's module may be in the current directory
+        sys.path.append(os.getcwd())
+    try:
+        obj = bundle.load_source(kernel)
+    except ImportError as exc:
+        raise ImportError(f"{exc.args[0].split('; put')[0]}; searched --path {list(python_path) or '(none given)'}, "
+                          f"the current directory {os.getcwd()} and sys.path: give the module's directory with "
+                          "--path DIR") from exc
+    desc = bundle.describe(obj, kernel)
+    constexprs = dict(constexprs or {})
+    check_addresses(describe_spec(obj).fn.src, desc, runtime_params(desc, signature, constexprs))
+    hname, header, source = generate(desc, signature, constexprs, function)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     h, cc = out / hname, out / (hname[:-2] + ".cc")
@@ -185,7 +266,6 @@ def export(kernel: str, signature: str, constexprs: dict | None = None, out_dir:
 
 def parse_constexpr(text: str) -> tuple[str, Any]:
     """NAME=VALUE with VALUE a Python literal (1024, 2.5, True, None, 'x'); else a string."""
-    import ast
 
     name, sep, value = text.partition("=")
     if not sep or not name.strip():

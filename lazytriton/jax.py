@@ -151,7 +151,7 @@ def triton_call(*args: Any, kernel: Any, out_type: Any = None,
     if out_type is None:
         raise TypeError(f"{label}: out_type= (or the deprecated out_shape=) is required")
     flat_out, out_tree = jax.tree_util.tree_flatten(out_type)
-    out_types = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in flat_out]
+    out_types = [_out_type(o, label) for o in flat_out]
     options = _options(label, backend_options, num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
                        debug=debug, enable_fp_fusion=enable_fp_fusion)
     call = _bind(kernel, label, list(args), kwargs, out_types, dict(input_output_aliases or {}))
@@ -289,6 +289,16 @@ class _Call:
     call_params: list = dataclasses.field(default_factory=list)
     paths: list = dataclasses.field(default_factory=list)
     layout: list = dataclasses.field(default_factory=list)
+
+
+def _out_type(leaf: Any, label: str):
+    """One output's type: any object with .shape and .dtype (an array, a jax.ShapeDtypeStruct)."""
+    try:
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
+    except (AttributeError, TypeError) as exc:
+        raise TypeError(f"{label}: out_type takes a pytree of objects with .shape and .dtype (arrays, "
+                        f"jax.ShapeDtypeStruct((4096,), jnp.float32)), one per output; it holds {leaf!r} "
+                        f"({type(leaf).__name__})") from exc
 
 
 def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases: dict) -> _Call:

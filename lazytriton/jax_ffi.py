@@ -6,13 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import struct
 import threading
 from typing import Any
 
 from . import _core, keys, paths, stubgen, tensor_desc
 from .arrays import DeviceArray
+from .cache import config
 
 log = logging.getLogger("lazytriton.jax")
 
@@ -48,7 +48,7 @@ def handler_module():
         name = "lt_jax_ffi"
         src = paths.jax_handler_source().read_text()
         # LAZYTRITON_PREBUILT_HANDLER=0: ignore the prebuilt one (as a wheel built in isolation has none).
-        use_prebuilt = os.environ.get("LAZYTRITON_PREBUILT_HANDLER", "1") != "0"
+        use_prebuilt = config.prebuilt_handler()
         _module, how = (_prebuilt_handler(name, src, jaxlib.__version__) if use_prebuilt else None), "prebuilt"
         if _module is None:
             tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
@@ -249,7 +249,7 @@ class Site:
         args = self.call_args(buffers, leaves)
         mode = "tune"
         if capturing:
-            mode = "first" if os.environ.get("LAZYTRITON_CAPTURE_FALLBACK") == "first_config" else "record"
+            mode = "first" if config.capture_fallback() == "first_config" else "record"
         log.info("%s: resolving on its first execution (%s)", self.name,
                  "stream capturing" if capturing else "tuning allowed")
         if capturing:

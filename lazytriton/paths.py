@@ -1,7 +1,6 @@
 """Where lazytriton's installed pieces and its cache live."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -28,8 +27,6 @@ def cmake_dir() -> Path:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("LAZYTRITON_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lazytriton"
+    from .cache.config import default_cache_dir  # the one reader of LAZYTRITON_CACHE_DIR
+
+    return default_cache_dir()

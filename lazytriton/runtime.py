@@ -156,7 +156,7 @@ class LazyKernel(_core.LaunchBase):
         # JAX handler, embedders), so no stub build is started for them.
         shape = self._shape(args)
         self._check_launchable(shape, args)
-        key = stubgen.stub_if_built(shape).key(args)
+        key = stubgen.stub_if_built(shape, self.name).key(args)
         if key is None:
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
@@ -272,7 +272,7 @@ class LazyKernel(_core.LaunchBase):
         with self._lock:
             # No compiler on this path: the table-driven stub serves until the
             # generated one is built in the background (stubgen.stub_now).
-            module = stubgen.stub_now(shape, lambda built: self._use_built_stub(shape, built))
+            module = stubgen.stub_now(shape, lambda built: self._use_built_stub(shape, built), self.name)
             self._shapes[module.launch] = shape
             if module.launch not in self._stubs:
                 self._stubs = [module.launch, *self._stubs]

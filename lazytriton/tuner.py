@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from . import _core
+from .cache import config
 from .compiler import AllCandidatesFailed, Candidate
 from .ir_analysis import written_pointer_args
 
 log = logging.getLogger("lazytriton.tuner")
-
-
-def _env_flush() -> bool | None:
-    v = os.environ.get("LAZYTRITON_FLUSH_L2", "").strip()
-    return None if v in ("", "auto") else bool(int(v))
 
 
 @dataclass
@@ -32,7 +27,7 @@ class TuneOptions:
     # None: flush L2 before every timed launch when the call's buffers fit in
     # L2 (else a trial would time cache hits left by the previous one);
     # LAZYTRITON_FLUSH_L2=0/1 forces it.
-    flush_l2: bool | None = dataclasses.field(default_factory=_env_flush)
+    flush_l2: bool | None = dataclasses.field(default_factory=config.flush_l2)
     # Second pass: the candidates within `retime_within` of the first pass's
     # best (at most `retime_top`) are timed again against each other, their
     # launches interleaved one by one, so that clock and power drift (a GPU at
@@ -138,9 +133,9 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
     resolved: list[TuneOptions] = []  # decided at the first trial (none: no device query)
 
     def trial(c: Candidate) -> None:
+        saved.cover(c)  # the snapshot first: it is needed, the flush buffer is not
         if not resolved:
-            resolved.append(_resolved_options(options, arrays, device))
-        saved.cover(c)
+            resolved.append(_resolved_options(kernel_name, options, arrays, device))
         _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, saved.snapshot, zero, resolved[0])
 
     try:
@@ -208,16 +203,29 @@ def _time_one(kernel_name, c, names, values, arrays, grid, stream, snapshot, zer
     log.info("kernel %s: %s: %.4f ms (median of %d)", kernel_name, c.label, r["median_ms"], r["reps"])
 
 
-def _resolved_options(options: TuneOptions, arrays: dict, device: int) -> TuneOptions:
-    """`options` with flush_l2 decided: on when the call's buffers fit in L2."""
-    if options.flush_l2 is not None:
-        return options
-    total = sum(nbytes or 0 for _, nbytes in arrays.values())
-    try:
-        l2 = int(_core.device_info(device).get("l2_bytes", 0))
-    except Exception:
-        l2 = 0
-    return dataclasses.replace(options, flush_l2=bool(l2) and 0 < total <= l2)
+def _resolved_options(kernel_name: str, options: TuneOptions, arrays: dict, device: int) -> TuneOptions:
+    """`options` with flush_l2 decided: on when the call's buffers fit in L2,
+    and where the device has memory for the flush buffer: tuning degrades (no
+    flush, said once per process), it never fails for lack of scratch."""
+    global _no_flush_warned
+    flush = options.flush_l2
+    if flush is None:
+        total = sum(nbytes or 0 for _, nbytes in arrays.values())
+        try:
+            l2 = int(_core.device_info(device).get("l2_bytes", 0))
+        except Exception:
+            l2 = 0
+        flush = bool(l2) and 0 < total <= l2
+    if flush and _core.reserve_l2_flush() == 0:
+        flush = False
+        if not _no_flush_warned:
+            _no_flush_warned = True
+            log.warning("kernel %s: no device memory for the tuner's L2-flush buffer; tuning without flushing L2 "
+                        "between trials (said once per process)", kernel_name)
+    return options if flush == options.flush_l2 else dataclasses.replace(options, flush_l2=flush)
+
+
+_no_flush_warned = False
 
 
 def _loaded(c: Candidate):

@@ -1,5 +1,9 @@
+import atexit
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
                                    "--xla_gpu_graph_min_graph_size=1")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+# The tests never touch the user's caches: the session, and every process it
+# starts, uses a private lazytriton cache (launch stubs included) unless a test
+# takes its own (the cache_dir fixture).
+SESSION_CACHE = tempfile.mkdtemp(prefix="lazytriton-tests-")
+os.environ["LAZYTRITON_CACHE_DIR"] = SESSION_CACHE
+atexit.register(shutil.rmtree, SESSION_CACHE, True)
 
 import lazytriton  # noqa: E402
 
@@ -58,3 +69,15 @@ def jax_gpu():
     if not any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("JAX has no GPU backend here")
     return jax
+
+
+@pytest.fixture(scope="session")
+def fake_driver(tmp_path_factory):
+    """A directory holding fake_cuda/fake_cuda.c built as libcuda.so.1 (a recording stand-in for the driver)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    d = tmp_path_factory.mktemp("fake-cuda")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda.so.1"),
+                    str(Path(__file__).parent / "fake_cuda" / "fake_cuda.c")], check=True)
+    return d

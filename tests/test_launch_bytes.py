@@ -34,14 +34,6 @@ pytestmark = [pytest.mark.skipif(CC is None, reason="needs a C compiler"),
               pytest.mark.skipif(not CUOBJDUMP.exists(), reason="no cuobjdump in Triton's wheel")]
 
 
-@pytest.fixture(scope="module")
-def fake_driver(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fake-cuda")
-    subprocess.run([CC, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda.so.1"), str(HERE / "fake_cuda" / "fake_cuda.c")],
-                   check=True)
-    return d
-
-
 BUNDLE_CMAKE = """
 cmake_minimum_required(VERSION 3.18)
 project(bundle_launch LANGUAGES CXX)

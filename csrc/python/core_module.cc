@@ -480,6 +480,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("zero", [](uint64_t stream, uint64_t ptr, size_t nbytes) { zero_buffer(as_stream(stream), {ptr, nbytes}); });
   m.def("allocation_extent", [](uint64_t ptr) { return allocation_extent(ptr); });
   m.def("flush_l2", [](uint64_t stream) { flush_l2(as_stream(stream)); });
+  m.def("reserve_l2_flush", [] { return reserve_l2_flush(); });
 
   m.def(
       "bench",

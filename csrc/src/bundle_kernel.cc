@@ -634,6 +634,12 @@ std::shared_ptr<Kernel> BundleKernel::Impl::kernel_of(Variant& v) const {
     bool found = false;
     v.cubin = read_file(bundle->dir + "/" + v.cubin_file, &found);
     if (!found || v.cubin.empty()) fail("cannot read its cubin " + bundle->dir + "/" + v.cubin_file);
+    if (v.cubin_size >= 0 && int64_t(v.cubin.size()) != v.cubin_size) {
+      std::string got = std::to_string(v.cubin.size());
+      v.cubin.clear();
+      fail("its cubin " + bundle->dir + "/" + v.cubin_file + " is " + got + " bytes, the manifest says " +
+           std::to_string(v.cubin_size) + " (cut short?): add the kernel to the bundle again");
+    }
   }
   auto image = std::make_shared<KernelImage>();
   image->cubin = v.cubin;

@@ -127,6 +127,8 @@ std::shared_ptr<Variant> variant_from(const json::Value& v, const KernelDesc& d,
   out->meta = constants_from(v.at("meta", what), what + ".meta");
   out->launch = launch_from(v.at("launch", what), what + ".launch");
   out->cubin_file = v.at("cubin", what).as_string(what + ".cubin");
+  if (const json::Value* s = v.find("cubin_size"); s && s->kind != json::Value::kNull)
+    out->cubin_size = s->as_int(what + ".cubin_size");
   size_t n = d.params.size();
   if (const json::Value* l = v.find("layout"); l && l->kind != json::Value::kNull) {
     out->layout = strings_from(*l, what + ".layout");

@@ -49,6 +49,7 @@ struct Variant {
   Constants meta;
   LaunchMeta launch;
   std::string cubin_file;  // relative to the bundle
+  int64_t cubin_size = -1;  // as written (-1: not recorded), checked when the cubin is read
   std::string cubin;  // bytes, once read (or as the resolver returned them)
   std::shared_ptr<Kernel> kernel;  // made on first use, shared by every handle
 };

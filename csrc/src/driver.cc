@@ -124,8 +124,18 @@ cu::CUcontext current_context() {
   cu::CUcontext ctx = nullptr;
   check(d.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
   if (ctx) return ctx;
+  // LAZYTRITON_DEVICE: the device a thread with no current context uses (a C++ program's).
   const char* env = std::getenv("LAZYTRITON_DEVICE");
-  ctx = primary_context(env ? std::atoi(env) : 0);
+  int device = 0;
+  if (env && *env) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (*end || v < 0 || v > 1 << 20)
+      throw Error(std::string("LAZYTRITON_DEVICE='") + env +
+                  "' is not a valid setting: it takes a device ordinal >= 0 (or unset for device 0)");
+    device = int(v);
+  }
+  ctx = primary_context(device);
   check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
   return ctx;
 }

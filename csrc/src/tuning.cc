@@ -159,21 +159,40 @@ void zero_buffer(cu::CUstream stream, DeviceBuffer buf) {
   check(driver().cuMemsetD8Async(buf.ptr, 0, buf.bytes, stream), "cuMemsetD8Async");
 }
 
-void flush_l2(cu::CUstream stream) {
+namespace {
+
+std::pair<cu::CUdeviceptr, size_t> flush_buffer() {
   static std::mutex mu;
   static std::map<cu::CUcontext, std::pair<cu::CUdeviceptr, size_t>> buffers;
   cu::CUcontext ctx = current_context();
-  std::pair<cu::CUdeviceptr, size_t> buf;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto& slot = buffers[ctx];
-    if (!slot.first) {
-      size_t bytes = std::max<size_t>(2 * size_t(device_info(context_device(ctx)).l2_bytes), 64u << 20);
-      check(driver().cuMemAlloc(&slot.first, bytes), "L2 flush cuMemAlloc");
-      slot.second = bytes;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = buffers[ctx];
+  if (!slot.first) {
+    // Twice the L2 (at least 64 MiB) evicts it surely; the L2's own size is
+    // enough to overwrite it. A device with no memory to spare gets neither:
+    // not kept, so a later tuning tries again.
+    const size_t l2 = size_t(device_info(context_device(ctx)).l2_bytes);
+    for (size_t bytes : {std::max<size_t>(2 * l2, 64u << 20), 2 * l2, l2}) {
+      if (bytes == 0) continue;
+      cu::CUresult r = driver().cuMemAlloc(&slot.first, bytes);
+      if (r == cu::CUDA_SUCCESS) {
+        slot.second = bytes;
+        break;
+      }
+      slot.first = 0;
+      if (r != cu::CUDA_ERROR_OUT_OF_MEMORY) check(r, "L2 flush cuMemAlloc");
     }
-    buf = slot;
   }
+  return slot;
+}
+
+}  // namespace
+
+size_t reserve_l2_flush() { return flush_buffer().second; }
+
+void flush_l2(cu::CUstream stream) {
+  auto buf = flush_buffer();
+  if (!buf.first) throw Error("L2 flush: no device memory for its buffer (CUDA_ERROR_OUT_OF_MEMORY)");
   check(driver().cuMemsetD32Async(buf.first, 0xdeadbeef, buf.second / 4, stream), "L2 flush cuMemsetD32Async");
 }
 

@@ -14,6 +14,7 @@ import logging
 import os
 import tarfile
 import time
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
@@ -122,7 +123,11 @@ def verify(path: os.PathLike | str) -> list[tuple[int, str, bytes]]:
     except (tarfile.TarError, OSError) as exc:
         raise ValueError(f"{path}: not a readable lazytriton bundle ({exc})") from None
     with tar:
-        return _verify_bundle(tar, str(path))
+        try:
+            return _verify_bundle(tar, str(path))
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:  # cut short or corrupt inside
+            raise ValueError(f"{path}: not a readable lazytriton bundle, nothing imported "
+                             f"({type(exc).__name__}: {exc})") from None
 
 
 def _read_member(tar: tarfile.TarFile, name: str, bundle: str) -> bytes:

@@ -1,16 +1,25 @@
-"""User settings, read from the environment at call time."""
+"""User settings: every LAZYTRITON_* environment variable is read and checked
+here, at call time (not cached).  A bad value is a SettingError naming the
+variable, its value and what it takes; an unset or empty one is the default."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from pathlib import Path
-
-log = logging.getLogger("lazytriton.cache")
+from typing import Optional
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+_FLAG = "1/0 (also true/false, yes/no, on/off)"
+
+
+class SettingError(ValueError):
+    """A LAZYTRITON_* environment variable holds a value it does not take."""
+
+    def __init__(self, name: str, raw: str, accepts: str) -> None:
+        super().__init__(f"{name}={raw!r} is not a valid setting: it takes {accepts} (or unset for the default)")
+        self.name = name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,36 +42,62 @@ class Settings:
     tuning: bool = True
 
 
-def env_flag(name: str, default: bool) -> bool:
+def _raw(name: str) -> Optional[str]:
     raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    return None if raw is None or raw.strip() == "" else raw
+
+
+def env_flag(name: str, default: bool) -> bool:
+    raw = _raw(name)
+    if raw is None:
         return default
     value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    log.warning("ignoring %s=%r (expected one of %s / %s)", name, raw, sorted(_TRUE), sorted(_FALSE))
-    return default
+    raise SettingError(name, raw, _FLAG)
 
 
 def env_seconds(name: str, default: float) -> float:
-    """A non-negative number of seconds from the environment (default if unset or bad)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
+    """A non-negative number of seconds."""
+    raw = _raw(name)
+    if raw is None:
         return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not value >= 0:  # also refuses nan
-        log.warning("ignoring %s=%r (expected a number of seconds >= 0)", name, raw)
+        raise SettingError(name, raw, "a number of seconds >= 0")
+    return value
+
+
+def env_int(name: str, default: Optional[int], minimum: int = 0) -> Optional[int]:
+    raw = _raw(name)
+    if raw is None:
         return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise SettingError(name, raw, f"an integer >= {minimum}")
+    return value
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise SettingError(name, raw, " or ".join(repr(c) for c in choices))
     return value
 
 
 def default_cache_dir() -> Path:
-    explicit = os.environ.get("LAZYTRITON_CACHE_DIR")
+    explicit = _raw("LAZYTRITON_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -78,3 +113,44 @@ def settings() -> Settings:
         retune=env_flag("LAZYTRITON_RETUNE", False),
         tuning=env_flag("LAZYTRITON_TUNING", True),
     )
+
+
+# -- the settings other modules read (each in one place) ---------------------------
+
+def compile_workers() -> Optional[int]:
+    """LAZYTRITON_COMPILE_WORKERS: compile processes (0: threads in this process); None: the default."""
+    return env_int("LAZYTRITON_COMPILE_WORKERS", None)
+
+
+def stub_build() -> str:
+    """LAZYTRITON_STUB_BUILD: "background" (default: the table-driven stub serves a shape's first
+    calls while its generated stub builds), "sync" (build before the first call) or "off" (never
+    build: the table-driven stub serves every call, no C++ compiler needed)."""
+    return env_choice("LAZYTRITON_STUB_BUILD", ("sync", "background", "off"), "background")
+
+
+def stub_build_sync() -> bool:
+    """LAZYTRITON_STUB_BUILD=sync: build a shape's launch stub before its first call."""
+    return stub_build() == "sync"
+
+
+def flush_l2() -> Optional[bool]:
+    """LAZYTRITON_FLUSH_L2=0/1 forces flushing L2 between tuning trials; None (auto): when the buffers fit in L2."""
+    if env_choice("LAZYTRITON_FLUSH_L2", ("auto", *_TRUE, *_FALSE), "auto") == "auto":
+        return None
+    return env_flag("LAZYTRITON_FLUSH_L2", False)
+
+
+def prebuilt_handler() -> bool:
+    """LAZYTRITON_PREBUILT_HANDLER=0: build the XLA FFI handler against the jaxlib in use."""
+    return env_flag("LAZYTRITON_PREBUILT_HANDLER", True)
+
+
+def capture_fallback() -> str:
+    """LAZYTRITON_CAPTURE_FALLBACK: what a JAX call site first executed under capture does."""
+    return env_choice("LAZYTRITON_CAPTURE_FALLBACK", ("record", "first_config"), "record")
+
+
+def default_arch(fallback: int) -> int:
+    """LAZYTRITON_DEFAULT_ARCH: the sm_ target compiled for where no GPU is present."""
+    return env_int("LAZYTRITON_DEFAULT_ARCH", fallback, minimum=1)

@@ -189,6 +189,9 @@ CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
   OK;
 }
 CUresult cuMemAlloc(CUdeviceptr* p, size_t n) {
+  // $FAKE_CUDA_MAX_ALLOC: a device with little memory left (larger allocations: CUDA_ERROR_OUT_OF_MEMORY).
+  const char* max = getenv("FAKE_CUDA_MAX_ALLOC");
+  if (max && n > (size_t)strtoull(max, 0, 10)) return 2;
   *p = g_next_alloc;
   g_next_alloc += (n + 4095) & ~(size_t)4095;
   OK;

@@ -71,4 +71,9 @@ void zero_buffer(cu::CUstream stream, DeviceBuffer buf);
 // Overwrites the current device's L2 cache (stream-ordered).
 void flush_l2(cu::CUstream stream);
 
+// Allocates the current context's L2-flush buffer if needed; its size in
+// bytes (smaller than planned where memory is short), 0 where the device has
+// no memory for one (the tuner then times without flushing).
+size_t reserve_l2_flush();
+
 }  // namespace lt
