@@ -54,7 +54,8 @@ jax_ffi.prepare_in_background()
 CUSTOM_CALL_TARGET_NAME: str = jax_ffi.TARGET
 
 # Compile options lazytriton's compiler takes (backend_options= and the explicit arguments).
-_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "enable_fp_fusion")
+_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "enable_fp_fusion",
+                 "waves_per_eu", "matrix_instr_nonkdim", "kpack")  # the last three: AMD targets
 _OPTION_DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "debug": False, "launch_pdl": False}
 
 
@@ -715,6 +716,7 @@ def _lowering(ctx, *operands, descriptor, out_types, aliases, has_side_effect, c
 
 
 mlir.register_lowering(triton_call_p, _lowering, platform="cuda")
+mlir.register_lowering(triton_call_p, _lowering, platform="rocm")  # the same handler, over HIP
 
 
 def _jvp(primals, tangents, *, name, **_):

@@ -570,7 +570,7 @@ class Resolution:
         self.device = _core.current_device()
         dev = _core.device_info(self.device)
         self.dev = dev
-        self.target = device_target(dev["capability"])
+        self.target = device_target(dev)
         # The stub's shape and call key pin the specialization exactly (dtypes,
         # alignment, ==1, %16, key values), so a cached winner is found without
         # running Triton's binder (whose first use can import torch: seconds).
