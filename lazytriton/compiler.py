@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -37,7 +38,7 @@ def target_for(arch: str | int) -> GPUTarget:
     text = str(arch).strip().lower()
     if text.startswith("gfx"):
         name = text.split(":")[0]
-        if name not in AMD_TARGETS and not (len(name) > 3 and name[3] in "19"):
+        if name not in AMD_TARGETS and not re.fullmatch(r"gfx\d{1,2}\d[0-9a-f]", name):  # gfx<major><minor><stepping>
             raise ValueError(f"unknown AMD target {arch!r} (e.g. {', '.join(sorted(AMD_TARGETS))})")
         return GPUTarget("hip", name, AMD_TARGETS.get(name, 64 if name.startswith("gfx9") else 32))
     digits = text.removeprefix("sm_").removeprefix("sm")

@@ -52,7 +52,7 @@ enum FuncAttr : int {
 
 constexpr int hipStreamCaptureStatusNone = 0;
 constexpr int hipStreamCaptureModeRelaxed = 2;
-constexpr unsigned hipEventDefault = 0;
+constexpr unsigned kEventDefault = 0;  // hipEventDefault (a macro in HIP's header)
 
 // hipLaunchAttributeID; Triton's HIP launcher writes the cluster dimensions
 // under id 4 (CUDA's number; HIP's header has no name for it).
