@@ -8,8 +8,10 @@ fake_hip/launch_probe.py launches the same HSACO kernels through lazytriton
 call and tuning trials, the generated stub, the table-driven stub, a persisted
 winner in a new kernel object, lazytriton.jax call sites lowered for ROCm and
 launched by the XLA handler's C++) and through the installed Triton's
-HIPLauncher and driver.c, built against the same stand-in. Nothing here ran on
-AMD hardware."""
+HIPLauncher and driver.c, built against the same stand-in: the installed
+Triton's, and 3.5's, 3.6's and the newest's where tests/triton_versions/setup_venvs.sh
+made their venvs ($LAZYTRITON_TRITON_VENVS). Nothing here ran on AMD hardware."""
+import importlib.util
 import json
 import os
 import shutil
@@ -45,14 +47,47 @@ def hip_env(fake: Path, tmp_path: Path, **extra) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def probe(fake_hip, tmp_path_factory):
+VENVS = Path(os.environ.get("LAZYTRITON_TRITON_VENVS", "~/.cache/lazytriton-triton-venvs")).expanduser()
+
+
+def interpreter(version: str) -> str:
+    """This process's Python ("installed"), or that of the venv of a Triton version made by
+    tests/triton_versions/setup_venvs.sh (skipped when absent, failed when stale)."""
+    if version == "installed":
+        return sys.executable
+    venv = VENVS / f"triton-{version}"
+    if not (venv / "bin" / "python").exists():
+        pytest.skip(f"no venv for triton {version} at {venv}: run tests/triton_versions/setup_venvs.sh")
+    spec = importlib.util.spec_from_file_location("lt_hip_stamp", HERE / "triton_versions" / "stamp.py")
+    stamp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stamp)
+    made_from = (venv / "lazytriton-sources.sha256").read_text().strip() if (venv / "lazytriton-sources.sha256").exists() else None
+    if made_from != stamp.source_digest(HERE.parent):
+        pytest.fail(f"{venv} holds a lazytriton built from other sources than this checkout's: run "
+                    f"tests/triton_versions/setup_venvs.sh {version}")
+    return str(venv / "bin" / "python")
+
+
+@pytest.fixture(scope="module", params=["installed", "3.5", "3.6", "newest"])
+def probe(request, fake_hip, tmp_path_factory):
+    python = interpreter(request.param)
     tmp = tmp_path_factory.mktemp("probe-hip")
     out = tmp / "probe.json"
-    r = subprocess.run([sys.executable, str(HERE / "fake_hip" / "launch_probe.py"), str(out)],
-                       env=hip_env(fake_hip, tmp), capture_output=True, text=True, timeout=900)
+    # Triton 3.5/3.6's AMD specializer imports torch for its buffer-ops attribute ("within 2 GB"),
+    # which their venvs lack: off there (lazytriton never sets that attribute, see README).
+    # The installed Triton's run also writes its axpy_flag and add_pair winners into a bundle.
+    extra = {"FAKE_HIP_BUNDLE_DIR": str(tmp / "bundle")} if request.param == "installed" else {"AMDGCN_USE_BUFFER_OPS": "0"}
+    env = hip_env(fake_hip, tmp, **extra)
+    if request.param != "installed":
+        env.pop("PYTHONPATH", None)
+    r = subprocess.run([python, str(HERE / "fake_hip" / "launch_probe.py"), str(out)], env=env, cwd=str(tmp),
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return {c["case"]: c for c in json.loads(out.read_text())}
+    cases = {c["case"]: c for c in json.loads(out.read_text())}
+    cases["version"] = request.param
+    if "param_sizes" in cases:
+        cases["bundle_dir"] = tmp / "bundle"
+    return cases
 
 
 FIELDS = ("via", "grid", "block", "shared", "stream", "attrs", "params")
@@ -85,7 +120,8 @@ def test_tuning_trials_and_winner_are_tritons(probe):
     t = probe["autotuned"]
     refs = t["triton_per_config"]
     # AMD options in the configs reached the compile (and so the cache keys)
-    assert [m["waves_per_eu"] for m in t["config_meta"]] == [0, 2, 0]
+    waves = [m["waves_per_eu"] for m in t["config_meta"]]
+    assert waves[1] == 2 and waves[0] == waves[2] != 2  # the default: 0 (3.5: 1)
     assert [m["matrix_instr_nonkdim"] for m in t["config_meta"]] == [0, 0, 16]
     assert len({(r["block"][0], r["grid"][0]) for r in refs}) == 3
     trials = t["lazytriton"][:-4]
@@ -100,7 +136,8 @@ def test_tuning_trials_and_winner_are_tritons(probe):
 
 @pytest.mark.parametrize("name", ["jax_axpy_flag", "jax_add_pair"])
 def test_jax_handler_launches_are_tritons(probe, name):
-    pytest.importorskip("jax")
+    if name not in probe:
+        pytest.skip("no jax where the probe ran")
     c = probe[name]
     (ref,) = c["triton"]
     assert len(c["lazytriton"]) == 2
@@ -144,4 +181,93 @@ def test_a_binary_for_another_target_is_refused(fake_hip, tmp_path):
     assert "gfx90a RuntimeFailure kernel k was compiled for gfx90a but FAKE MI300X is gfx942" in lines, lines
     assert any(ln.startswith("sm_90 RuntimeFailure kernel k was compiled for NVIDIA sm_90 but FAKE MI300X is an AMD "
                              "GPU (gfx942)") for ln in lines), lines
+    assert not (tmp_path / "launches.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def bundle_exe(tmp_path_factory):
+    """fake_hip/bundle_launch.cc built against the installed lazytriton."""
+    from test_embed import CMAKE, cmake_build
+    from test_launch_bytes import BUNDLE_CMAKE
+
+    if CMAKE is None:
+        pytest.skip("no cmake")
+    src = tmp_path_factory.mktemp("bundle-launch-hip")
+    shutil.copy(HERE / "fake_hip" / "bundle_launch.cc", src / "bundle_launch.cc")
+    (src / "CMakeLists.txt").write_text(BUNDLE_CMAKE)
+    cmake_build(src, src / "build")
+    return src / "build" / "bundle_launch"
+
+
+def run_bundle(exe: Path, bundle_dir: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), str(bundle_dir)], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_bundle_launches_are_tritons(probe, bundle_exe, fake_hip, tmp_path):
+    """A C++ bundle of gfx942 winners launches through the same HIP layer with Triton's bytes."""
+    if probe["version"] != "installed":
+        pytest.skip("bundles are written by the installed lazytriton's run")
+    env = hip_env(fake_hip, tmp_path, FAKE_HIP_PARAM_SIZES=probe["param_sizes"]["env"])
+    r = run_bundle(bundle_exe, probe["bundle_dir"], env)
+    assert r.returncode == 0 and "launched" in r.stdout, r.stdout + r.stderr
+    got = [json.loads(line) for line in (tmp_path / "launches.jsonl").read_text().splitlines()]
+    refs = [probe["axpy_flag"]["triton"][0], probe["add_pair"]["triton"][0]]
+    assert len(got) == 2
+    for g, ref in zip(got, refs):
+        assert same_launch(g, ref), (g, ref)
+    manifest = json.loads((probe["bundle_dir"] / "manifest.json").read_text())
+    archs = {v["arch"] for k in manifest["kernels"].values() for v in k["variants"]}
+    assert archs == {"gfx942"}  # the bundle carries the AMD target by name
+
+
+@pytest.fixture(scope="module")
+def fake_cuda(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fake-cuda-for-hip")
+    subprocess.run([CC, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda.so.1"), str(HERE / "fake_cuda" / "fake_cuda.c")],
+                   check=True)
+    return d
+
+
+def cuda_env(fake_cuda: Path, tmp_path: Path, **extra) -> dict:
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake_cuda), LAZYTRITON_DRIVER="cuda",
+               FAKE_CUDA_LOG=str(tmp_path / "cuda-launches.jsonl"), LAZYTRITON_CACHE_DIR=str(tmp_path / "lt-cuda"),
+               TRITON_CACHE_DIR=str(tmp_path / "triton-cuda"), LAZYTRITON_STUB_BUILD="sync",
+               TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
+    env.update(extra)
+    return env
+
+
+SM90_BUNDLE = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+from kernels.hip_kernels import axpy_flag
+from lazytriton import bundle
+from lazytriton.arrays import DeviceArray
+base = 0x7F0000000000
+x, y, z = (DeviceArray(base + i * 2**22, "fp32", 4000, (1000,)) for i in range(3))
+bundle.Bundle(sys.argv[1]).add(axpy_flag, x, y, z, 1000, -0.75, True, BLOCK=256, grid=(4, 1, 1), stream=0,
+                              source="kernels.hip_kernels:axpy_flag")
+print("written")
+"""
+
+
+def test_bundle_refuses_the_other_vendors_device(probe, bundle_exe, fake_hip, fake_cuda, tmp_path):
+    """A gfx942 bundle on an sm_90 device, and an sm_90 bundle on a gfx942 device: refused,
+    naming both targets, before anything is loaded or launched."""
+    if probe["version"] != "installed":
+        pytest.skip("bundles are written by the installed lazytriton's run")
+    r = run_bundle(bundle_exe, probe["bundle_dir"], cuda_env(fake_cuda, tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "holds this kernel only for AMD GPUs (gfx942); this device, FAKE sm_90, is an NVIDIA sm_90" in r.stdout, r.stdout
+    assert not (tmp_path / "cuda-launches.jsonl").exists()
+    # the reverse: winners tuned on the (fake) sm_90, launched on the (fake) gfx942
+    sm90 = tmp_path / "sm90-bundle"
+    (tmp_path / "sm90_bundle.py").write_text(SM90_BUNDLE)
+    env = cuda_env(fake_cuda, tmp_path, FAKE_CUDA_PARAM_SIZES="axpy_flag:8,8,8,4,4,1,8,8")
+    w = subprocess.run([sys.executable, str(tmp_path / "sm90_bundle.py"), str(sm90), str(HERE)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert w.returncode == 0 and "written" in w.stdout, w.stdout + w.stderr[-3000:]
+    r = run_bundle(bundle_exe, sm90, hip_env(fake_hip, tmp_path, FAKE_HIP_PARAM_SIZES="axpy_flag:8,8,8,4,4,1,8,8"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ("holds this kernel only for NVIDIA GPUs (sm_90); this device, FAKE MI300X, is an AMD gfx942" in r.stdout), r.stdout
     assert not (tmp_path / "launches.jsonl").exists()

@@ -16,8 +16,8 @@ import types
 from pathlib import Path
 
 import triton
-import triton.language as tl
 from triton.backends.amd import driver as amd_driver
+from triton.compiler import make_backend
 
 import lazytriton
 from lazytriton import _core, bundle, stubgen, tuples
@@ -27,43 +27,12 @@ from lazytriton.spec import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tuple_kernels  # noqa: E402
+from kernels.hip_kernels import axpy_flag, mixed_scalars, tuned_scale  # noqa: E402
 
 LOG = os.environ["FAKE_HIP_LOG"]
 BUNDLE = os.environ.get("FAKE_HIP_BUNDLE_DIR")
 BASE = 0x7F0000000000
 ITEM = {"fp32": 4, "fp16": 2, "i32": 4}
-
-
-@triton.jit
-def axpy_flag(x, y, out, n, alpha, flag, BLOCK: tl.constexpr):
-    # pointers, an i32 (specialized when % 16), an fp32 scalar and an i1
-    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = o < n
-    v = tl.load(x + o, mask=m) * alpha + tl.load(y + o, mask=m)
-    if flag:
-        v = v * 2
-    tl.store(out + o, v, mask=m)
-
-
-@triton.jit
-def mixed_scalars(out, a, b, c, d, e, STRIDE: tl.constexpr):
-    # i64, u64-sized, fp64, fp16 and an i8-like bool: every scalar width Triton's launcher packs
-    pid = tl.program_id(0) + tl.program_id(1) * 3
-    v = a.to(tl.float64) + b.to(tl.float64) + c + d.to(tl.float64)
-    if e:
-        v = -v
-    tl.store(out + pid * STRIDE, v)
-
-
-@triton.autotune(configs=[triton.Config({"BLOCK": 256}, num_warps=4, num_stages=2),
-                          triton.Config({"BLOCK": 512, "waves_per_eu": 2}, num_warps=8, num_stages=2),
-                          triton.Config({"BLOCK": 1024, "matrix_instr_nonkdim": 16, "kpack": 1}, num_warps=4)],
-                 key=["n"])
-@triton.jit
-def tuned_scale(x, out, n, s, BLOCK: tl.constexpr):
-    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = o < n
-    tl.store(out + o, tl.load(x + o, mask=m) * s, mask=m)
 
 
 def array(n, dtype, addr):
@@ -131,7 +100,9 @@ def triton_launch(fn, args, meta, grid, sizes_env, options=None):
     launcher = amd_driver.HIPLauncher(src, types.SimpleNamespace(**md))
     _, function, *_ = triton.runtime.driver.active.utils.load_binary(md["name"], binary.cubin, md["shared"], 0)
     values = [for_triton(full[n]) for n in names]
-    launcher(*grid, 0, function, (md["num_warps"], md["num_ctas"], md["shared"]), None, None, None, *values)
+    # The packed metadata CompiledKernel.run hands its launcher (3.5: cluster dimensions too).
+    packed = make_backend(TARGET).pack_metadata(types.SimpleNamespace(**md))
+    launcher(*grid, 0, function, packed, None, None, None, *values)
     return records(), str(bound.signature), md
 
 
@@ -235,7 +206,7 @@ def main():
     n = 1000
     x, y, z = (array(n, "fp32", BASE + i * 2**22) for i in range(3))
     out.append(run_case("axpy_flag", axpy_flag, (x, y, z, n, -0.75, True), {"BLOCK": 256}, (4, 1, 1), sizes_env,
-                        source="fake_hip.launch_probe:axpy_flag" if BUNDLE else None))
+                        source="kernels.hip_kernels:axpy_flag"))
     # n % 16 == 0 and flag False: another specialization, num_warps 8 (a 512-thread block on wave64)
     out.append(run_case("axpy_flag_16", axpy_flag, (x, y, z, 1024, 2.0, False), {"BLOCK": 512, "num_warps": 8},
                         (2, 1, 1), sizes_env))
@@ -243,9 +214,11 @@ def main():
     out.append(run_case("mixed_scalars", mixed_scalars, (o, 2**40 + 3, 2**63 + 5, 0.1, 1.5, True), {"STRIDE": 2},
                         (3, 2, 1), sizes_env))
     out.append(run_case("add_pair", tuple_kernels.add_pair, ((x, (y, 1.5)), z, n), {"BLOCK": 256}, (4, 1, 1),
-                        sizes_env))
+                        sizes_env, source="kernels.tuple_kernels:add_pair"))
     out.append(autotuned_case(sizes_env))
     out += jax_cases(sizes_env)
+    if BUNDLE:  # what the sizes of the bundle's kernels are, for the C++ program's launches
+        out.append({"case": "param_sizes", "env": os.environ["FAKE_HIP_PARAM_SIZES"]})
     Path(sys.argv[1]).write_text(json.dumps(out))
 
 
