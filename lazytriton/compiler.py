@@ -181,7 +181,16 @@ class Binder:
         kwargs["debug"] = kwargs.get("debug", self.spec.fn.debug) or triton.knobs.runtime.debug
         for name in self._knob_options:
             kwargs[name] = getattr(triton.knobs.compilation, name)
-        bound_args, specialization, options = self._bind(*args, **kwargs)
+        try:
+            bound_args, specialization, options = self._bind(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            # Triton 3.5/3.6's AMD specializer imports torch for its buffer-ops ("within 2 GB") pointer
+            # attribute, torch or not (3.7+ checks first).
+            if exc.name != "torch" or self.target.backend != "hip":
+                raise
+            raise RuntimeError(f"kernel {self.spec.name}: Triton {triton.__version__}'s AMD backend imports torch to "
+                               "specialize pointer arguments (buffer ops), and torch is not installed: install "
+                               "torch, or set AMDGCN_USE_BUFFER_OPS=0 (no buffer-op addressing)") from None
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options)
         for p in self.spec.params:  # a float type given by lazytriton, not by the source (JAX's fp64 rule)

@@ -33,7 +33,8 @@ from .tuner import TuneOptions, tune
 log = logging.getLogger("lazytriton")
 
 OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
-                "enable_fp_fusion")
+                "enable_fp_fusion", "launch_cooperative_grid",
+                "waves_per_eu", "matrix_instr_nonkdim", "kpack")  # the last three: AMD targets
 HEURISTICS_ARG = "__heuristics__"
 
 _default_cache: Cache | None = None

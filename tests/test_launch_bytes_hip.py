@@ -103,12 +103,13 @@ def test_device_and_target_come_from_the_hip_runtime(probe):
     assert d["target"] == ["hip", "gfx942", 64]  # "gfx942:sramecc+:xnack-" as Triton's target names it
 
 
-@pytest.mark.parametrize("name", ["axpy_flag", "axpy_flag_16", "mixed_scalars", "add_pair"])
+@pytest.mark.parametrize("name", ["axpy_flag", "axpy_flag_16", "mixed_scalars", "add_pair", "cooperative"])
 def test_standalone_launches_are_tritons(probe, name):
     c = probe[name]
     (ref,) = c["triton"]
     assert c["arch"] == "gfx942" and c["warp_size"] == 64
-    assert ref["via"] == "launch" and ref["block"] == [64 * c["num_warps"], 1, 1]  # wave64: 64 x num_warps
+    assert ref["via"] == ("cooperative" if name == "cooperative" else "launch")  # which HIP launch call
+    assert ref["block"] == [64 * c["num_warps"], 1, 1]  # wave64: 64 x num_warps
     assert len(ref["params"][-2:]) == 2  # global and profile scratch, appended as Triton's HIP launcher does
     # the first call, two calls through the generated stub, one through the table-driven stub
     assert len(c["lazytriton"]) == 4, c["lazytriton"]
@@ -271,3 +272,33 @@ def test_bundle_refuses_the_other_vendors_device(probe, bundle_exe, fake_hip, fa
     assert r.returncode == 2, r.stdout + r.stderr
     assert ("holds this kernel only for NVIDIA GPUs (sm_90); this device, FAKE MI300X, is an AMD gfx942" in r.stdout), r.stdout
     assert not (tmp_path / "launches.jsonl").exists()
+
+
+NO_TORCH = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import lazytriton
+from kernels.hip_kernels import axpy_flag
+from lazytriton.arrays import DeviceArray
+x, y, z = (DeviceArray(0x7F0000000000 + i * 2**22, "fp32", 4000, (1000,)) for i in range(3))
+try:
+    lazytriton.kernel(axpy_flag)[(4,)](x, y, z, 1000, 1.0, True, BLOCK=256, stream=0)
+except RuntimeError as e:
+    print("refused:", e)
+"""
+
+
+@pytest.mark.parametrize("version", ["3.5", "3.6"])
+def test_old_tritons_amd_specializer_without_torch_says_what_to_do(version, fake_hip, tmp_path):
+    """Triton 3.5/3.6 import torch to specialize AMD pointers (their venvs have none):
+    a clear error naming the kernel and the way out, not a bare ModuleNotFoundError."""
+    python = interpreter(version)
+    (tmp_path / "no_torch.py").write_text(NO_TORCH)
+    env = hip_env(fake_hip, tmp_path)
+    env.pop("PYTHONPATH", None)
+    env.pop("AMDGCN_USE_BUFFER_OPS", None)
+    r = subprocess.run([python, str(tmp_path / "no_torch.py"), str(HERE)], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ("refused: kernel axpy_flag: Triton 3." in r.stdout and "install torch, or set AMDGCN_USE_BUFFER_OPS=0"
+            in r.stdout), r.stdout + r.stderr[-2000:]

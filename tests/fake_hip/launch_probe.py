@@ -97,7 +97,10 @@ def triton_launch(fn, args, meta, grid, sizes_env, options=None):
     signature = dict(bound.signature)
     src = types.SimpleNamespace(constants=bound.constexprs, signature=signature,
                                 fn=types.SimpleNamespace(arg_names=list(signature)))
-    launcher = amd_driver.HIPLauncher(src, types.SimpleNamespace(**md))
+    # A cooperative kernel's launcher asks the active HIPDriver whether the device can (ours: a
+    # stand-in namespace): made as a plain one, then switched as its __init__ would have left it.
+    launcher = amd_driver.HIPLauncher(src, types.SimpleNamespace(**{**md, "launch_cooperative_grid": False}))
+    launcher.launch_cooperative_grid = md["launch_cooperative_grid"]
     _, function, *_ = triton.runtime.driver.active.utils.load_binary(md["name"], binary.cubin, md["shared"], 0)
     values = [for_triton(full[n]) for n in names]
     # The packed metadata CompiledKernel.run hands its launcher (3.5: cluster dimensions too).
@@ -210,6 +213,9 @@ def main():
     # n % 16 == 0 and flag False: another specialization, num_warps 8 (a 512-thread block on wave64)
     out.append(run_case("axpy_flag_16", axpy_flag, (x, y, z, 1024, 2.0, False), {"BLOCK": 512, "num_warps": 8},
                         (2, 1, 1), sizes_env))
+    # launch_cooperative_grid: hipModuleLaunchCooperativeKernel, in Triton's launcher and through the HIP layer
+    out.append(run_case("cooperative", axpy_flag, (x, y, z, n, 3.0, True), {"BLOCK": 256, "launch_cooperative_grid": True},
+                        (4, 1, 1), sizes_env))
     o = array(64, "fp32", BASE + 2**25)
     out.append(run_case("mixed_scalars", mixed_scalars, (o, 2**40 + 3, 2**63 + 5, 0.1, 1.5, True), {"STRIDE": 2},
                         (3, 2, 1), sizes_env))
