@@ -1,6 +1,6 @@
 """lazytriton builds without ROCm, so csrc/include/lazytriton/hip_abi.h re-declares
-the HIP runtime's enum values and struct layouts that its HIP driver layer
-(csrc/src/hip_driver.cc) uses. hip_abi_check.cc static_asserts each of them
+the HIP runtime's enum values, struct layouts and entry point signatures
+(hip_fns.inc) that its HIP driver layer (csrc/src/hip_driver.cc) uses. hip_abi_check.cc static_asserts each of them
 against the hip_runtime_api.h in Triton's wheel; a mistake there would pass
 garbage to the HIP runtime, on an AMD GPU only."""
 import os
@@ -35,20 +35,24 @@ def test_declarations_match_hip_runtime_api_h():
 
 
 # The check must be able to fail: break one declaration of each kind in a copy.
-@pytest.mark.parametrize("old, new, message", [
-    ("hipDeviceAttributeWarpSize = 87", "hipDeviceAttributeWarpSize = 88", "hipDeviceAttributeWarpSize != "),
-    ("hipDeviceAttributeMaxSharedMemoryPerMultiprocessor = 10002",
+@pytest.mark.parametrize("file, old, new, message", [
+    ("hip_fns.inc", "X(hipMemsetD8Async, h::hipDeviceptr_t, unsigned char,", "X(hipMemsetD8Async, h::hipDeviceptr_t, unsigned,",
+     "hipMemsetD8Async: signature differs"),
+    ("hip_fns.inc", "h::hipStream_t, void**) /* no `extra`", "h::hipStream_t, void**, void**) /* no `extra`",
+     "hipModuleLaunchCooperativeKernel: signature differs"),
+    ("hip_abi.h", "hipDeviceAttributeWarpSize = 87", "hipDeviceAttributeWarpSize = 88", "hipDeviceAttributeWarpSize != "),
+    ("hip_abi.h", "hipDeviceAttributeMaxSharedMemoryPerMultiprocessor = 10002",
      "hipDeviceAttributeMaxSharedMemoryPerMultiprocessor = 82", "hipDeviceAttributeMaxSharedMemoryPerMultiprocessor != "),
-    ("unsigned blockDimX, blockDimY, blockDimZ;", "unsigned blockDimY, blockDimX, blockDimZ;",
+    ("hip_abi.h", "unsigned blockDimX, blockDimY, blockDimZ;", "unsigned blockDimY, blockDimX, blockDimZ;",
      "HIP_LAUNCH_CONFIG.blockDimX offset"),
-    ("kDevicePropArchNameOffset = 1160", "kDevicePropArchNameOffset = 1164", "gcnArchName offset"),
-    ("  int cooperative;\n};", "  long cooperative;\n};", "hipLaunchAttributeValue.cooperative size"),
+    ("hip_abi.h", "kDevicePropArchNameOffset = 1160", "kDevicePropArchNameOffset = 1164", "gcnArchName offset"),
+    ("hip_abi.h", "  int cooperative;\n};", "  long cooperative;\n};", "hipLaunchAttributeValue.cooperative size"),
 ])
-def test_the_check_catches_a_wrong_declaration(tmp_path, old, new, message):
+def test_the_check_catches_a_wrong_declaration(tmp_path, file, old, new, message):
     dst = tmp_path / "lazytriton"
     shutil.copytree(INCLUDE / "lazytriton", dst)
-    text = (dst / "hip_abi.h").read_text()
+    text = (dst / file).read_text()
     assert old in text, old
-    (dst / "hip_abi.h").write_text(text.replace(old, new))
+    (dst / file).write_text(text.replace(old, new))
     r = compile_check(tmp_path)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-3000:]

@@ -29,51 +29,7 @@ namespace h = lt::hip;
 using cu::CUresult;
 
 struct HipFns {
-#define LT_HIP_FNS(X)                                                                                              \
-  X(hipInit, unsigned)                                                                                             \
-  X(hipDriverGetVersion, int*)                                                                                     \
-  X(hipDeviceGet, h::hipDevice_t*, int)                                                                            \
-  X(hipGetDeviceCount, int*)                                                                                       \
-  X(hipDeviceGetName, char*, int, h::hipDevice_t)                                                                  \
-  X(hipDeviceGetAttribute, int*, int, int)                                                                         \
-  X(hipGetDevicePropertiesR0600, void*, int)                                                                       \
-  X(hipGetDevice, int*)                                                                                            \
-  X(hipSetDevice, int)                                                                                             \
-  X(hipDeviceSynchronize)                                                                                          \
-  X(hipModuleLoadData, h::hipModule_t*, const void*)                                                               \
-  X(hipModuleUnload, h::hipModule_t)                                                                               \
-  X(hipModuleGetFunction, h::hipFunction_t*, h::hipModule_t, const char*)                                          \
-  X(hipFuncGetAttribute, int*, int, h::hipFunction_t)                                                              \
-  X(hipModuleLaunchKernel, h::hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
-    h::hipStream_t, void**, void**)                                                                                \
-  X(hipModuleLaunchCooperativeKernel, h::hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned,          \
-    unsigned, unsigned, h::hipStream_t, void**, void**)                                                            \
-  X(hipMalloc, void**, size_t)                                                                                     \
-  X(hipFree, void*)                                                                                                \
-  X(hipMallocAsync, void**, size_t, h::hipStream_t)                                                                \
-  X(hipFreeAsync, void*, h::hipStream_t)                                                                           \
-  X(hipHostMalloc, void**, size_t, unsigned)                                                                       \
-  X(hipHostFree, void*)                                                                                            \
-  X(hipMemGetInfo, size_t*, size_t*)                                                                               \
-  X(hipMemGetAddressRange, h::hipDeviceptr_t*, size_t*, h::hipDeviceptr_t)                                         \
-  X(hipMemcpyDtoDAsync, h::hipDeviceptr_t, h::hipDeviceptr_t, size_t, h::hipStream_t)                              \
-  X(hipMemcpyDtoHAsync, void*, h::hipDeviceptr_t, size_t, h::hipStream_t)                                          \
-  X(hipMemcpyHtoDAsync, h::hipDeviceptr_t, void*, size_t, h::hipStream_t)                                          \
-  X(hipMemsetD8Async, h::hipDeviceptr_t, unsigned char, size_t, h::hipStream_t)                                    \
-  X(hipMemsetD32Async, h::hipDeviceptr_t, int, size_t, h::hipStream_t)                                             \
-  X(hipEventCreateWithFlags, h::hipEvent_t*, unsigned)                                                             \
-  X(hipEventDestroy, h::hipEvent_t)                                                                                \
-  X(hipEventRecord, h::hipEvent_t, h::hipStream_t)                                                                 \
-  X(hipEventSynchronize, h::hipEvent_t)                                                                            \
-  X(hipEventElapsedTime, float*, h::hipEvent_t, h::hipEvent_t)                                                     \
-  X(hipStreamSynchronize, h::hipStream_t)                                                                          \
-  X(hipStreamIsCapturing, h::hipStream_t, int*)                                                                    \
-  X(hipThreadExchangeStreamCaptureMode, int*)
-// Optional: older runtimes lack them (a cluster launch or a stream's device then
-// falls back as described where they are used).
-#define LT_HIP_OPTIONAL_FNS(X)                                                                  \
-  X(hipDrvLaunchKernelEx, const h::HIP_LAUNCH_CONFIG*, h::hipFunction_t, void**, void**)        \
-  X(hipStreamGetDevice, h::hipStream_t, h::hipDevice_t*)
+#include "lazytriton/hip_fns.inc"
 #define LT_DECLARE(name, ...) h::hipError_t (*name)(__VA_ARGS__) = nullptr;
   LT_HIP_FNS(LT_DECLARE)
   LT_HIP_OPTIONAL_FNS(LT_DECLARE)
@@ -190,9 +146,11 @@ CUresult a_launch_kernel_ex(const cu::CUlaunchConfig* c, cu::CUfunction f, void*
                              c->sharedMemBytes, s, attrs, 2};
     return g.hipDrvLaunchKernelEx(&cfg, fn_of(f), params, extra);
   }
-  if (cooperative)
+  if (cooperative) {
+    if (extra) return h::hipErrorInvalidValue;  // it takes kernelParams only (the core never passes `extra`)
     return g.hipModuleLaunchCooperativeKernel(fn_of(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX,
-                                              c->blockDimY, c->blockDimZ, c->sharedMemBytes, s, params, extra);
+                                              c->blockDimY, c->blockDimZ, c->sharedMemBytes, s, params);
+  }
   return g.hipModuleLaunchKernel(fn_of(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
                                  c->blockDimZ, c->sharedMemBytes, s, params, extra);
 }
@@ -216,7 +174,7 @@ CUresult a_copy_dh(void* dst, cu::CUdeviceptr src, size_t n, cu::CUstream s) {
   return g.hipMemcpyDtoHAsync(dst, as<void>(src), n, stream_of(s));
 }
 CUresult a_copy_hd(cu::CUdeviceptr dst, const void* src, size_t n, cu::CUstream s) {
-  return g.hipMemcpyHtoDAsync(as<void>(dst), const_cast<void*>(src), n, stream_of(s));
+  return g.hipMemcpyHtoDAsync(as<void>(dst), src, n, stream_of(s));
 }
 CUresult a_set8(cu::CUdeviceptr p, unsigned char v, size_t n, cu::CUstream s) {
   return g.hipMemsetD8Async(as<void>(p), v, n, stream_of(s));

@@ -211,10 +211,11 @@ hipError_t hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz,
                                  unsigned bz, unsigned shared, hipStream_t s, void** params, void** extra) {
   return record("launch", gx, gy, gz, bx, by, bz, shared, s, NULL, 0, f, params, extra);
 }
+// hip_runtime_api.h's signature: no `extra` (Triton's driver.c declares one more and passes 0: ignored).
 hipError_t hipModuleLaunchCooperativeKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                             unsigned by, unsigned bz, unsigned shared, hipStream_t s,
-                                            void** params, void** extra) {
-  return record("cooperative", gx, gy, gz, bx, by, bz, shared, s, NULL, 0, f, params, extra);
+                                            void** params) {
+  return record("cooperative", gx, gy, gz, bx, by, bz, shared, s, NULL, 0, f, params, NULL);
 }
 hipError_t hipDrvLaunchKernelEx(const FakeLaunchConfig* c, void* f, void** params, void** extra) {
   return record("ex", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
