@@ -184,8 +184,8 @@ class Binder:
         try:
             bound_args, specialization, options = self._bind(*args, **kwargs)
         except ModuleNotFoundError as exc:
-            # Triton 3.5/3.6's AMD specializer imports torch for its buffer-ops ("within 2 GB") pointer
-            # attribute, torch or not (3.7+ checks first).
+            # Triton 3.6's AMD specializer imports torch for its buffer-ops ("within 2 GB") pointer
+            # attribute, whatever the argument (3.7+ checks first).
             if exc.name != "torch" or self.target.backend != "hip":
                 raise
             raise RuntimeError(f"kernel {self.spec.name}: Triton {triton.__version__}'s AMD backend imports torch to "

@@ -73,8 +73,8 @@ def probe(request, fake_hip, tmp_path_factory):
     python = interpreter(request.param)
     tmp = tmp_path_factory.mktemp("probe-hip")
     out = tmp / "probe.json"
-    # Triton 3.5/3.6's AMD specializer imports torch for its buffer-ops attribute ("within 2 GB"),
-    # which their venvs lack: off there (lazytriton never sets that attribute, see README).
+    # Triton 3.6's AMD specializer imports torch for its buffer-ops attribute ("within 2 GB"), which
+    # the venvs lack: off there (lazytriton's arrays never get that attribute, see README).
     # The installed Triton's run also writes its axpy_flag and add_pair winners into a bundle.
     extra = {"FAKE_HIP_BUNDLE_DIR": str(tmp / "bundle")} if request.param == "installed" else {"AMDGCN_USE_BUFFER_OPS": "0"}
     env = hip_env(fake_hip, tmp, **extra)
@@ -288,11 +288,11 @@ except RuntimeError as e:
 """
 
 
-@pytest.mark.parametrize("version", ["3.5", "3.6"])
-def test_old_tritons_amd_specializer_without_torch_says_what_to_do(version, fake_hip, tmp_path):
-    """Triton 3.5/3.6 import torch to specialize AMD pointers (their venvs have none):
-    a clear error naming the kernel and the way out, not a bare ModuleNotFoundError."""
-    python = interpreter(version)
+def test_triton_36_amd_specializer_without_torch_says_what_to_do(fake_hip, tmp_path):
+    """Triton 3.6 imports torch to specialize AMD pointers (its venv has none; 3.5 does not
+    get there for lazytriton's arrays): a clear error naming the kernel and the way out,
+    not a bare ModuleNotFoundError."""
+    python = interpreter("3.6")
     (tmp_path / "no_torch.py").write_text(NO_TORCH)
     env = hip_env(fake_hip, tmp_path)
     env.pop("PYTHONPATH", None)
