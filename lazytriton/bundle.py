@@ -33,7 +33,7 @@ from typing import Any
 from . import paths, tuples
 from .arrays import array_info, is_array
 from .cache import atomic_write
-from .spec import KernelSpec, ReadRecorder
+from .spec import AMD_OPTION_NAMES, KernelSpec, ReadRecorder
 from .spec import describe as describe_spec
 
 log = logging.getLogger("lazytriton.bundle")
@@ -41,8 +41,7 @@ log = logging.getLogger("lazytriton.bundle")
 FORMAT = "lazytriton-bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
-OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl",
-                "waves_per_eu", "matrix_instr_nonkdim", "kpack")  # the last three: AMD targets
+OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl") + AMD_OPTION_NAMES
 INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("fp16", "bf16", "fp32", "fp64")
 SCALAR_ANNOTATIONS = (*INT_TYPES, *FLOAT_TYPES, "u1")  # annotations that fix a scalar's type

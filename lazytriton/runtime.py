@@ -26,15 +26,14 @@ from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import Cache, TuningRecord, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, compile_stream, device_target
-from .spec import KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
+from .spec import AMD_OPTION_NAMES, KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
 from .stubgen import Shape, Slot
 from .tuner import TuneOptions, tune
 
 log = logging.getLogger("lazytriton")
 
 OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
-                "enable_fp_fusion", "launch_cooperative_grid",
-                "waves_per_eu", "matrix_instr_nonkdim", "kpack")  # the last three: AMD targets
+                "enable_fp_fusion", "launch_cooperative_grid") + AMD_OPTION_NAMES
 HEURISTICS_ARG = "__heuristics__"
 
 _default_cache: Cache | None = None

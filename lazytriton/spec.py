@@ -192,6 +192,11 @@ def _read_autotuner(spec: KernelSpec, at: Autotuner) -> None:
     spec.top_k = at.configs_top_k
 
 
+# Triton's AMD compile options, taken where the CUDA ones are (kernel calls, triton_call's
+# backend_options, bundle calls) and, as Triton's idiom, in a config's kwargs.
+AMD_OPTION_NAMES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+
 @functools.lru_cache(maxsize=None)
 def backend_option_names() -> frozenset:
     """The compile options of Triton's NVIDIA and AMD backends (their options' fields)."""

@@ -110,6 +110,8 @@ def test_standalone_launches_are_tritons(probe, name):
     assert c["arch"] == "gfx942" and c["warp_size"] == 64
     assert ref["via"] == ("cooperative" if name == "cooperative" else "launch")  # which HIP launch call
     assert ref["block"] == [64 * c["num_warps"], 1, 1]  # wave64: 64 x num_warps
+    if name == "axpy_flag_16":
+        assert c["waves_per_eu"] == 2  # given with the call, compiled in
     assert len(ref["params"][-2:]) == 2  # global and profile scratch, appended as Triton's HIP launcher does
     # the first call, two calls through the generated stub, one through the table-driven stub
     assert len(c["lazytriton"]) == 4, c["lazytriton"]

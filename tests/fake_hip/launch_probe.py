@@ -127,7 +127,8 @@ def run_case(name, fn, args, meta, grid, sizes_env, source=None):
         bundle.Bundle(BUNDLE).add(fn, *args, grid=grid, stream=0, source=source, **meta)
         assert not records()  # resolved from the cache: nothing launched
     return {"case": name, "triton": theirs, "lazytriton": ours, "signature": sig,
-            "warp_size": md["warp_size"], "num_warps": md["num_warps"], "arch": md["arch"]}
+            "warp_size": md["warp_size"], "num_warps": md["num_warps"], "arch": md["arch"],
+            "waves_per_eu": md.get("waves_per_eu")}
 
 
 def autotuned_case(sizes_env):
@@ -210,8 +211,10 @@ def main():
     x, y, z = (array(n, "fp32", BASE + i * 2**22) for i in range(3))
     out.append(run_case("axpy_flag", axpy_flag, (x, y, z, n, -0.75, True), {"BLOCK": 256}, (4, 1, 1), sizes_env,
                         source="kernels.hip_kernels:axpy_flag"))
-    # n % 16 == 0 and flag False: another specialization, num_warps 8 (a 512-thread block on wave64)
-    out.append(run_case("axpy_flag_16", axpy_flag, (x, y, z, 1024, 2.0, False), {"BLOCK": 512, "num_warps": 8},
+    # n % 16 == 0 and flag False: another specialization, num_warps 8 (a 512-thread block on wave64),
+    # an AMD option given with the call
+    out.append(run_case("axpy_flag_16", axpy_flag, (x, y, z, 1024, 2.0, False),
+                        {"BLOCK": 512, "num_warps": 8, "waves_per_eu": 2},
                         (2, 1, 1), sizes_env))
     # launch_cooperative_grid: hipModuleLaunchCooperativeKernel, in Triton's launcher and through the HIP layer
     out.append(run_case("cooperative", axpy_flag, (x, y, z, n, 3.0, True), {"BLOCK": 256, "launch_cooperative_grid": True},
