@@ -103,7 +103,7 @@ def test_device_and_target_come_from_the_hip_runtime(probe):
     assert d["target"] == ["hip", "gfx942", 64]  # "gfx942:sramecc+:xnack-" as Triton's target names it
 
 
-@pytest.mark.parametrize("name", ["axpy_flag", "axpy_flag_16", "mixed_scalars", "add_pair", "cooperative"])
+@pytest.mark.parametrize("name", ["axpy_flag", "axpy_flag_16", "mixed_scalars", "add_pair", "cooperative", "descriptors"])
 def test_standalone_launches_are_tritons(probe, name):
     c = probe[name]
     (ref,) = c["triton"]
@@ -112,6 +112,8 @@ def test_standalone_launches_are_tritons(probe, name):
     assert ref["block"] == [64 * c["num_warps"], 1, 1]  # wave64: 64 x num_warps
     if name == "axpy_flag_16":
         assert c["waves_per_eu"] == 2  # given with the call, compiled in
+    if name == "descriptors":  # two decomposed descriptors (base, 2 shapes, 2 strides, padding) and alpha
+        assert len(ref["params"]) > 2 * 6 + 1 + 2, ref["params"]
     assert len(ref["params"][-2:]) == 2  # global and profile scratch, appended as Triton's HIP launcher does
     # the first call, two calls through the generated stub, one through the table-driven stub
     assert len(c["lazytriton"]) == 4, c["lazytriton"]

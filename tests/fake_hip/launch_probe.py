@@ -18,15 +18,16 @@ from pathlib import Path
 import triton
 from triton.backends.amd import driver as amd_driver
 from triton.compiler import make_backend
+from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescriptor
 
 import lazytriton
-from lazytriton import _core, bundle, stubgen, tuples
+from lazytriton import _core, bundle, stubgen, tensor_desc, tuples
 from lazytriton.arrays import DeviceArray, PointerArg
 from lazytriton.compiler import Binder, ast_source, compile_one, device_target
 from lazytriton.spec import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import tuple_kernels  # noqa: E402
+from kernels import tma, tuple_kernels  # noqa: E402
 from kernels.hip_kernels import axpy_flag, mixed_scalars, tuned_scale  # noqa: E402
 
 LOG = os.environ["FAKE_HIP_LOG"]
@@ -39,16 +40,40 @@ def array(n, dtype, addr):
     return DeviceArray(addr, dtype, n * ITEM[dtype], (n,))
 
 
+class TritonBase:
+    """A descriptor's base as Triton reads it: data_ptr(), and the dtype's size and kind
+    (triton.tools.tensor_descriptor.TensorDescriptor checks them)."""
+
+    def __init__(self, ptr, dtype):
+        self.ptr = ptr
+        self.dtype = types.SimpleNamespace(itemsize=ITEM[dtype], is_floating_point=dtype.startswith("fp"))
+
+    def data_ptr(self):
+        return self.ptr
+
+
 def for_triton(v):
+    """A call argument as Triton's own launcher takes it."""
     if isinstance(v, tuple):
         return tuple(for_triton(x) for x in v)
-    return v.ptr if isinstance(v, DeviceArray) else v
+    if isinstance(v, DeviceArray):
+        return v.ptr
+    if tensor_desc.is_descriptor(v):
+        # Triton's own class: 3.5/3.6's HIP launcher expands only its instances
+        d = tensor_desc.read(v, "probe")
+        return TritonTensorDescriptor(TritonBase(d.ptr, v.base.dtype), list(d.shape), list(d.strides), list(d.block),
+                                      "nan" if d.nan else "zero")
+    return v
 
 
 def bind_value(v):
     if isinstance(v, tuple):
         return tuple(bind_value(x) for x in v)
-    return PointerArg(v.ptr, v.dtype) if isinstance(v, DeviceArray) else v
+    if isinstance(v, DeviceArray):
+        return PointerArg(v.ptr, v.dtype)
+    if tensor_desc.is_descriptor(v):
+        return tensor_desc.bind_value(tensor_desc.read(v, "probe"))
+    return v
 
 
 def param_sizes(amdgcn: str, name: str) -> list[int]:
@@ -219,6 +244,14 @@ def main():
     # launch_cooperative_grid: hipModuleLaunchCooperativeKernel, in Triton's launcher and through the HIP layer
     out.append(run_case("cooperative", axpy_flag, (x, y, z, n, 3.0, True), {"BLOCK": 256, "launch_cooperative_grid": True},
                         (4, 1, 1), sizes_env))
+    # Host tensor descriptors: gfx942 has no TMA, so Triton decomposes each into base, shape,
+    # strides and padding (its launcher's decompose_descriptor); one strided with NaN padding.
+    src = DeviceArray(BASE, "fp16", 256 * 192 * 2, (256, 192))
+    d_in = lazytriton.TensorDescriptor(src, [96, 128], [192, 1], [32, 64], "nan")
+    d_out = lazytriton.TensorDescriptor(DeviceArray(BASE + 2**24, "fp16", 96 * 128 * 2, (96, 128)), [96, 128],
+                                        [128, 1], [32, 64])
+    out.append(run_case("descriptors", tma.tma_scale_store_kernel, (d_in, d_out, 2.5), {"BM": 32, "BN": 64},
+                        (3, 2, 1), sizes_env))
     o = array(64, "fp32", BASE + 2**25)
     out.append(run_case("mixed_scalars", mixed_scalars, (o, 2**40 + 3, 2**63 + 5, 0.1, 1.5, True), {"STRIDE": 2},
                         (3, 2, 1), sizes_env))
