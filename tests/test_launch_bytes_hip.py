@@ -68,17 +68,24 @@ def interpreter(version: str) -> str:
     return str(venv / "bin" / "python")
 
 
-@pytest.fixture(scope="module", params=["installed", "3.5", "3.6", "newest"])
+# The stand-in device: an MI300X (gfx942, wave64), and on the installed Triton also an RDNA3
+# gfx1100 (wave32: a block is 32 x num_warps there).
+@pytest.fixture(scope="module", params=["installed", "installed-gfx1100", "3.5", "3.6", "newest"])
 def probe(request, fake_hip, tmp_path_factory):
-    python = interpreter(request.param)
+    version, _, arch = request.param.partition("-")
+    python = interpreter(version)
     tmp = tmp_path_factory.mktemp("probe-hip")
     out = tmp / "probe.json"
     # Triton 3.6's AMD specializer imports torch for its buffer-ops attribute ("within 2 GB"), which
     # the venvs lack: off there (lazytriton's arrays never get that attribute, see README).
     # The installed Triton's run also writes its axpy_flag and add_pair winners into a bundle.
-    extra = {"FAKE_HIP_BUNDLE_DIR": str(tmp / "bundle")} if request.param == "installed" else {"AMDGCN_USE_BUFFER_OPS": "0"}
+    extra = {"FAKE_HIP_BUNDLE_DIR": str(tmp / "bundle")} if request.param == "installed" else {}
+    if version != "installed":
+        extra["AMDGCN_USE_BUFFER_OPS"] = "0"
+    if arch:
+        extra.update(FAKE_HIP_ARCH=arch, FAKE_HIP_WARP="32")
     env = hip_env(fake_hip, tmp, **extra)
-    if request.param != "installed":
+    if version != "installed":
         env.pop("PYTHONPATH", None)
     r = subprocess.run([python, str(HERE / "fake_hip" / "launch_probe.py"), str(out)], env=env, cwd=str(tmp),
                        capture_output=True, text=True, timeout=900)
@@ -99,17 +106,19 @@ def same_launch(a: dict, b: dict) -> bool:
 
 def test_device_and_target_come_from_the_hip_runtime(probe):
     d = probe["device"]
-    assert (d["backend"], d["arch"], d["warp_size"], d["name"]) == ("hip", "gfx942", 64, "FAKE MI300X")
-    assert d["target"] == ["hip", "gfx942", 64]  # "gfx942:sramecc+:xnack-" as Triton's target names it
+    want = ("gfx1100", 32) if probe["version"].endswith("gfx1100") else ("gfx942", 64)
+    assert (d["backend"], d["arch"], d["warp_size"], d["name"]) == ("hip", *want, "FAKE MI300X")
+    assert d["target"] == ["hip", *want]  # "gfx942:sramecc+:xnack-" as Triton's target names it
 
 
 @pytest.mark.parametrize("name", ["axpy_flag", "axpy_flag_16", "mixed_scalars", "add_pair", "cooperative", "descriptors"])
 def test_standalone_launches_are_tritons(probe, name):
     c = probe[name]
     (ref,) = c["triton"]
-    assert c["arch"] == "gfx942" and c["warp_size"] == 64
+    d = probe["device"]
+    assert c["arch"] == d["arch"] and c["warp_size"] == d["warp_size"]
     assert ref["via"] == ("cooperative" if name == "cooperative" else "launch")  # which HIP launch call
-    assert ref["block"] == [64 * c["num_warps"], 1, 1]  # wave64: 64 x num_warps
+    assert ref["block"] == [d["warp_size"] * c["num_warps"], 1, 1]  # wave64 (wave32): 64 (32) x num_warps
     if name == "axpy_flag_16":
         assert c["waves_per_eu"] == 2  # given with the call, compiled in
     if name == "descriptors":  # two decomposed descriptors (base, 2 shapes, 2 strides, padding) and alpha
