@@ -33,7 +33,7 @@ from typing import Any
 from . import paths, tuples
 from .arrays import array_info, is_array
 from .cache import atomic_write
-from .spec import KernelSpec, ReadRecorder
+from .spec import AMD_OPTION_NAMES, KernelSpec, ReadRecorder
 from .spec import describe as describe_spec
 
 log = logging.getLogger("lazytriton.bundle")
@@ -41,7 +41,7 @@ log = logging.getLogger("lazytriton.bundle")
 FORMAT = "lazytriton-bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
-OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl")
+OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl") + AMD_OPTION_NAMES
 INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 FLOAT_TYPES = ("fp16", "bf16", "fp32", "fp64")
 SCALAR_ANNOTATIONS = (*INT_TYPES, *FLOAT_TYPES, "u1")  # annotations that fix a scalar's type
@@ -238,7 +238,8 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
         from . import _core
 
         device = _core.device_info(_core.current_device())["name"]
-    variant = {"arch": launch["arch"], "device": device, "types": types, "specs": specs,
+    # NVIDIA: the compute capability (90); AMD: the architecture's name ("gfx942").
+    variant = {"arch": launch.get("gfx") or launch["arch"], "device": device, "types": types, "specs": specs,
                "constexprs": constexprs, "key_values": key_values,
                "is_param": [bool(b) for b in resolved.entry.is_param[:i]],
                "meta": dict(resolved.meta), "launch": launch, "signature": signature_text(types, specs, layout)}
@@ -247,6 +248,11 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
         # call parameter, "" or its nesting ("[_,[_,_]]", the leaves in order).
         variant["layout"] = layout
     return variant, bytes(resolved.kernel.cubin)
+
+
+def target_name(arch) -> str:
+    """A variant's "arch" as a target: 90 -> "sm_90", "gfx942" as it is."""
+    return arch if isinstance(arch, str) else f"sm_{arch}"
 
 
 def signature_text(types: list, specs: list, layout: list | None = None) -> str:
@@ -317,7 +323,7 @@ def write_variant(path: os.PathLike | str, desc: dict, variant: dict, cubin: byt
         entry["variants"] = [v for v in entry["variants"] if _identity(v) != _identity(variant)] + [variant]
         text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False)
         atomic_write(d / MANIFEST, text.encode())
-    log.info("kernel %s: winner for sm_%s %s written to bundle %s", desc["name"], variant["arch"],
+    log.info("kernel %s: winner for %s %s written to bundle %s", desc["name"], target_name(variant["arch"]),
              variant["signature"], d)
     return variant
 
@@ -401,7 +407,7 @@ def cli_list(args) -> int:
         for v in k["variants"]:
             extra = " ".join(f"{n}={x!r}" for n, x in sorted({**v["constexprs"], **v["key_values"]}.items()))
             meta = ", ".join(f"{n}={x}" for n, x in sorted(v["meta"].items()))
-            print(f"  sm_{v['arch']} {v['signature']} {extra}".rstrip()
+            print(f"  {target_name(v['arch'])} {v['signature']} {extra}".rstrip()
                   + f"  -> {meta or 'no meta-parameters'}, num_warps={v['launch'].get('num_warps')}"
                   + f" ({v.get('device', '?')})")
     if not manifest["kernels"]:

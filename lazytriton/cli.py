@@ -44,7 +44,8 @@ def _demo(args) -> int:
     ms = cp.cuda.get_elapsed_time(ev0, ev1) / 20
     dev = lazytriton._core.device_info(lazytriton._core.current_device())
     rec = k.records[-1] if k.records else None
-    print(f"\nGPU: {dev['name']} (sm_{dev['capability'][0]}{dev['capability'][1]})")
+    arch = dev.get("arch") or f"sm_{dev['capability'][0]}{dev['capability'][1]}"
+    print(f"\nGPU: {dev['name']} ({arch})")
     print(f"matmul {M}x{N}x{K} fp16: first call (compile/tune or cache) {first:.2f} s; "
           f"relative error {err:.1e}")
     if rec:
@@ -58,12 +59,13 @@ def _demo(args) -> int:
 
 def _demo_without_gpu(why: str, kernel, configs) -> int:
     from lazytriton.arrays import PointerArg
-    from lazytriton.compiler import Binder, Candidate, compile_all, default_target
+    from lazytriton.compiler import Binder, Candidate, compile_all, default_target, target_label
     from lazytriton.spec import describe
 
-    target = default_target()
-    print(f"No GPU found ({why}).\nCompiling the demo's {len(configs)} matmul candidates to cubin for "
-          f"sm_{target.arch} instead (no launch):")
+    target = default_target()  # LAZYTRITON_DEFAULT_ARCH: sm_90 unless set (e.g. gfx942)
+    binary = "HSACO" if target.backend == "hip" else "cubin"
+    print(f"No GPU found ({why}).\nCompiling the demo's {len(configs)} matmul candidates to {binary} for "
+          f"{target_label(target)} instead (no launch):")
     spec = describe(kernel)
     binder = Binder(spec, target)
     M = N = K = 2048
@@ -76,7 +78,7 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
     for c in cands:
         if c.binary:
             md = c.binary.metadata
-            print(f"  config {c.index} {c.config}: cubin {len(c.binary.cubin)} B, shared {md.get('shared')} B, "
+            print(f"  config {c.index} {c.config}: {binary} {len(c.binary.cubin)} B, shared {md.get('shared')} B, "
                   f"num_warps {md.get('num_warps')}")
         else:
             print(f"  config {c.index} {c.config}: failed: {c.error}")

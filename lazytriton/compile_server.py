@@ -180,7 +180,6 @@ def _warm_up(key: threading.Thread) -> float:
 
     import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime import cache as triton_cache
 
@@ -200,14 +199,12 @@ def _warm_up(key: threading.Thread) -> float:
         os.environ["TRITON_CACHE_DIR"] = d  # Triton's knobs read the environment at each use
         triton_cache.triton_key = lambda: "lazytriton-compile-server-warm-up"
         try:
-            from lazytriton.cache.config import default_arch
-
             try:
-                arch = default_arch(90)
+                target = compiler.default_target()
             except ValueError:  # a warm-up only: the caller reports the bad setting
-                arch = 90
+                target = compiler.target_for(90)
             triton.compile(ASTSource(_lt_warm_up, {"x": "*fp32", "n": "i32", "B": "constexpr"}, {(2,): 128}),
-                           target=GPUTarget("cuda", arch, 32))
+                           target=target)
         finally:
             triton_cache.triton_key = real_key
             if saved is None:

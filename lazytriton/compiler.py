@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -26,6 +27,26 @@ from .spec import KernelSpec, is_gluon
 log = logging.getLogger("lazytriton.compiler")
 
 DEFAULT_ARCH = 90  # target used to compile when no GPU is present (demo, tests)
+# AMD targets lazytriton knows by name (AOT use, no device): wave64 CDNA, wave32 RDNA.
+AMD_TARGETS = {"gfx90a": 64, "gfx942": 64, "gfx950": 64, "gfx1100": 32, "gfx1101": 32, "gfx1200": 32,
+               "gfx1201": 32}
+
+
+def target_for(arch: str | int) -> GPUTarget:
+    """A compile target named by the user (AOT, no device): an NVIDIA compute
+    capability (90, "90", "sm_90", "sm90") or an AMD architecture ("gfx942";
+    "gfx942:sramecc+:xnack-" as HIP names it)."""
+    text = str(arch).strip().lower()
+    if text.startswith("gfx"):
+        name = text.split(":")[0]
+        if name not in AMD_TARGETS and not re.fullmatch(r"gfx\d{1,2}\d[0-9a-f]", name):  # gfx<major><minor><stepping>
+            raise ValueError(f"unknown AMD target {arch!r} (e.g. {', '.join(sorted(AMD_TARGETS))})")
+        return GPUTarget("hip", name, AMD_TARGETS.get(name, 64 if name.startswith("gfx9") else 32))
+    digits = text.removeprefix("sm_").removeprefix("sm")
+    if not digits.isdigit():
+        raise ValueError(f"unknown target {arch!r}: an NVIDIA compute capability (90, 'sm_90') or an AMD "
+                         f"architecture ({', '.join(sorted(AMD_TARGETS))})")
+    return GPUTarget("cuda", int(digits), 32)
 
 # CPython 3.11 keeps the depth counter of ast.parse's AST-to-object conversion
 # per interpreter, not per thread: two threads parsing at once can fail with
@@ -58,12 +79,23 @@ _serialize_parse()
 
 
 def default_target() -> GPUTarget:
-    return GPUTarget("cuda", config.default_arch(DEFAULT_ARCH), 32)
+    return target_for(config.default_arch(DEFAULT_ARCH))
 
 
-def device_target(capability: tuple[int, int]) -> GPUTarget:
-    major, minor = capability
+def device_target(dev: dict | tuple[int, int]) -> GPUTarget:
+    """The target of a device (lazytriton._core.device_info's dict; a CUDA
+    capability tuple as before): an AMD device's architecture name and wavefront size."""
+    if isinstance(dev, dict):
+        if dev.get("backend") == "hip":
+            return GPUTarget("hip", dev["arch"], int(dev["warp_size"]))
+        dev = dev["capability"]
+    major, minor = dev
     return GPUTarget("cuda", major * 10 + minor, 32)
+
+
+def target_label(target: GPUTarget) -> str:
+    """"sm_90" or "gfx942", for messages."""
+    return target.arch if target.backend == "hip" else f"sm_{target.arch}"
 
 
 @dataclass
@@ -183,7 +215,16 @@ class Binder:
         kwargs["debug"] = kwargs.get("debug", self.spec.fn.debug) or triton.knobs.runtime.debug
         for name in self._knob_options:
             kwargs[name] = getattr(triton.knobs.compilation, name)
-        bound_args, specialization, options = self._bind(*args, **kwargs)
+        try:
+            bound_args, specialization, options = self._bind(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            # Triton 3.6's AMD specializer imports torch for its buffer-ops ("within 2 GB") pointer
+            # attribute, whatever the argument (3.7+ checks first).
+            if exc.name != "torch" or self.target.backend != "hip":
+                raise
+            raise RuntimeError(f"kernel {self.spec.name}: Triton {triton.__version__}'s AMD backend imports torch to "
+                               "specialize pointer arguments (buffer ops), and torch is not installed: install "
+                               "torch, or set AMDGCN_USE_BUFFER_OPS=0 (no buffer-op addressing)") from None
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options)
         for p in self.spec.params:  # a float type given by lazytriton, not by the source (JAX's fp64 rule)
@@ -261,14 +302,14 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     remote = [c for c in todo if jobs.get(id(c)) is not None]
     local = [c for c in todo if jobs.get(id(c)) is None]
     if remote:
-        log.info("kernel %s: compiling %d candidate(s) for sm_%s in %d worker process(es)", spec.name, len(remote),
-                 target.arch, min(pool.workers, len(remote)))
+        log.info("kernel %s: compiling %d candidate(s) for %s in %d worker process(es)", spec.name, len(remote),
+                 target_label(target), min(pool.workers, len(remote)))
     if local:
         addr = compile_pool.kernel_address(spec.fn)
         why = "" if not pool else (" (defined in __main__ or in a function: not importable by a worker process)"
                                    if addr is None else " (arguments not picklable)")
-        log.info("kernel %s: compiling %d candidate(s) for sm_%s in this process%s", spec.name, len(local),
-                 target.arch, why)
+        log.info("kernel %s: compiling %d candidate(s) for %s in this process%s", spec.name, len(local),
+                 target_label(target), why)
     futures: dict[cf.Future, Candidate] = {pool.submit(jobs[id(c)]): c for c in remote}
     threads = None
     if local:

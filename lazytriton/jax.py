@@ -41,7 +41,7 @@ from jax.interpreters import ad, mlir
 
 from . import _core, jax_ffi, keys, pre_hooks, tuples
 from .arrays import DTYPE_IDS, triton_dtype
-from .spec import KernelSpecError, PreHookRefused, describe
+from .spec import AMD_OPTION_NAMES, KernelSpecError, PreHookRefused, describe
 
 __all__ = ["triton_call", "TensorDescriptor", "handler_stats", "register", "CUSTOM_CALL_TARGET_NAME",
            "triton_call_p"]
@@ -54,7 +54,8 @@ jax_ffi.prepare_in_background()
 CUSTOM_CALL_TARGET_NAME: str = jax_ffi.TARGET
 
 # Compile options lazytriton's compiler takes (backend_options= and the explicit arguments).
-_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "enable_fp_fusion")
+_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl",
+                 "enable_fp_fusion") + AMD_OPTION_NAMES
 _OPTION_DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "debug": False, "launch_pdl": False}
 
 
@@ -727,6 +728,7 @@ def _lowering(ctx, *operands, descriptor, out_types, aliases, has_side_effect, c
 
 
 mlir.register_lowering(triton_call_p, _lowering, platform="cuda")
+mlir.register_lowering(triton_call_p, _lowering, platform="rocm")  # the same handler, over HIP
 
 
 def _jvp(primals, tangents, *, name, **_):

@@ -123,25 +123,33 @@ def prepare_in_background() -> None:
     threading.Thread(target=build, name="lazytriton-ffi-build", daemon=True).start()
 
 
-_CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+_CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12",
+                 # ROCm: the same handler, over lazytriton's HIP driver layer
+                 "jax_rocm10_plugin", "jax_rocm7_plugin", "jax_rocm60_plugin", "jax_plugins.xla_rocm10",
+                 "jax_plugins.xla_rocm7", "jax_plugins.xla_rocm60")
+# XLA's names of the GPU platforms the handler serves (one build: the driver is chosen at run time).
+PLATFORMS = ("CUDA", "ROCM")
 _cuda = None
 
 
 def cuda_present() -> bool:
-    """Whether JAX has a CUDA backend in this process."""
+    """Whether JAX has a GPU backend in this process (CUDA or ROCm)."""
     global _cuda
     if not _cuda:
         import jax
 
-        try:
-            _cuda = bool(jax.devices("cuda"))
-        except RuntimeError:
-            _cuda = False
+        _cuda = False
+        for platform in ("cuda", "rocm"):
+            try:
+                _cuda = _cuda or bool(jax.devices(platform))
+            except RuntimeError:
+                pass
     return _cuda
 
 
 def ensure_registered() -> None:
-    """Registers the handler for CUDA once per process (a no-op without a CUDA backend)."""
+    """Registers the handler for CUDA and ROCm once per process (XLA keeps the
+    registration of a platform this process has no backend for unused)."""
     global _registered
     if _registered:
         return
@@ -152,8 +160,9 @@ def ensure_registered() -> None:
             return
         mod = handler_module()
         mod.set_resolver(_resolve)
-        jax.ffi.register_ffi_type(STATE_TYPE, mod.state_type(), platform="CUDA")
-        jax.ffi.register_ffi_target(TARGET, mod.handlers(), platform="CUDA", api_version=1)
+        for platform in PLATFORMS:
+            jax.ffi.register_ffi_type(STATE_TYPE, mod.state_type(), platform=platform)
+            jax.ffi.register_ffi_target(TARGET, mod.handlers(), platform=platform, api_version=1)
         _registered = True
 
 

@@ -26,14 +26,14 @@ from . import distributed
 from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
 from .cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, settings
 from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, compile_stream, device_target
-from .spec import KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
+from .spec import AMD_OPTION_NAMES, KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
 from .stubgen import Shape, Slot
 from .tuner import TuneOptions, tune
 
 log = logging.getLogger("lazytriton")
 
 OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
-                "enable_fp_fusion")
+                "enable_fp_fusion", "launch_cooperative_grid") + AMD_OPTION_NAMES
 HEURISTICS_ARG = "__heuristics__"
 
 _default_cache: Cache | None = None
@@ -570,7 +570,7 @@ class Resolution:
         self.device = _core.current_device()
         dev = _core.device_info(self.device)
         self.dev = dev
-        self.target = device_target(dev["capability"])
+        self.target = device_target(dev)
         # The stub's shape and call key pin the specialization exactly (dtypes,
         # alignment, ==1, %16, key values), so a cached winner is found without
         # running Triton's binder (whose first use can import torch: seconds).

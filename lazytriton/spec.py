@@ -2,6 +2,9 @@
 autotune/heuristics wrappers, its parameters, candidate configs and tuning rules."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -189,6 +192,23 @@ def _read_autotuner(spec: KernelSpec, at: Autotuner) -> None:
     spec.top_k = at.configs_top_k
 
 
+# Triton's AMD compile options, taken where the CUDA ones are (kernel calls, triton_call's
+# backend_options, bundle calls) and, as Triton's idiom, in a config's kwargs.
+AMD_OPTION_NAMES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+
+@functools.lru_cache(maxsize=None)
+def backend_option_names() -> frozenset:
+    """The compile options of Triton's NVIDIA and AMD backends (their options' fields)."""
+    names: set = set()
+    for module, cls in (("triton.backends.nvidia.compiler", "CUDAOptions"), ("triton.backends.amd.compiler", "HIPOptions")):
+        try:
+            names |= {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
+        except (ImportError, AttributeError, TypeError):  # a Triton without that backend
+            pass
+    return frozenset(names)
+
+
 def _validate(spec: KernelSpec) -> None:
     names = set(spec.arg_names)
     for what, lst in (("key", spec.tune_keys), ("reset_to_zero", spec.reset_to_zero),
@@ -199,7 +219,9 @@ def _validate(spec: KernelSpec) -> None:
                                       f"(parameters: {', '.join(spec.arg_names)})")
     for i, cfg in enumerate(spec.configs):
         for k in cfg.kwargs:
-            if k not in names:
+            # A backend option in a config's kwargs is Triton's idiom for AMD's (waves_per_eu,
+            # matrix_instr_nonkdim, kpack): Triton's binder takes it as an option, so does lazytriton's.
+            if k not in names and k not in backend_option_names():
                 raise KernelSpecError(f"kernel {spec.name}: config {i} sets {k!r}, which is not a parameter")
     try:
         pre_hooks.check(spec)

@@ -98,11 +98,20 @@ LaunchMeta meta_from(const py::dict& d) {
   m.profile_scratch_align = dict_u64(d, "profile_scratch_align", 1);
   m.cooperative = dict_int(d, "launch_cooperative_grid", 0) != 0;
   m.pdl = dict_int(d, "launch_pdl", 0) != 0;
-  // Triton's "arch" is a string ("sm90"); the target's arch is the number.
-  if (d.contains("target") && py::isinstance<py::dict>(d["target"]) && d["target"].cast<py::dict>().contains("arch"))
-    m.arch = py::int_(d["target"].cast<py::dict>()["arch"]);
-  else if (d.contains("arch") && py::isinstance<py::int_>(d["arch"]))
+  // CUDA: Triton's "arch" is a string ("sm90"), the target's arch the number (90).
+  // HIP: both are the name ("gfx942"), kept as the binary's target.
+  if (d.contains("target") && py::isinstance<py::dict>(d["target"]) && d["target"].cast<py::dict>().contains("arch")) {
+    auto t = d["target"].cast<py::dict>();
+    if (t.contains("backend") && t["backend"].cast<std::string>() == "hip")
+      m.gfx = t["arch"].cast<std::string>();
+    else
+      m.arch = py::int_(t["arch"]);
+    if (t.contains("warp_size") && !t["warp_size"].is_none()) m.warp_size = t["warp_size"].cast<int>();
+  } else if (d.contains("arch") && py::isinstance<py::int_>(d["arch"])) {
     m.arch = d["arch"].cast<int>();
+  }
+  if (d.contains("gfx") && py::isinstance<py::str>(d["gfx"])) m.gfx = d["gfx"].cast<std::string>();
+  m.warp_size = dict_int(d, "warp_size", m.warp_size);
   m.cluster[0] = unsigned(m.num_ctas);
   if (d.contains("cluster_dims") && !d["cluster_dims"].is_none()) {
     auto c = d["cluster_dims"].cast<std::vector<unsigned>>();
@@ -142,6 +151,8 @@ py::dict meta_to_dict(const LaunchMeta& m) {
   d["launch_cooperative_grid"] = m.cooperative;
   d["launch_pdl"] = m.pdl;
   d["arch"] = m.arch;
+  if (!m.gfx.empty()) d["gfx"] = m.gfx;
+  d["warp_size"] = m.warp_size;
   py::list descs;
   for (const TmaMeta& t : m.tensordesc) descs.append(tma_meta_to_dict(t));
   d["tensordesc_meta"] = descs;
@@ -254,6 +265,9 @@ PYBIND11_MODULE(_core, m) {
     d["cooperative"] = i.cooperative;
     d["cluster_launch"] = i.cluster_launch;
     d["driver_version"] = i.driver_version;
+    d["backend"] = i.hip ? "hip" : "cuda";
+    d["arch"] = i.arch;
+    d["warp_size"] = i.warp_size;
     return d;
   });
   m.def("synchronize", [](uint64_t stream) {
@@ -462,7 +476,7 @@ PYBIND11_MODULE(_core, m) {
     const Driver& d = driver();
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i)
-      check(d.cuLaunchKernel(fn, g.x, g.y, g.z, 32 * m.num_warps, 1, 1, m.shared, as_stream(stream), ptrs.data(), nullptr),
+      check(d.cuLaunchKernel(fn, g.x, g.y, g.z, m.warp_size * m.num_warps, 1, 1, m.shared, as_stream(stream), ptrs.data(), nullptr),
             "cuLaunchKernel");
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });

@@ -163,13 +163,14 @@ struct BundleKernel::Impl {
   // Resolution of a new key (once per key, see LazyKernel).
   std::shared_ptr<const Entry> resolve(const CallKey& key, const ResolveCtx& rc);
   bool compatible(const Variant& v) const;
-  bool matches(const Variant& v, const Call& c, int arch) const;
-  std::shared_ptr<Variant> find_variant(const Call& c, int arch, const std::string& device) const;
-  std::shared_ptr<Variant> resolve_lazily(const ResolveCtx& rc, int arch, Resolver& resolver);
+  bool matches(const Variant& v, const Call& c, const std::string& target) const;
+  std::shared_ptr<Variant> find_variant(const Call& c, const std::string& target, const std::string& device) const;
+  std::shared_ptr<Variant> resolve_lazily(const ResolveCtx& rc, const std::string& target, Resolver& resolver);
   ResolveRequest request(const ResolveCtx& rc) const;
-  std::shared_ptr<const Entry> make_entry(const std::shared_ptr<Variant>& v, const Call& c, int arch);
+  std::shared_ptr<const Entry> make_entry(const std::shared_ptr<Variant>& v, const Call& c, const std::string& target);
   std::shared_ptr<Kernel> kernel_of(Variant& v) const;
-  std::string describe_call(const Call& c, int arch) const;
+  std::string describe_call(const Call& c, const std::string& target) const;
+  std::string other_vendor(const DeviceInfo& dev) const;
 };
 
 // ---- set-up -----------------------------------------------------------------
@@ -325,7 +326,7 @@ std::string BundleKernel::Impl::variant_list() const {
     for (const auto& [k, c] : v->constexprs) sig += " " + k + "=" + c.repr();
     for (const auto& [k, j] : v->key_values)
       sig += " " + k + "=" + (j.kind == json::Value::kFloat ? Constant(j.f).repr() : std::to_string(j.i));
-    out += "\n  sm_" + std::to_string(v->arch) + " " + sig + (v->device.empty() ? "" : " (tuned on " + v->device + ")");
+    out += "\n  " + v->target + " " + sig + (v->device.empty() ? "" : " (tuned on " + v->device + ")");
   }
   return out.empty() ? " none" : out;
 }
@@ -589,8 +590,8 @@ std::vector<std::string> BundleKernel::arg_names() const { return impl_->arg_nam
 
 // ---- resolution ---------------------------------------------------------------
 
-bool BundleKernel::Impl::matches(const Variant& v, const Call& c, int arch) const {
-  if (v.arch != arch || !compatible(v)) return false;
+bool BundleKernel::Impl::matches(const Variant& v, const Call& c, const std::string& target) const {
+  if (v.target != target || !compatible(v)) return false;
   for (size_t i = 0; i < args.size(); ++i)
     if (v.specs[args[i].call_index] != spec_suffix(args[i], c.key[1 + (2 * i) / 64] >> ((2 * i) % 64) & 3))
       return false;
@@ -605,16 +606,17 @@ bool BundleKernel::Impl::matches(const Variant& v, const Call& c, int arch) cons
   return true;
 }
 
-std::shared_ptr<Variant> BundleKernel::Impl::find_variant(const Call& c, int arch, const std::string& device) const {
+std::shared_ptr<Variant> BundleKernel::Impl::find_variant(const Call& c, const std::string& target,
+                                                          const std::string& device) const {
   std::lock_guard<std::mutex> lock(bundle->mu);
   std::shared_ptr<Variant> best;
   for (const auto& v : record->variants)
-    if (matches(*v, c, arch) && (!best || (v->device == device && best->device != device))) best = v;
+    if (matches(*v, c, target) && (!best || (v->device == device && best->device != device))) best = v;
   return best;
 }
 
-std::string BundleKernel::Impl::describe_call(const Call& c, int arch) const {
-  std::string out = "sm_" + std::to_string(arch) + " " + call_spec(c);
+std::string BundleKernel::Impl::describe_call(const Call& c, const std::string& target) const {
+  std::string out = target + " " + call_spec(c);
   for (const auto& [k, v] : constexprs) out += " " + k + "=" + v.repr();
   for (size_t k = 0; k < key_names.size(); ++k) {
     const RtArg& r = *std::find_if(args.begin(), args.end(), [&](const RtArg& a) { return a.name == key_names[k]; });
@@ -648,7 +650,8 @@ std::shared_ptr<Kernel> BundleKernel::Impl::kernel_of(Variant& v) const {
   return v.kernel;
 }
 
-std::shared_ptr<const Entry> BundleKernel::Impl::make_entry(const std::shared_ptr<Variant>& v, const Call& c, int arch) {
+std::shared_ptr<const Entry> BundleKernel::Impl::make_entry(const std::shared_ptr<Variant>& v, const Call& c,
+                                                            const std::string& target) {
   auto e = std::make_shared<Entry>();
   e->kernel = kernel_of(*v);
   for (const auto& r : args) e->is_param.push_back(v->is_param[r.call_index]);
@@ -657,7 +660,7 @@ std::shared_ptr<const Entry> BundleKernel::Impl::make_entry(const std::shared_pt
   Constants meta = constexprs;
   meta.insert(meta.end(), v->meta.begin(), v->meta.end());
   w->meta = Meta(desc.name, std::move(meta));
-  w->specialization = describe_call(c, arch);
+  w->specialization = describe_call(c, target);
   w->device = v->device;
   e->user = w;
   return e;
@@ -705,15 +708,16 @@ ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
   return req;
 }
 
-std::shared_ptr<Variant> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc, int arch, Resolver& resolver) {
-  if (!rc.grid) fail("no winner yet for " + describe_call(*rc.call, arch) + "; lazy mode tunes on the first launch, "
+std::shared_ptr<Variant> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc, const std::string& target,
+                                                            Resolver& resolver) {
+  if (!rc.grid) fail("no winner yet for " + describe_call(*rc.call, target) + "; lazy mode tunes on the first launch, "
                      "which needs a grid (call launch(), or winner() with a grid)");
   auto [text, cubin] = resolver.resolve(request(rc));
   std::string what = label + ": the lazily resolved variant";
   std::shared_ptr<Variant> v = variant_from(json::parse(text, what), desc, what);
   v->cubin = std::move(cubin);
-  if (!matches(*v, *rc.call, arch))
-    fail("internal error: Python resolved a variant that does not match the call (" + describe_call(*rc.call, arch) +
+  if (!matches(*v, *rc.call, target))
+    fail("internal error: Python resolved a variant that does not match the call (" + describe_call(*rc.call, target) +
          "); please report it");
   std::lock_guard<std::mutex> lock(bundle->mu);
   record->variants.push_back(v);
@@ -723,8 +727,8 @@ std::shared_ptr<Variant> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc
 std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, const ResolveCtx& rc) {
   auto ctx = reinterpret_cast<cu::CUcontext>(key[0]);
   const DeviceInfo& dev = device_info(context_device(ctx));
-  int arch = dev.cc_major * 10 + dev.cc_minor;
-  std::shared_ptr<Variant> v = find_variant(*rc.call, arch, dev.name);
+  const std::string& target = dev.arch;  // "sm_90" or "gfx942"
+  std::shared_ptr<Variant> v = find_variant(*rc.call, target, dev.name);
   if (!v) {
     std::shared_ptr<Resolver> resolver;
     {
@@ -733,14 +737,28 @@ std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, con
     }
     if (!resolver) {
       std::lock_guard<std::mutex> lock(bundle->mu);
-      fail("no tuned winner in bundle " + bundle->dir + " for " + describe_call(*rc.call, arch) +
+      fail(other_vendor(dev) + "no tuned winner in bundle " + bundle->dir + " for " + describe_call(*rc.call, target) +
            "; its winners are:" + variant_list() +
            "\nTune this call from Python (lazytriton.bundle.Bundle(dir).add(...)) or turn on lazy mode "
            "(lt::enable_lazy from lazytriton::embed)");
     }
-    v = resolve_lazily(rc, arch, *resolver);
+    v = resolve_lazily(rc, target, *resolver);
   }
-  return make_entry(v, *rc.call, arch);
+  return make_entry(v, *rc.call, target);
+}
+
+// Where every winner of this kernel is for the other vendor's GPUs: says so
+// first (an NVIDIA bundle on an AMD device, or the reverse).
+std::string BundleKernel::Impl::other_vendor(const DeviceInfo& dev) const {
+  std::string targets;
+  for (const auto& v : record->variants) {
+    if ((v->target.rfind("gfx", 0) == 0) == dev.hip) return "";
+    if (targets.find(v->target) == std::string::npos) targets += (targets.empty() ? "" : ", ") + v->target;
+  }
+  if (targets.empty()) return "";
+  return "bundle " + bundle->dir + " holds this kernel only for " + (dev.hip ? "NVIDIA" : "AMD") + " GPUs (" +
+         targets + "); this device, " + dev.name + ", is " + (dev.hip ? "an AMD " : "an NVIDIA ") + dev.arch +
+         ": build the bundle on (or for) this device's target. ";
 }
 
 }  // namespace lt

@@ -67,7 +67,9 @@ LaunchMeta launch_from(const json::Value& m, const std::string& what) {
   l.profile_scratch_align = uint64_t(opt_int(m, "profile_scratch_align", 1, what));
   l.cooperative = opt_bool(m, "launch_cooperative_grid", false, what);
   l.pdl = opt_bool(m, "launch_pdl", false, what);
-  l.arch = int(opt_int(m, "arch", 0, what));
+  if (const json::Value* a = m.find("gfx"); a && a->kind == json::Value::kString) l.gfx = a->s;
+  else l.arch = int(opt_int(m, "arch", 0, what));
+  l.warp_size = int(opt_int(m, "warp_size", 32, what));
   l.cluster[0] = unsigned(l.num_ctas);
   if (const json::Value* c = m.find("cluster_dims"); c && c->kind == json::Value::kArray)
     for (size_t i = 0; i < c->items.size() && i < 3; ++i)
@@ -117,7 +119,8 @@ KernelDesc desc_from(const json::Value& k, const std::string& what) {
 
 std::shared_ptr<Variant> variant_from(const json::Value& v, const KernelDesc& d, const std::string& what) {
   auto out = std::make_shared<Variant>();
-  out->arch = int(v.at("arch", what).as_int(what + ".arch"));
+  const json::Value& arch = v.at("arch", what);
+  out->target = arch.kind == json::Value::kString ? arch.s : "sm_" + std::to_string(arch.as_int(what + ".arch"));
   if (const json::Value* dev = v.find("device"); dev && dev->kind == json::Value::kString) out->device = dev->s;
   out->types = strings_from(v.at("types", what), what + ".types");
   out->specs = strings_from(v.at("specs", what), what + ".specs");

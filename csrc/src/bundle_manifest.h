@@ -35,7 +35,9 @@ struct KernelDesc {
 
 // One tuned winner: a binary for a specialization of a kernel.
 struct Variant {
-  int arch = 0;
+  // The device target it was built for: "sm_90" (NVIDIA; the manifest's "arch"
+  // is the number 90) or "gfx942" (AMD; the manifest's "arch" is the name).
+  std::string target;
   std::string device;
   std::vector<std::string> types;  // per call parameter; "constexpr" for constexprs
   std::vector<std::string> specs;  // per call parameter: "16", "1" or ""

@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "hip_driver.h"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -54,10 +56,30 @@ std::string load_into(Driver& d) {
   return "";
 }
 
+// CUDA first (its message alone where no ROCm is installed), then HIP;
+// LAZYTRITON_DRIVER=cuda|hip takes only that one.
+std::string load_any(Driver& d) {
+  const char* env = std::getenv("LAZYTRITON_DRIVER");
+  std::string want = env ? env : "";
+  if (!want.empty() && want != "cuda" && want != "hip")
+    return "LAZYTRITON_DRIVER=" + want + " is not a driver lazytriton knows (cuda or hip)";
+  bool hip_present = false;
+  if (want == "hip") return load_hip(d, &hip_present);
+  std::string cuda_error = load_into(d);
+  if (cuda_error.empty() || want == "cuda") return cuda_error;
+  Driver hip;
+  std::string hip_error = load_hip(hip, &hip_present);
+  if (hip_error.empty()) {
+    d = hip;
+    return "";
+  }
+  return hip_present ? cuda_error + "; " + hip_error : cuda_error;
+}
+
 const LoadState& state() {
   static LoadState* s = [] {
     auto* st = new LoadState();  // never freed: launches may run during exit
-    st->error = load_into(st->drv);
+    st->error = load_any(st->drv);
     return st;
   }();
   return *s;
@@ -84,7 +106,7 @@ bool driver_available(std::string* why) {
   if (!s.error.empty()) return false;
   int n = 0;
   if (s.drv.cuDeviceGetCount(&n) != cu::CUDA_SUCCESS || n == 0) {
-    if (why) *why = "no CUDA device found";
+    if (why) *why = s.drv.backend == Backend::kHip ? "no AMD GPU found" : "no CUDA device found";
     return false;
   }
   return true;
@@ -195,6 +217,13 @@ const DeviceInfo& device_info(int device) {
   info->cooperative = attr(cu::COOPERATIVE_LAUNCH) != 0;
   info->cluster_launch = attr(cu::CLUSTER_LAUNCH) != 0;
   info->driver_version = d.version;
+  info->hip = d.backend == Backend::kHip;
+  if (info->hip) {
+    info->arch = hip_arch_name(device);
+    info->warp_size = hip_warp_size(device);
+  } else {
+    info->arch = "sm_" + std::to_string(info->cc_major * 10 + info->cc_minor);
+  }
   slot = std::move(info);
   return *slot;
 }

@@ -126,7 +126,18 @@ struct StreamOrderedBlock {
 }  // namespace
 
 std::string check_fits(const LaunchMeta& m, const DeviceInfo& dev) {
-  int threads = 32 * m.num_warps;
+  // The binary's vendor and architecture first: nothing else is comparable across them.
+  if (!m.gfx.empty() && !dev.hip)
+    return "was compiled for AMD " + m.gfx + " but " + dev.name + " is an NVIDIA GPU (" + dev.arch + ")";
+  if (m.gfx.empty() && dev.hip)
+    return "was compiled for NVIDIA sm_" + std::to_string(m.arch) + " but " + dev.name + " is an AMD GPU (" +
+           dev.arch + ")";
+  if (!m.gfx.empty() && m.gfx != dev.arch)
+    return "was compiled for " + m.gfx + " but " + dev.name + " is " + dev.arch;
+  if (m.warp_size != dev.warp_size)
+    return "was compiled for a warp size of " + std::to_string(m.warp_size) + " but " + dev.name + " has " +
+           std::to_string(dev.warp_size);
+  int threads = m.warp_size * m.num_warps;
   if (threads > dev.max_threads_per_block)
     return "needs " + std::to_string(threads) + " threads per block (num_warps=" +
            std::to_string(m.num_warps) + ") but " + dev.name + " allows " +
@@ -140,7 +151,7 @@ std::string check_fits(const LaunchMeta& m, const DeviceInfo& dev) {
   if (m.cooperative && !dev.cooperative)
     return "needs a cooperative launch which " + dev.name + " does not support";
   int cc = dev.cc_major * 10 + dev.cc_minor;
-  if (m.arch && (m.arch / 10 != dev.cc_major || m.arch > cc))
+  if (!dev.hip && m.arch && (m.arch / 10 != dev.cc_major || m.arch > cc))
     return "was compiled for sm_" + std::to_string(m.arch) + " but " + dev.name + " is sm_" +
            std::to_string(cc);
   return "";
@@ -188,14 +199,14 @@ cu::CUfunction Kernel::load(cu::CUcontext ctx) {
   }
   int fn_max_threads = 0;
   check(d.cuFuncGetAttribute(&fn_max_threads, cu::FUNC_MAX_THREADS_PER_BLOCK, fn), kname(m) + ": cuFuncGetAttribute");
-  if (32 * m.num_warps > fn_max_threads) {
+  if (m.warp_size * m.num_warps > fn_max_threads) {
     d.cuModuleUnload(mod);
-    throw Error(kname(m) + " needs " + std::to_string(32 * m.num_warps) +
+    throw Error(kname(m) + " needs " + std::to_string(m.warp_size * m.num_warps) +
                 " threads per block but its register use allows only " + std::to_string(fn_max_threads) +
                 " on " + dev.name);
   }
   if (m.shared > kDefaultSharedLimit) {
-    // Above 48 KiB the dynamic shared memory limit must be raised explicitly;
+    // (The HIP layer's opt-ins are no-ops: AMD needs none.) Above 48 KiB the dynamic shared memory limit must be raised explicitly;
     // as in Triton's loader, the opt-in maximum less the static part.
     int static_shared = 0;
     check(d.cuFuncGetAttribute(&static_shared, cu::FUNC_SHARED_SIZE_BYTES, fn), kname(m) + ": cuFuncGetAttribute");
@@ -300,7 +311,7 @@ void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** pa
   cfg.gridDimX = grid.x * m.cluster[0];
   cfg.gridDimY = grid.y * m.cluster[1];
   cfg.gridDimZ = grid.z * m.cluster[2];
-  cfg.blockDimX = 32u * unsigned(m.num_warps);
+  cfg.blockDimX = unsigned(m.warp_size) * unsigned(m.num_warps);
   cfg.blockDimY = cfg.blockDimZ = 1;
   cfg.sharedMemBytes = m.shared;
   cfg.hStream = stream;

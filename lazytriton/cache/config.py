@@ -5,6 +5,7 @@ variable, its value and what it takes; an unset or empty one is the default."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import os
 from pathlib import Path
 from typing import Optional
@@ -151,6 +152,14 @@ def capture_fallback() -> str:
     return env_choice("LAZYTRITON_CAPTURE_FALLBACK", ("record", "first_config"), "record")
 
 
-def default_arch(fallback: int) -> int:
-    """LAZYTRITON_DEFAULT_ARCH: the sm_ target compiled for where no GPU is present."""
-    return env_int("LAZYTRITON_DEFAULT_ARCH", fallback, minimum=1)
+def default_arch(fallback: int | str) -> str:
+    """LAZYTRITON_DEFAULT_ARCH: the target compiled for where no GPU is present: an NVIDIA compute
+    capability (90, sm_90) or an AMD architecture (gfx942), as compiler.target_for reads it."""
+    raw = _raw("LAZYTRITON_DEFAULT_ARCH")
+    if raw is None:
+        return str(fallback)
+    value = raw.strip().lower()
+    if not re.fullmatch(r"(sm_?)?[1-9]\d*|gfx[0-9a-f]{3,4}(:[a-z0-9+:-]*)?", value):
+        raise SettingError("LAZYTRITON_DEFAULT_ARCH", raw, "an NVIDIA compute capability (90, sm_90) or an AMD "
+                           "architecture (gfx942)")
+    return value

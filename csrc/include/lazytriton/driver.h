@@ -1,5 +1,9 @@
-// The CUDA driver, loaded from libcuda.so.1 on first use (no toolkit at build
-// time, and a process without a GPU can load this library and fail cleanly).
+// The GPU driver, loaded on first use (no toolkit at build time, and a process
+// without a GPU can load this library and fail cleanly): CUDA's libcuda.so.1,
+// or, where that has no device (or LAZYTRITON_DRIVER=hip), AMD's libamdhip64.so
+// under the same table (csrc/src/hip_driver.cc: each entry an adapter that
+// calls the HIP runtime as Triton's HIP launcher does). The choice is made once,
+// so a launch calls through the same function pointers on either vendor.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -24,15 +28,19 @@ class CudaError : public Error {
   cu::CUresult code_;
 };
 
+enum class Backend { kCuda, kHip };
+
 struct Driver {
 #define LT_DRIVER_FN(name, ...) cu::CUresult (*name)(__VA_ARGS__) = nullptr;
 #include "lazytriton/driver_fns.inc"
 #undef LT_DRIVER_FN
   int version = 0;
+  Backend backend = Backend::kCuda;
 };
 
-// The loaded driver. Throws lt::Error if libcuda.so.1 is missing or cuInit fails
+// The loaded driver. Throws lt::Error if no driver loads or none has a device
 // (e.g. no GPU); the failure is remembered so every later call reports it too.
+// LAZYTRITON_DRIVER=cuda|hip picks one (default: CUDA, else HIP).
 const Driver& driver();
 
 // Whether a usable driver and device exist, without throwing; `why` gets the reason.
@@ -80,6 +88,11 @@ struct DeviceInfo {
   bool cooperative = false;
   bool cluster_launch = false;
   int driver_version = 0;
+  // The compile target: "sm_90" (CUDA), "gfx942" (HIP: the arch name without
+  // its feature suffix), and the warp (wavefront) size, 32 or 64.
+  bool hip = false;
+  std::string arch;
+  int warp_size = 32;
 };
 // Cached per device after the first query.
 const DeviceInfo& device_info(int device);

@@ -1,5 +1,6 @@
-// A compiled Triton kernel (cubin + launch metadata), loaded per CUDA context
-// and launched with cuLaunchKernelEx honouring every Triton 3.x launch field.
+// A compiled Triton kernel (cubin, or HSACO for AMD, + launch metadata), loaded
+// per context and launched through the driver table's cuLaunchKernelEx (the
+// HIP layer maps it onto Triton's HIP launch) honouring every Triton 3.x launch field.
 #pragma once
 #include <array>
 #include <atomic>
@@ -27,7 +28,9 @@ struct LaunchMeta {
   uint64_t profile_scratch_size = 0, profile_scratch_align = 1;
   bool cooperative = false;  // launch_cooperative_grid
   bool pdl = false;          // launch_pdl (programmatic dependent launch)
-  int arch = 0;              // compute capability the cubin was built for, e.g. 90
+  int arch = 0;              // compute capability the cubin was built for, e.g. 90 (CUDA)
+  std::string gfx;           // the AMD target an HSACO was built for, e.g. "gfx942" (HIP; empty: CUDA)
+  int warp_size = 32;        // threads per warp (wavefront) of the target: a block is warp_size * num_warps
   // Host-side tensor descriptor parameters (tensor_desc.h): how each was
   // lowered (tensordesc_meta; empty: decomposed), and the parameter layout of
   // the Triton version that compiled it.
