@@ -51,7 +51,7 @@ def _tune_options():
 SETTINGS = [  # (variable, bad value, what reads it, words of what it takes)
     ("LAZYTRITON_COMPILE_WORKERS", "abc", _workers, "integer >= 0"),
     ("LAZYTRITON_COMPILE_WORKERS", "-2", _workers, "integer >= 0"),
-    ("LAZYTRITON_DEFAULT_ARCH", "sm90", _target, "integer >= 1"),
+    ("LAZYTRITON_DEFAULT_ARCH", "hopper", _target, "AMD architecture (gfx942)"),
     ("LAZYTRITON_FLUSH_L2", "maybe", _tune_options, "'auto'"),
     ("LAZYTRITON_CACHE", "perhaps", config.settings, "1/0"),
     ("LAZYTRITON_RETUNE", "2", config.settings, "1/0"),
