@@ -113,11 +113,6 @@ class FakeDeviceDriver:
     def get_current_target(self):
         return TARGET
 
-    def map_python_to_cpp_type(self, ty: str) -> str:  # 3.7+: the launcher's type table
-        return nvd.ty_to_cpp(ty) if hasattr(nvd, "ty_to_cpp") else ty
-
-    def __getattr__(self, name):  # anything else of CudaDriver that a version asks (benchmarker, ...)
-        return getattr(nvd.CudaDriver, name)
 
 
 def records() -> list[dict]:
