@@ -487,7 +487,7 @@ def test_fault_injection_every_file_the_runtime_writes(fake_driver, triton_cache
     # C++ bundle manifest and a cubin of it.
     bundle = tmp_path / "bundle"
     r = subprocess.run([sys.executable, "-c", BUNDLE_ADD.format(tests=str(HERE)), str(bundle)], env=env,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, cwd=str(tmp_path))  # not the checkout's source
     assert r.returncode == 0, r.stderr[-3000:]
     assert read_bundle(bundle_reader, bundle, env).strip() == ("launched" if bundle_reader else "")
     [cubin] = (bundle / "cubins").glob("*.cubin")
@@ -502,7 +502,7 @@ def test_fault_injection_every_file_the_runtime_writes(fake_driver, triton_cache
     assert cli.main(["bundle", str(bundle)]) == 1  # listing a broken bundle names it
     assert "not a readable bundle manifest" in capsys.readouterr().err
     r = subprocess.run([sys.executable, "-c", BUNDLE_ADD.format(tests=str(HERE)), str(bundle)], env=env,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, cwd=str(tmp_path))  # not the checkout's source
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"variants": 1}
     assert r.stderr.count("discarding its unreadable manifest") == 1, r.stderr[-3000:]
