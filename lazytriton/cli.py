@@ -58,9 +58,9 @@ def _demo(args) -> int:
 
 
 def _demo_without_gpu(why: str, kernel, configs) -> int:
-    from lazytriton.arrays import PointerArg
-    from lazytriton.compiler import Binder, Candidate, compile_all, default_target, target_label
-    from lazytriton.spec import describe
+    from lazytriton.core.arrays import PointerArg
+    from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target, target_label
+    from lazytriton.core.spec import describe
 
     target = default_target()  # LAZYTRITON_DEFAULT_ARCH: sm_90 unless set (e.g. gfx942)
     binary = "HSACO" if target.backend == "hip" else "cubin"
@@ -87,13 +87,13 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
 
 
 def _export_cpp(args) -> int:
-    from .export_cpp import cli_main  # imported on use: it imports Triton
+    from .cpp.export import cli_main  # imported on use: it imports Triton
 
     return cli_main(args)
 
 
 def _bundle(args) -> int:
-    from .bundle import cli_list
+    from .cpp.bundle import cli_list
 
     return cli_list(args)
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run an autotuned kernel lazily and show what was tuned")
     demo.add_argument("--size", type=int, default=2048)
     demo.set_defaults(func=_demo)
-    from .cache_cli import add_cache_commands, add_pretune_command
+    from .cache.cli import add_cache_commands, add_pretune_command
 
     add_cache_commands(sub)
     add_pretune_command(sub)

@@ -16,9 +16,15 @@ def runtime_library() -> Path:
     return _PKG / "lib" / "liblazytriton.so"
 
 
+def stub_source_dir() -> Path:
+    """Sources built at run time: python_args.h (the generated stubs' argument
+    readers; it needs Python, so it is not a public header) and the FFI handler."""
+    return _PKG / "src"
+
+
 def jax_handler_source() -> Path:
     """Source of the XLA FFI handler, built on first use against the jaxlib in use."""
-    return _PKG / "src" / "ffi_handler.cc"
+    return stub_source_dir() / "ffi_handler.cc"
 
 
 def cmake_dir() -> Path:

@@ -22,7 +22,8 @@ import numpy as np  # noqa: E402
 import triton  # noqa: E402
 
 import lazytriton  # noqa: E402
-from lazytriton import distributed, jax_ffi  # noqa: E402
+from lazytriton import distributed  # noqa: E402
+from lazytriton.jax import ffi as jax_ffi
 from lazytriton.cache import Cache  # noqa: E402
 from lazytriton.jax import triton_call  # noqa: E402
 

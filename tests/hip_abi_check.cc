@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "lazytriton/cuda_abi.h"
-#include "lazytriton/hip_abi.h"
+#include "hip_abi.h"
 
 namespace h = lt::hip;
 
@@ -176,7 +176,7 @@ static_assert(std::is_same_v<decltype(static_cast<hipError_t (*)(void**, size_t,
 #define LT_PICK_hipStreamGetDevice LT_PLAIN(hipStreamGetDevice)
 
 namespace h = lt::hip;
-#include "lazytriton/hip_fns.inc"
+#include "hip_fns.inc"
 LT_HIP_FNS(LT_CHECK_FN)
 LT_HIP_OPTIONAL_FNS(LT_CHECK_FN)
 static_assert(std::is_same_v<decltype(&::hipGetErrorName), const char* (*)(hipError_t)>, "hipGetErrorName");

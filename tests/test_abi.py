@@ -75,7 +75,7 @@ def test_a_wrong_declaration_fails_the_check(tmp_path, file, old, new, message):
 def test_entry_point_versions_are_those_lazytriton_requests():
     # driver.cc asks cuGetProcAddress for the ABI of one CUDA version: each entry point
     # then has the signature of its newest version not newer than that one.
-    abi = int(re.search(r"kRequestedAbi\s*=\s*(\d+)", (ROOT / "csrc" / "src" / "driver.cc").read_text()).group(1))
+    abi = int(re.search(r"kRequestedAbi\s*=\s*(\d+)", (ROOT / "csrc" / "core" / "driver.cc").read_text()).group(1))
     versions = defaultdict(set)
     for name, v in re.findall(r"\*\s*PFN_(\w+?)_v(\d+)\)", (cuda_include() / "cudaTypedefs.h").read_text()):
         versions[name].add(int(v))

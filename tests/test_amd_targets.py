@@ -9,11 +9,11 @@ import pytest
 import triton
 import triton.language as tl
 
-from lazytriton import keys
-from lazytriton.arrays import PointerArg
+from lazytriton.cache import keys
+from lazytriton.core.arrays import PointerArg
 from lazytriton.cache import Cache
-from lazytriton.compiler import Binder, compile_one, device_target, target_for
-from lazytriton.spec import KernelSpecError, describe
+from lazytriton.compile.compiler import Binder, compile_one, device_target, target_for
+from lazytriton.core.spec import KernelSpecError, describe
 
 
 @triton.jit

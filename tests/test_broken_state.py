@@ -31,19 +31,19 @@ EXT = sysconfig.get_config_var("EXT_SUFFIX")
 
 
 def _workers():
-    from lazytriton.compile_pool import default_workers
+    from lazytriton.compile.pool import default_workers
 
     return default_workers()
 
 
 def _target():
-    from lazytriton.compiler import default_target
+    from lazytriton.compile.compiler import default_target
 
     return default_target()
 
 
 def _tune_options():
-    from lazytriton.tuner import TuneOptions
+    from lazytriton.core.tuner import TuneOptions
 
     return TuneOptions()
 
@@ -110,8 +110,8 @@ def test_every_setting_is_in_the_readme():
 
 
 def test_a_stub_built_in_a_test_lands_in_the_sessions_cache():
-    from lazytriton import stubgen
-    from lazytriton.arrays import PointerArg
+    from lazytriton.core import stubgen
+    from lazytriton.core.arrays import PointerArg
     from kernels import basic
 
     k = lazytriton.kernel(basic.add_kernel)
@@ -205,7 +205,7 @@ def test_readmes_cpp_and_jax_examples_agree_on_add_kernel():
     defines the kernel it calls: the signature must fit that kernel."""
     import re
 
-    from lazytriton.export_cpp import check_addresses
+    from lazytriton.cpp.export import check_addresses
 
     readme = (HERE.parent / "README.md").read_text()
     sig = re.search(r'bundle\.kernel\("my_kernels:add_kernel", "([^"]+)"', readme).group(1)
@@ -282,8 +282,8 @@ import sys, json, os, logging
 sys.path.insert(0, {tests!r})
 logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
 import triton, lazytriton
-from lazytriton import stubgen
-from lazytriton.arrays import DeviceArray
+from lazytriton.core import stubgen
+from lazytriton.core.arrays import DeviceArray
 from kernels import basic
 k = lazytriton.kernel(basic.increment_kernel)
 n = 1 << 20
@@ -414,8 +414,8 @@ import sys, json, logging
 sys.path.insert(0, {tests!r})
 logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
 import triton, lazytriton
-from lazytriton.arrays import DeviceArray
-from lazytriton.bundle import Bundle
+from lazytriton.core.arrays import DeviceArray
+from lazytriton.cpp.bundle import Bundle
 from kernels import basic
 n = 1 << 20
 x = DeviceArray(0x7F0000000000, "fp32", 4 * n, (n,))

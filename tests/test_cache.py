@@ -24,8 +24,8 @@ from triton.compiler import ASTSource
 
 from lazytriton import cache as lc
 from lazytriton.cache import Cache, CompiledBinary, TuningRecord
-from lazytriton.cache_cli import add_cache_commands
-from lazytriton.keys import FORMAT_VERSION
+from lazytriton.cache.cli import add_cache_commands
+from lazytriton.cache.keys import FORMAT_VERSION
 
 KEY_A = "a" * 64
 KEY_B = "b" * 64
@@ -818,7 +818,7 @@ def test_concurrent_publishers_never_expose_a_partial_entry(tmp_path, monkeypatc
 
 def test_tuning_keys_keep_gpu_models_drivers_and_versions_apart(monkeypatch):
     # What lets hosts share one cache directory (or one pretune archive) safely.
-    from lazytriton import keys
+    from lazytriton.cache import keys
 
     def key(**change):
         parts = dict(fn=add_kernel, signature={"X": "*fp32", "Y": "*fp32", "OUT": "*fp32", "n": "i32"},

@@ -17,11 +17,11 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.arrays import DeviceArray
+from lazytriton.core.arrays import DeviceArray
 from lazytriton.cache import Cache
-from lazytriton.compiler import AllCandidatesFailed, Binder, Candidate, compile_all
-from lazytriton.runtime import Resolution
-from lazytriton.spec import describe
+from lazytriton.compile.compiler import AllCandidatesFailed, Binder, Candidate, compile_all
+from lazytriton.core.kernel import Resolution
+from lazytriton.core.spec import describe
 
 from kernels import basic
 
@@ -125,7 +125,7 @@ def test_autotuned_kernel_to_cubin(arch, tmp_path):
 def test_failing_config_is_skipped_with_its_reason(caplog):
     target = GPUTarget("cuda", 90, 32)
     cands = candidates(partly_bad_kernel, (X, 1000), target)
-    with caplog.at_level(logging.WARNING, logger="lazytriton.compiler"):
+    with caplog.at_level(logging.WARNING, logger="lazytriton.compile.compiler"):
         compile_all(describe(partly_bad_kernel), target, cands)
     good, *bad = cands
     assert good.binary is not None and good.error is None

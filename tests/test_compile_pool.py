@@ -1,4 +1,4 @@
-"""Candidates compile in worker processes (lazytriton.compile_pool), really in
+"""Candidates compile in worker processes (lazytriton.compile.pool), really in
 parallel, with Triton on the CPU (sm_90 needs no GPU). Kernels a worker cannot
 import by name compile in the caller's process; a worker that crashes fails its
 candidate with an error naming the kernel and the config, and nothing hangs."""
@@ -12,11 +12,11 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from lazytriton import compile_pool
-from lazytriton.arrays import DeviceArray
-from lazytriton.compiler import Binder, Candidate, compile_all, compile_stream
+from lazytriton.compile import pool as compile_pool
+from lazytriton.core.arrays import DeviceArray
+from lazytriton.compile.compiler import Binder, Candidate, compile_all, compile_stream
 from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
-from lazytriton.spec import describe
+from lazytriton.core.spec import describe
 
 TARGET = GPUTarget("cuda", 90, 32)
 P = DeviceArray(0x7F0000000000, "fp16", 1 << 24)

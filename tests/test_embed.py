@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import lazytriton
-from lazytriton import _core, bundle, cli, export_cpp, paths
-from lazytriton.arrays import PointerArg
+from lazytriton import _core, cli, paths
+from lazytriton.cpp import bundle, export as export_cpp
+from lazytriton.core.arrays import PointerArg
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cpp"
@@ -97,9 +98,9 @@ def compile_variant(kernel, source: str, args: tuple, kwargs: dict, *, meta: dic
                     options: dict | None = None) -> tuple[dict, dict, bytes]:
     """(kernel description, variant, cubin) for a call compiled for sm_90 without
     a GPU (the first config's binary, untimed): what a tuned call would write."""
-    from lazytriton.compiler import Binder, Candidate, compile_all, default_target
-    from lazytriton.runtime import Resolved
-    from lazytriton.spec import describe
+    from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target
+    from lazytriton.core.kernel import Resolved
+    from lazytriton.core.spec import describe
 
     spec, desc, target = describe(kernel), bundle.describe(kernel, source), default_target()
     cand = Candidate(0, None, Binder(spec, target).bind(args, kwargs))
@@ -504,8 +505,8 @@ def test_annotated_scalars_are_recorded_in_their_types(annotated_bundle):
 @pytest.mark.parametrize("row", PROBE_ROWS + [(True,) * 11, (False,) * 11,
                                               (2**40, 48, 2**40, 2**40, 2**40, 255, 1, 2.5, 2.5, 2.5, 2.5)])
 def test_bundle_specialization_matches_tritons_binder(row):
-    from lazytriton.compiler import Binder
-    from lazytriton.spec import describe
+    from lazytriton.compile.compiler import Binder
+    from lazytriton.core.spec import describe
     from triton.backends.compiler import GPUTarget
 
     desc = bundle.describe(annotated.scalar_probe)

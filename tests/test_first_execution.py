@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 
-from lazytriton import jax_ffi, paths, stubgen
-from lazytriton.arrays import DTYPE_IDS, DeviceArray
-from lazytriton.stubgen import Shape, Slot
+from lazytriton.jax import ffi as jax_ffi
+from lazytriton import paths
+from lazytriton.core import stubgen
+from lazytriton.core.arrays import DTYPE_IDS, DeviceArray
+from lazytriton.core.stubgen import Shape, Slot
 
 PREBUILT = paths.runtime_library().parent / "lt_jax_ffi.json"
 
@@ -42,7 +44,7 @@ def _jaxlib_version() -> str:
 def test_handler_ready_in_a_fresh_process(tmp_path):
     """Fresh cache: the prebuilt handler (when the package was built beside this
     jaxlib) loads with no compiler; otherwise it is built into the cache."""
-    code = ("import json; from lazytriton import jax_ffi; m = jax_ffi.handler_module(); "
+    code = ("import json; from lazytriton.jax import ffi as jax_ffi; m = jax_ffi.handler_module(); "
             "assert set(m.handlers()) == {'instantiate', 'execute'}; print(json.dumps(jax_ffi.handler_info()))")
     env = dict(os.environ, LAZYTRITON_CACHE_DIR=str(tmp_path))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path))

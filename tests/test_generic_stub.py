@@ -4,9 +4,10 @@ parameter bytes and the same refusals as the generated stub, for every slot kind
 Checked against the real generated stub (built with g++), no GPU needed."""
 import pytest
 
-from lazytriton import _core, stubgen
-from lazytriton.arrays import DTYPE_IDS, DeviceArray
-from lazytriton.stubgen import Shape, Slot
+from lazytriton import _core
+from lazytriton.core import stubgen
+from lazytriton.core.arrays import DTYPE_IDS, DeviceArray
+from lazytriton.core.stubgen import Shape, Slot
 
 from test_stubgen import ALL_KINDS, args_of
 

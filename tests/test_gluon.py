@@ -13,11 +13,12 @@ from triton.experimental.gluon._runtime import GluonJITFunction
 from triton.runtime.jit import JITFunction
 
 import lazytriton
-from lazytriton import compile_pool, compile_server, keys
-from lazytriton.arrays import DeviceArray
-from lazytriton.compiler import Binder, Candidate, ast_source, compile_all
-from lazytriton.runtime import Resolution
-from lazytriton.spec import describe
+from lazytriton.compile import pool as compile_pool, server as compile_server
+from lazytriton.cache import keys
+from lazytriton.core.arrays import DeviceArray
+from lazytriton.compile.compiler import Binder, Candidate, ast_source, compile_all
+from lazytriton.core.kernel import Resolution
+from lazytriton.core.spec import describe
 
 from kernels import basic, gluonk
 from test_compile import check_binary
@@ -172,7 +173,7 @@ def test_triton_call_lowers_a_gluon_kernel_and_its_site_compiles_it(cache_dir):
     import jax.numpy as jnp
 
     from lazytriton import jax as ltj
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     n = 10_000
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
@@ -246,7 +247,7 @@ def test_triton_call_lowers_the_device_tma_copy_and_its_site_compiles_it(cache_d
     import jax.numpy as jnp
 
     from lazytriton import jax as ltj
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     for M, N in [(32, 32), (8, 64), (16, 128)]:
         d = _lower(lambda x: ltj.triton_call(x, kernel=gluonk.tma_copy, out_type=x, grid=1, M=M, N=N),

@@ -321,8 +321,8 @@ def test_unresolved_kernel_never_tunes_under_capture(cache_dir):
     """What the handler does when XLA captures a site that never ran (older
     jax): the resolver is told the stream is capturing and refuses to tune."""
     cupy = pytest.importorskip("cupy")
-    from lazytriton.arrays import DeviceArray
-    from lazytriton.runtime import CaptureError, LazyKernel
+    from lazytriton.core.arrays import DeviceArray
+    from lazytriton.core.kernel import CaptureError, LazyKernel
 
     n = 4096
     x = cupy.arange(n, dtype=cupy.float32)

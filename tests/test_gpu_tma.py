@@ -494,7 +494,7 @@ def _run_matmul(exe, d, name, M, N, K, tmp_path, extra=()):
 
 
 def test_cpp_bundle_launches_tutorial_09(matmul_programs, tmp_path, cache_dir):
-    from lazytriton import bundle
+    from lazytriton.cpp import bundle
 
     M, N, K = 512, 384, 256
     sms = num_sms()
@@ -520,7 +520,7 @@ def test_cpp_lazy_mode_tunes_a_descriptor_kernel(matmul_programs, tmp_path, cach
     tests = Path(__file__).resolve().parent
     name = "kernels.tma:matmul_kernel_tma_persistent_small"
     _run_matmul(exe, d, name, 256, 256, 128, tmp_path, extra=(tests,))
-    from lazytriton import bundle
+    from lazytriton.cpp import bundle
     (v,) = bundle.Bundle(d).variants()
     assert v["types"][0] == "tensordesc<fp16[1, 1]>"
     # The next run launches the persisted winner without Python.

@@ -8,9 +8,9 @@ import triton
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.compiler import Binder, Candidate, compile_all, device_target
-from lazytriton.spec import describe
-from lazytriton.tuner import TuneOptions, runtime_args, tune
+from lazytriton.compile.compiler import Binder, Candidate, compile_all, device_target
+from lazytriton.core.spec import describe
+from lazytriton.core.tuner import TuneOptions, runtime_args, tune
 
 from kernels import overlap
 
@@ -41,7 +41,7 @@ def test_later_candidate_writing_more_buffers_is_covered(cache_dir, order):
     target = device_target(dev["capability"])
     binder = Binder(spec, target)
     names = ["x", "out", "side", "n"]
-    from lazytriton.arrays import PointerArg, array_info
+    from lazytriton.core.arrays import PointerArg, array_info
 
     arrays, bind_vals = {}, []
     for name, v in zip(names, (x, out, side, N)):
@@ -86,7 +86,7 @@ def _two_candidates():
     spec = describe(overlap.accumulate_side)
     target = device_target(_core.device_info(_core.current_device())["capability"])
     names = ["x", "out", "side", "n"]
-    from lazytriton.arrays import PointerArg, array_info
+    from lazytriton.core.arrays import PointerArg, array_info
 
     infos = {n: array_info(v, n) for n, v in (("x", x), ("out", out), ("side", side))}
     arrays = {n: (i.ptr, i.nbytes) for n, i in infos.items()}

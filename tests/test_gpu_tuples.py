@@ -11,7 +11,7 @@ import pytest
 import triton
 
 import lazytriton
-from lazytriton import bundle
+from lazytriton.cpp import bundle
 
 from kernels import tuple_kernels as tk
 from test_embed import CMAKE, cmake_build, run

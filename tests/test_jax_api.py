@@ -230,7 +230,7 @@ def test_callable_constexpr_travels_by_name():
     d_add, d_mul = descriptor(text(call(add_fn), F32, F32)), descriptor(text(call(mul_fn), F32, F32))
     assert d_add["args"][3]["scalar"]["$jit"]["qualname"] == "add_fn"
     assert d_add != d_mul
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     assert jax_ffi._decode(d_add["args"][3]["scalar"]) is add_fn
     with pytest.raises(TypeError, match=r"dispatch_kernel: FN=.*must be bool, int, float, str, None or a "
@@ -242,9 +242,9 @@ def test_python_floats_are_fp32_when_representable_else_fp64():
     """jax-triton 0.4's rule: the binder's type of a float for an unannotated
     parameter, checked on the call site the handler rebuilds (signature, stub
     slot) and in the compiled kernel's parameter list."""
-    from lazytriton import jax_ffi
-    from lazytriton.compiler import Binder, compile_one, default_target
-    from lazytriton.arrays import PointerArg
+    from lazytriton.jax import ffi as jax_ffi
+    from lazytriton.compile.compiler import Binder, compile_one, default_target
+    from lazytriton.core.arrays import PointerArg
 
     call = lambda s: lambda x: ltj.triton_call(x, s, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731
     for s_val, want in ((42.0, "fp32"), (1e-30, "fp32"), (float("inf"), "fp32"), (0.0, "fp32"),

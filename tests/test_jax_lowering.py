@@ -16,7 +16,7 @@ import triton.language as tl  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton import jax as ltj  # noqa: E402
-from lazytriton import jax_ffi  # noqa: E402
+from lazytriton.jax import ffi as jax_ffi  # noqa: E402
 from kernels import jaxk  # noqa: E402
 
 F32 = jax.ShapeDtypeStruct((1000,), jnp.float32)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from lazytriton import keys
+from lazytriton.cache import keys
 
 _counter = itertools.count()
 

@@ -15,9 +15,10 @@ import triton
 import triton.language as tl
 
 import lazytriton
-from lazytriton import _core, stubgen
-from lazytriton import runtime as rt
-from lazytriton.arrays import DeviceArray
+from lazytriton import _core
+from lazytriton.core import stubgen
+from lazytriton.core import kernel as rt
+from lazytriton.core.arrays import DeviceArray
 
 from kernels import basic
 

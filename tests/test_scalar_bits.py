@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from lazytriton import stubgen
+from lazytriton.core import stubgen
 
 SOURCE = r"""
 #include <pybind11/pybind11.h>

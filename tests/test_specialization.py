@@ -3,7 +3,7 @@
 The generated C++ stub computes a call key whose first words hold 2 bits per
 argument (ints: bit0 = value == 1, bit1 = value % 16 == 0; pointers: bit0 =
 address % 16 == 0), and LazyKernel._shape picks each argument's slot (its
-integer class, dtype, kind). Triton's own binder (lazytriton.compiler.Binder
+integer class, dtype, kind). Triton's own binder (lazytriton.compile.compiler.Binder
 runs Triton's create_function_from_signature and _pack_args) decides what is
 compiled: an int == 1 becomes a constexpr, a divisible int or aligned pointer
 gets tt.divisibility 16. The stub's bits and lazytriton's slots must say the
@@ -24,9 +24,10 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 import lazytriton
-from lazytriton import _core, stubgen
-from lazytriton.arrays import DTYPE_IDS, DTYPES, DeviceArray, triton_dtype
-from lazytriton.compiler import Binder
+from lazytriton import _core
+from lazytriton.core import stubgen
+from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, triton_dtype
+from lazytriton.compile.compiler import Binder
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -38,7 +39,7 @@ def probe(n_i32, n_i64, n_u64,                       # plain ints, one per integ
           noalign_i32, noalign_i64, noalign_u64,     # do_not_specialize_on_alignment
           ann_i64: tl.int64, ann_u32: tl.uint32, ann_i8: tl.int8,  # type fixed by annotation
           p, nospec_p, noalign_p, flag, x,
-          # one pointer per Triton dtype (lazytriton.arrays.DTYPES order)
+          # one pointer per Triton dtype (lazytriton.core.arrays.DTYPES order)
           p_u1, p_i8, p_i16, p_i32, p_i64, p_u8, p_u16, p_u32, p_u64,
           p_fp16, p_bf16, p_fp32, p_fp64, p_fp8e4nv, p_fp8e5, p_fp8e4b15, p_fp8e4b8, p_fp8e5b16,
           BLOCK: tl.constexpr):

@@ -12,9 +12,9 @@ import pytest
 PROBE = textwrap.dedent("""
     import json, sys
     import triton, triton.language as tl
-    from lazytriton.compiler import Binder, default_target
-    from lazytriton.spec import describe
-    from lazytriton.arrays import PointerArg
+    from lazytriton.compile.compiler import Binder, default_target
+    from lazytriton.core.spec import describe
+    from lazytriton.core.arrays import PointerArg
 
     @triton.jit
     def k(x, n, BLOCK: tl.constexpr):
@@ -22,7 +22,7 @@ PROBE = textwrap.dedent("""
 
     before = "torch" in sys.modules
     if sys.argv[1] in ("wrap", "wrap-then-import"):  # priming starts in the background when a kernel is wrapped
-        import lazytriton, lazytriton.compiler as compiler
+        import lazytriton, lazytriton.compile.compiler as compiler
         lazytriton.kernel(k)
         if sys.argv[1] == "wrap-then-import":  # while the priming thread may be running: this thread sees torch
             import torch

@@ -5,7 +5,7 @@ parameters (checked against the cubin's own parameter table), validated
 (clear errors naming the kernel and the argument) and how config pre_hooks
 that set block shapes become part of each candidate's compile.
 
-Addresses are made up (lazytriton.arrays.DeviceArray); nothing is launched."""
+Addresses are made up (lazytriton.core.arrays.DeviceArray); nothing is launched."""
 import re
 import struct
 import subprocess
@@ -19,11 +19,12 @@ from triton.backends.compiler import GPUTarget
 from triton.tools.tensor_descriptor import TensorDescriptor as TritonTD
 
 import lazytriton
-from lazytriton import _core, pre_hooks, stubgen, tensor_desc
-from lazytriton.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg
-from lazytriton.compiler import Binder, compile_all, compile_one
-from lazytriton.runtime import Resolution
-from lazytriton.spec import KernelSpecError, describe
+from lazytriton import _core
+from lazytriton.core import pre_hooks, stubgen, tensor_desc
+from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg
+from lazytriton.compile.compiler import Binder, compile_all, compile_one
+from lazytriton.core.kernel import Resolution
+from lazytriton.core.spec import KernelSpecError, describe
 
 from kernels import tma
 

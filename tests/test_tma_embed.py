@@ -10,11 +10,13 @@ import subprocess
 import pytest
 
 import lazytriton
-from lazytriton import _core, bundle, export_cpp, paths, tensor_desc, tuples
-from lazytriton.arrays import DeviceArray, PointerArg
-from lazytriton.compiler import Binder, Candidate, compile_all, default_target
-from lazytriton.runtime import Resolved
-from lazytriton.spec import describe
+from lazytriton import _core, paths
+from lazytriton.cpp import bundle, export as export_cpp
+from lazytriton.core import tensor_desc, tuples
+from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target
+from lazytriton.core.kernel import Resolved
+from lazytriton.core.spec import describe
 
 from kernels import tma
 from test_embed import CMAKE, CPP_CHECKS, check_lines, cmake_build, cmake_project, run

@@ -86,7 +86,7 @@ def test_matrix_follows_tritons_knobs(cache_dir, tmp_path, monkeypatch):
     Triton's backend itself and changes the cubin): Triton's own cubin, in this
     test's Triton cache."""
     check = _module("lt_triton_matrix", MATRIX / "check.py")
-    from lazytriton import compile_pool
+    from lazytriton.compile import pool as compile_pool
 
     compile_pool.start()  # the server runs before the settings change
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from lazytriton import tuner
-from lazytriton.compiler import Candidate
-from lazytriton.tuner import TuneOptions
+from lazytriton.core import tuner
+from lazytriton.compile.compiler import Candidate
+from lazytriton.core.tuner import TuneOptions
 
 
 class _Saved:

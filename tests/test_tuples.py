@@ -12,10 +12,11 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 import lazytriton
-from lazytriton import _core, stubgen, tuples
-from lazytriton.arrays import DeviceArray
-from lazytriton.compiler import Binder, compile_one
-from lazytriton.tuner import runtime_args, written_buffers
+from lazytriton import _core
+from lazytriton.core import stubgen, tuples
+from lazytriton.core.arrays import DeviceArray
+from lazytriton.compile.compiler import Binder, compile_one
+from lazytriton.core.tuner import runtime_args, written_buffers
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -294,7 +295,7 @@ def test_jax_tuple_argument_lowers_flattened():
     jax = _jax()
     import jax.numpy as jnp
     from lazytriton import jax as ltj
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     f32 = jax.ShapeDtypeStruct((256,), jnp.float32)
     f16 = jax.ShapeDtypeStruct((256,), jnp.float16)
@@ -417,10 +418,10 @@ int main(int argc, char** argv) {
 
 def compiled_tuple_variant(kernel, source, args: tuple, kwargs: dict, meta: dict | None = None):
     """(description, variant, cubin) of a call compiled for sm_90 without a GPU: what tuning would write."""
-    from lazytriton import bundle
-    from lazytriton.compiler import Candidate, compile_all
-    from lazytriton.runtime import Resolved
-    from lazytriton.spec import describe
+    from lazytriton.cpp import bundle
+    from lazytriton.compile.compiler import Candidate, compile_all
+    from lazytriton.core.kernel import Resolved
+    from lazytriton.core.spec import describe
 
     spec, desc = describe(kernel), bundle.describe(kernel, source)
     cand = Candidate(0, None, Binder(spec, TARGET).bind(args, kwargs))
@@ -451,8 +452,8 @@ def tuple_kernels():
 
 @pytest.fixture(scope="module")
 def tuple_bundle(tmp_path_factory):
-    from lazytriton import bundle
-    from lazytriton.arrays import PointerArg
+    from lazytriton.cpp import bundle
+    from lazytriton.core.arrays import PointerArg
 
     tk = tuple_kernels()
     d = tmp_path_factory.mktemp("tuple-bundle")
@@ -469,7 +470,7 @@ def tuple_bundle(tmp_path_factory):
 
 
 def test_bundle_variant_records_tuple_leaves(tuple_bundle):
-    from lazytriton import bundle
+    from lazytriton.cpp import bundle
 
     (add,) = bundle.Bundle(tuple_bundle).variants("add_pair")
     assert add["layout"] == ["[_,[_,_]]", "", "", ""]
@@ -485,8 +486,8 @@ def test_bundle_variant_records_tuple_leaves(tuple_bundle):
 
 
 def test_bundle_refuses_none_inside_a_tuple():
-    from lazytriton import bundle
-    from lazytriton.arrays import PointerArg
+    from lazytriton.cpp import bundle
+    from lazytriton.core.arrays import PointerArg
 
     tk = tuple_kernels()
     desc = bundle.describe(tk.add_pair, "tuple_kernels:add_pair")
@@ -499,7 +500,7 @@ def test_bundle_refuses_none_inside_a_tuple():
 def test_cpp_tuple_signatures(tuple_bundle, tmp_path):
     from test_embed import CMAKE, CPP_CHECKS, NO_GPU, cmake_build, cmake_project, run
 
-    from lazytriton import export_cpp
+    from lazytriton.cpp import export as export_cpp
 
     if CMAKE is None:
         pytest.skip("needs cmake (pip install cmake)")

@@ -40,7 +40,7 @@ struct SiteState {
 ffi::TypeId SiteState::id = {};
 
 // Python's resolver: (descriptor, buffers, stream, device, capturing) ->
-// address of a new std::shared_ptr<const lt::Entry> (lazytriton.jax_ffi).
+// address of a new std::shared_ptr<const lt::Entry> (lazytriton.jax.ffi).
 PyObject* g_resolver = nullptr;
 
 // Sites with the same descriptor share their resolved launches: a second

@@ -11,7 +11,7 @@
 
 #include "lazytriton/bundle.h"
 #include "lazytriton/call_site.h"
-#include "lazytriton/python_args.h"
+#include "python_args.h"
 #include "lazytriton/runtime.h"
 
 namespace py = pybind11;
@@ -63,7 +63,7 @@ TmaMeta tma_meta_from(const py::dict& d) {
   return t;
 }
 
-// A descriptor argument as Python hands it over (lazytriton.tensor_desc.DescInfo.as_tuple):
+// A descriptor argument as Python hands it over (lazytriton.core.tensor_desc.DescInfo.as_tuple):
 // (base, dtype id, shape, strides, block_shape, nan padding, round_f32_to_tf32[, argument name]).
 HostTensorDesc host_desc_from(py::handle h, std::string* name = nullptr) {
   auto t = h.cast<py::tuple>();

@@ -1,6 +1,6 @@
 // lazytriton._generic_stub: the launch stub of any argument shape, read from a
 // table at run time instead of generated and compiled per shape. It serves a
-// shape's first calls while its generated stub (lazytriton.stubgen) builds in
+// shape's first calls while its generated stub (lazytriton.core.stubgen) builds in
 // the background, so no compiler runs on the critical path of a first call.
 // Same interface and same bytes as a generated stub: launch(handle, grid,
 // stream, args), key(args), params(args), key_words; the generated stub stays
@@ -12,7 +12,7 @@
 //         6 constexpr folded from the value (takes only None, a tl.constexpr, a @jit function)
 //   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h; a descriptor's rank
 //   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
-// Tuple arguments (lazytriton.tuples): Stub(..., arg_names, paths, tuples)
+// Tuple arguments (lazytriton.core.tuples): Stub(..., arg_names, paths, tuples)
 // reads slot i at paths[i] (argument index, then element indices) after
 // checking every (path, length) of `tuples` is a tuple of that length; the
 // grid callable sees the arg_names. Without them, slot i is argument i.
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "lazytriton/python_args.h"
+#include "python_args.h"
 
 using namespace lt;
 using namespace lt::pyargs;

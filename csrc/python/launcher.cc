@@ -87,8 +87,8 @@ PyTypeObject LaunchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // Interned names and lazily imported modules, kept for the life of the process.
 PyObject *s_stream, *s_run, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
 PyObject* g_sys;
-PyObject* g_runtime;              // lazytriton.runtime
-PyObject* g_stream_handle;        // lazytriton.runtime.stream_handle as defined there
+PyObject* g_runtime;              // lazytriton.core.kernel
+PyObject* g_stream_handle;        // lazytriton.core.kernel.stream_handle as defined there
 PyObject* g_zero;
 
 inline bool is_stream(PyObject* name) {
@@ -126,7 +126,7 @@ int cupy_imported() {
 // borrowed, nullptr when not passed (None). A new reference, or nullptr.
 PyObject* stream_int(PyObject* stream) {
   if (stream && PyLong_CheckExact(stream)) return Py_NewRef(stream);
-  if (!g_runtime && !(g_runtime = PyImport_ImportModule("lazytriton.runtime"))) return nullptr;
+  if (!g_runtime && !(g_runtime = PyImport_ImportModule("lazytriton.core.kernel"))) return nullptr;
   PyObject* fn = PyObject_GetAttr(g_runtime, s_stream_handle);  // looked up per call, as Python does
   if (!fn) return nullptr;
   if (!stream) stream = Py_None;
@@ -658,7 +658,7 @@ bool ready_types() {
 
 }  // namespace
 
-// lazytriton.runtime.stream_handle as runtime.py defines it, so that the
+// lazytriton.core.kernel.stream_handle as runtime.py defines it, so that the
 // launcher can tell it from a replacement (monkeypatching), which it then calls.
 static PyObject* register_stream_handle(PyObject*, PyObject* fn) {
   PyObject* old = g_stream_handle;
@@ -683,7 +683,7 @@ void bind_launcher(pybind11::module_& m) {
   m.attr("LaunchBase") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchBaseType));
   m.attr("Launch") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchType));
   static PyMethodDef def = {"_register_stream_handle", register_stream_handle, METH_O,
-                            "Tell the launcher which function is lazytriton.runtime.stream_handle."};
+                            "Tell the launcher which function is lazytriton.core.kernel.stream_handle."};
   m.attr("_register_stream_handle") =
       pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&def, nullptr));
 }

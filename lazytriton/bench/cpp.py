@@ -29,7 +29,8 @@ def source() -> Path:
 
 def build(work: Path) -> Path:
     """The program, built once per source and lazytriton install under `work`."""
-    from lazytriton import export_cpp, paths
+    from lazytriton.cpp import export as export_cpp
+    from lazytriton import paths
 
     lib = paths.runtime_library()
     tag = hashlib.sha256(source().read_bytes() + str(lib).encode() + str(lib.stat().st_mtime_ns).encode()).hexdigest()
@@ -55,7 +56,7 @@ def make_bundle(directory: Path) -> Path:
     import torch
     import triton
 
-    from lazytriton import bundle
+    from lazytriton.cpp import bundle
 
     from .kernels import add
 

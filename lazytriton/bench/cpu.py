@@ -82,10 +82,10 @@ def _lowering_ms(reps: int) -> list[float] | None:
 
 _COMPILE_ONE = r"""
 import json, sys, time
-from lazytriton.arrays import PointerArg
-from lazytriton.compiler import Binder, Candidate, compile_one, default_target
+from lazytriton.core.arrays import PointerArg
+from lazytriton.compile.compiler import Binder, Candidate, compile_one, default_target
 from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
-from lazytriton.spec import describe
+from lazytriton.core.spec import describe
 spec, target = describe(demo_matmul), default_target()
 binder = Binder(spec, target)
 p = PointerArg(1 << 20, "fp16")
@@ -117,10 +117,10 @@ def _compile_rows(which: list[int], progress) -> list[dict]:
 
 _STUB_BUILD = r"""
 import json, time
-from lazytriton import stubgen
-from lazytriton.arrays import DeviceArray
+from lazytriton.core import stubgen
+from lazytriton.core.arrays import DeviceArray
 from lazytriton.bench.kernels import permute_rows
-from lazytriton.runtime import LazyKernel
+from lazytriton.core.kernel import LazyKernel
 a, idx = DeviceArray(1 << 20, "fp32", 4096), DeviceArray(1 << 21, "i32", 64)
 shape = LazyKernel(permute_rows)._shape((a, idx, a, 1000))
 t0 = time.perf_counter()

@@ -184,9 +184,9 @@ def compile_vs_binary() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TRITON_CACHE_DIR"] = tmp
         import lazytriton
-        from lazytriton.arrays import PointerArg
+        from lazytriton.core.arrays import PointerArg
         from lazytriton.cache import encode_binary
-        from lazytriton.compiler import Binder, compile_one, device_target
+        from lazytriton.compile.compiler import Binder, compile_one, device_target
         from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
 
         spec = lazytriton.kernel(demo_matmul).spec

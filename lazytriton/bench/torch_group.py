@@ -63,7 +63,8 @@ def _launch(progress, suite: str) -> dict:
     import torch
 
     import lazytriton
-    from lazytriton import _core, stubgen
+    from lazytriton import _core
+    from lazytriton.core import stubgen
 
     from .kernels import add, add_tuned
 
@@ -165,7 +166,7 @@ def _cpp_measure(full: bool) -> dict:
 def _small(progress, suite: str) -> dict:
     import torch
 
-    from lazytriton import stubgen
+    from lazytriton.core import stubgen
 
     rows, notes = [], []
     for w in small_workloads(suite):

@@ -7,7 +7,7 @@
 - bundles.py: export/import of entries as a verified .tar.gz.
 """
 
-from .bundles import BUNDLE_FORMAT
+from .archive import BUNDLE_FORMAT
 from .config import Settings, default_cache_dir, settings
 from .entries import (KIND_BINARY, KIND_RECORD, MAGIC, BadEntry, CompiledBinary, EntryInfo, TuningRecord,
                       decode_binary, decode_record, encode_binary, encode_record)

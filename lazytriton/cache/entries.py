@@ -18,7 +18,7 @@ import re
 import struct
 from typing import Any, Optional
 
-from ..keys import FORMAT_VERSION, lazytriton_version
+from .keys import FORMAT_VERSION, lazytriton_version
 
 log = logging.getLogger("lazytriton.cache")
 

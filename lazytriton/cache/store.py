@@ -28,12 +28,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from ..keys import FORMAT_VERSION
-from . import bundles, files
+from .keys import FORMAT_VERSION
+from . import archive as bundles, files
 from .config import env_flag, env_seconds, settings
 from .entries import (KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, CompiledBinary, EntryInfo,
-                      TuningRecord, check_key, decode, decode_record, encode_binary, encode_record,
-                      peek_binary_head)
+                      TuningRecord, check_key, decode, decode_record, encode_binary, encode_record, peek_binary_head)
 
 log = logging.getLogger("lazytriton.cache")
 

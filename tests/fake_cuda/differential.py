@@ -357,7 +357,7 @@ def jax_call(face: Face, args, kwargs, grid, out_index: int) -> list[dict]:
     import jax.numpy as jnp
 
     from lazytriton import jax as ltj
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     leaves, bufs = [], []
 
@@ -476,7 +476,7 @@ def bundle_face(calls: int, seed: int, templates: int, kernels, exe: str, report
     import subprocess
     import tempfile
 
-    from lazytriton.bundle import Bundle
+    from lazytriton.cpp.bundle import Bundle
 
     d = Path(tempfile.mkdtemp(prefix="lt-diff-bundle-"))
     bundle, lines, refs = Bundle(d / "bundle"), [], []

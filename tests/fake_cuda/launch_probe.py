@@ -18,10 +18,11 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import driver as nvd
 
 import lazytriton
-from lazytriton import bundle, stubgen, tensor_desc, tuples
-from lazytriton.arrays import DeviceArray, PointerArg
-from lazytriton.compiler import Binder, compile_one
-from lazytriton.spec import describe
+from lazytriton.cpp import bundle
+from lazytriton.core import stubgen, tensor_desc, tuples
+from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.compile.compiler import Binder, compile_one
+from lazytriton.core.spec import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tma, tuple_kernels  # noqa: E402
@@ -202,7 +203,7 @@ def jax_cases(sizes_env):
     except ImportError:
         return []
     from lazytriton import jax as ltj
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     def site_of(f, *avals):
         text = jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
@@ -260,7 +261,7 @@ def jax_site(f, *avals):
     """A lazytriton.jax call site lowered for CUDA (on this CPU), as the XLA handler rebuilds it."""
     import jax
 
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     text = jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
     m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)

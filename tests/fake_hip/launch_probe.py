@@ -21,10 +21,12 @@ from triton.compiler import make_backend
 from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescriptor
 
 import lazytriton
-from lazytriton import _core, bundle, stubgen, tensor_desc, tuples
-from lazytriton.arrays import DeviceArray, PointerArg
-from lazytriton.compiler import Binder, ast_source, compile_one, device_target
-from lazytriton.spec import describe
+from lazytriton import _core
+from lazytriton.cpp import bundle
+from lazytriton.core import stubgen, tensor_desc, tuples
+from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.compile.compiler import Binder, ast_source, compile_one, device_target
+from lazytriton.core.spec import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tma, tuple_kernels  # noqa: E402
@@ -186,7 +188,7 @@ def jax_cases(sizes_env):
     except ImportError:
         return []
     from lazytriton import jax as ltj
-    from lazytriton import jax_ffi
+    from lazytriton.jax import ffi as jax_ffi
 
     def site_of(f, *avals):
         text = jax.jit(f).trace(*avals).lower(lowering_platforms=("rocm",)).as_text()

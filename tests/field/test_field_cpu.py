@@ -14,9 +14,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 import lazytriton
-from lazytriton.arrays import DeviceArray
-from lazytriton.compiler import compile_all
-from lazytriton.runtime import Resolution
+from lazytriton.core.arrays import DeviceArray
+from lazytriton.compile.compiler import compile_all
+from lazytriton.core.kernel import Resolution
 
 from field import upstream
 

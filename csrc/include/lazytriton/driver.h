@@ -1,7 +1,7 @@
 // The GPU driver, loaded on first use (no toolkit at build time, and a process
 // without a GPU can load this library and fail cleanly): CUDA's libcuda.so.1,
 // or, where that has no device (or LAZYTRITON_DRIVER=hip), AMD's libamdhip64.so
-// under the same table (csrc/src/hip_driver.cc: each entry an adapter that
+// under the same table (csrc/core/hip_driver.cc: each entry an adapter that
 // calls the HIP runtime as Triton's HIP launcher does). The choice is made once,
 // so a launch calls through the same function pointers on either vendor.
 #pragma once

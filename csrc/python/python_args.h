@@ -16,7 +16,7 @@
 namespace lt::pyargs {
 
 // How to read the device pointer of an array-like type; decided once per
-// Python type by lazytriton.arrays.pointer_strategy.
+// Python type by lazytriton.core.arrays.pointer_strategy.
 enum Strategy : int {
   kNotArray = 0,
   kDataPtrMethod = 1,
@@ -51,7 +51,7 @@ inline const Names& names() {
 }
 
 inline PyObject* arrays_module() {
-  static PyObject* mod = PyImport_ImportModule("lazytriton.arrays");
+  static PyObject* mod = PyImport_ImportModule("lazytriton.core.arrays");
   return mod;
 }
 
@@ -99,7 +99,7 @@ inline int strategy_of(PyObject* obj) {
   return s;
 }
 
-// Triton dtype id (lazytriton.arrays.DTYPE_IDS) of a dtype object.
+// Triton dtype id (lazytriton.core.arrays.DTYPE_IDS) of a dtype object.
 inline int dtype_id(PyObject* dtype) {
   static IdentityCache<64> cache;
   int id;
@@ -122,7 +122,7 @@ inline bool read_u64(PyObject* v, uint64_t* out) {
 
 struct DLDataType_ { uint8_t code, bits; uint16_t lanes; };
 // DLPack device types a kernel can read: kDLCUDA, kDLCUDAManaged (not kDLCPU,
-// nor kDLCUDAHost); lazytriton.arrays.DLPACK_DEVICE_TYPES says the same.
+// nor kDLCUDAHost); lazytriton.core.arrays.DLPACK_DEVICE_TYPES says the same.
 inline bool dlpack_device_ok(int32_t device_type) { return device_type == 2 || device_type == 13; }
 struct DLTensor_ {
   void* data;
@@ -194,7 +194,7 @@ inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
 }
 
 // Whether objects of this type are host tensor descriptors (decided once per
-// type by lazytriton.arrays.is_tensor_descriptor).
+// type by lazytriton.core.arrays.is_tensor_descriptor).
 inline bool is_tensor_desc_type(PyObject* obj) {
   static IdentityCache<16> cache;
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
@@ -208,7 +208,7 @@ inline bool is_tensor_desc_type(PyObject* obj) {
 
 // A value Triton's binder folds into a constexpr when it is passed for a
 // parameter not declared tl.constexpr: None, a tl.constexpr, a @triton.jit
-// function (decided once per type by lazytriton.arrays.is_folded_constexpr).
+// function (decided once per type by lazytriton.core.arrays.is_folded_constexpr).
 // A slot made from such a value takes only such values (stubgen.Slot.folded).
 inline bool is_folded_constexpr(PyObject* obj) {
   if (obj == Py_None) return true;
@@ -275,7 +275,7 @@ inline bool get_tensor_desc(PyObject* obj, int want_dtype, int rank, HostTensorD
 }
 
 // A descriptor as params(args) reports it: (base, dtype, shape, strides,
-// block, nan padding, tf32), the tuple lazytriton.tensor_desc reads too.
+// block, nan padding, tf32), the tuple lazytriton.core.tensor_desc reads too.
 inline PyObject* desc_tuple(const HostTensorDesc& d) {
   auto ints = [&](const int64_t* v) {
     PyObject* t = PyTuple_New(d.rank);
@@ -379,7 +379,7 @@ using lt::bf16_bits;
 using lt::fp16_bits;
 
 // Key of a constexpr object that is not None/bool/int/float: the index of its
-// value in lazytriton.arrays' per-process table (equal values, one index; the
+// value in lazytriton.core.arrays' per-process table (equal values, one index; the
 // table keeps every value alive). The objects seen last are remembered here by
 // identity, kept alive too. False: Python failed (no error left set).
 inline bool constexpr_index(PyObject* obj, uint64_t* index) {

@@ -10,9 +10,11 @@ import struct
 import threading
 from typing import Any
 
-from . import _core, keys, paths, stubgen, tensor_desc
-from .arrays import DeviceArray
-from .cache import config
+from .. import _core, paths
+from ..cache import keys
+from ..core import stubgen, tensor_desc
+from ..core.arrays import DeviceArray
+from ..cache import config
 
 log = logging.getLogger("lazytriton.jax")
 
@@ -108,7 +110,7 @@ def prepare_in_background() -> None:
 
     if not any(installed(p) for p in _CUDA_PLUGINS):
         return
-    from . import compiler
+    from ..compile import compiler
 
     compiler.warm_up()  # idempotent; a Site's LazyKernel is made only at first execution
     if _module is not None:
@@ -198,8 +200,8 @@ class Site:
     loaded the executable from JAX's persistent cache can resolve it too)."""
 
     def __init__(self, d: dict):
-        from .runtime import LazyKernel
-        from .spec import describe
+        from ..core.kernel import LazyKernel
+        from ..core.spec import describe
 
         self.d = d
         self.name = d["name"]
@@ -247,7 +249,7 @@ class Site:
         and replays see the same call."""
         leaves = self.call_leaves(buffers) if leaves is None else leaves
 
-        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.tuples)
+        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.core.tuples)
             return tuple(nest(x) for x in item) if isinstance(item, list) else leaves[item]
 
         return [nest(item) for item in self.d["layout"]]
@@ -305,8 +307,8 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
 
     import triton
 
-    from . import pre_hooks
-    from .spec import describe
+    from ..core import pre_hooks
+    from ..core.spec import describe
 
     spec = describe(kernel)
     # Heuristics were evaluated at trace time (they chose the grid): their values
@@ -324,7 +326,7 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
         spec = dataclasses.replace(spec, configs=configs, heuristics=[] if frozen else spec.heuristics)
     # jax-triton passes a float that fp32 cannot hold as fp64: the site's
     # parameter gets that type, as if annotated (the binder and stubs follow).
-    from .jax import needs_fp64
+    from . import needs_fp64
 
     wide = {a["name"] for a in d["args"] if "scalar" in a and needs_fp64(a["scalar"])}
     if wide:

@@ -1,6 +1,6 @@
 """Compiling candidate configs in worker processes, so that they compile in parallel.
 
-The caller's side: a handle on the compile server (lazytriton.compile_server),
+The caller's side: a handle on the compile server (lazytriton.compile.server),
 started when a kernel is wrapped so that it is warm by the first call that
 compiles; a process that never calls a kernel only pays for one idle process.
 Jobs are Futures. Kernels that cannot be imported by name in another process
@@ -28,10 +28,10 @@ import threading
 import time
 from concurrent.futures import Future
 
-from .cache.config import compile_workers
-from .compile_server import BOOTSTRAP, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
+from ..cache.config import compile_workers
+from .server import BOOTSTRAP, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
 
-log = logging.getLogger("lazytriton.compile_pool")
+log = logging.getLogger("lazytriton.compile.pool")
 
 __all__ = ["CompileFailed", "CompilePool", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start", "worker_job"]
 
@@ -117,7 +117,7 @@ class CompilePool:
             return self._proc
         # The server must never see a GPU; Triton's settings and sys.path are inherited,
         # and it imports this very lazytriton (not a source tree in its working directory).
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds lazytriton/
         path = [here] + [p for p in sys.path if p and not shadows(p, here)]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(path))
         proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers)],

@@ -195,6 +195,9 @@ def _read_autotuner(spec: KernelSpec, at: Autotuner) -> None:
 # Triton's AMD compile options, taken where the CUDA ones are (kernel calls, triton_call's
 # backend_options, bundle calls) and, as Triton's idiom, in a config's kwargs.
 AMD_OPTION_NAMES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+# Compile options a call may pass as keyword arguments (k[grid](..., num_warps=4)).
+OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
+                "enable_fp_fusion", "launch_cooperative_grid") + AMD_OPTION_NAMES
 
 
 @functools.lru_cache(maxsize=None)

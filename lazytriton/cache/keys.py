@@ -5,7 +5,7 @@ that can change the result it names.  The rule is "never wrong": when in doubt
 a part goes into the key, because a spurious miss costs a recompile while a
 wrong hit launches the wrong binary.
 
-Triton is imported lazily so that ``from lazytriton.keys import
+Triton is imported lazily so that ``from lazytriton.cache.keys import
 FORMAT_VERSION`` (used by the on-disk cache) stays cheap.
 """
 
@@ -21,7 +21,7 @@ import os
 import types
 from typing import Any, Mapping
 
-log = logging.getLogger("lazytriton.keys")
+log = logging.getLogger("lazytriton.cache.keys")
 
 # Version of the on-disk storage format and of the key recipe.  Bump it when
 # either changes: every key embeds it and the cache lives under v{N}/.

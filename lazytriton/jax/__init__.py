@@ -39,9 +39,12 @@ from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef, ReadEffect, TransformedRef, WriteEffect
 from jax.interpreters import ad, mlir
 
-from . import _core, jax_ffi, keys, pre_hooks, tuples
-from .arrays import DTYPE_IDS, triton_dtype
-from .spec import AMD_OPTION_NAMES, KernelSpecError, PreHookRefused, describe
+from .. import _core
+from . import ffi as jax_ffi
+from ..cache import keys
+from ..core import pre_hooks, tuples
+from ..core.arrays import DTYPE_IDS, triton_dtype
+from ..core.spec import AMD_OPTION_NAMES, KernelSpecError, PreHookRefused, describe
 
 __all__ = ["triton_call", "TensorDescriptor", "handler_stats", "register", "CUSTOM_CALL_TARGET_NAME",
            "triton_call_p"]
@@ -284,7 +287,7 @@ class _Call:
     out_types: list
     meta: dict  # meta-parameters: constexpr values, the kernel's defaults, names only the grid reads
     aliases: dict  # input index -> output index (the kernel writes that input; no parameter for the output)
-    # A tuple argument is flattened (lazytriton.tuples): each element is one value, `paths` gives its
+    # A tuple argument is flattened (lazytriton.core.tuples): each element is one value, `paths` gives its
     # path in the tuple (() for a whole parameter), `layout` per call parameter the index of its value,
     # or for a tuple argument nested lists of its elements' indices.
     call_params: list = dataclasses.field(default_factory=list)
@@ -346,7 +349,7 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
     leaf_params, paths = [], []  # per entry of `values`: its parameter, and its path in a tuple argument
 
     def operand(p, path: tuple, v) -> None:
-        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.tuples)."""
+        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.core.tuples)."""
         what = tuples.leaf_name(p.name, path)
         if isinstance(v, TransformedRef):
             raise NotImplementedError(f"{label}: argument {what} is a transformed Ref (ref.at[...]); pass "

@@ -6,7 +6,7 @@ CuPy, torch, anything with __cuda_array_interface__ or __dlpack__) is read
 here into a `DescInfo`: base pointer, dtype, shape, strides, block shape,
 padding. The kernel's type depends on the dtype and the block shape only
 (`tensordesc<fp16[64, 64]>`, Triton's specializer); the rest is encoded into a
-CUtensorMap by the C++ core on every launch (csrc/src/tensor_desc.cc).
+CUtensorMap by the C++ core on every launch (csrc/core/tensor_desc.cc).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class DescInfo:
 def read(obj: Any, what: str) -> DescInfo:
     """A descriptor's DescInfo, checked as every launch path checks it (the
     C++ core's check_tensor_desc); ValueError/TypeError naming `what` otherwise."""
-    from . import _core
+    from .. import _core
 
     base = getattr(obj, "base", None)
     if not is_array(base):

@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import bundle, tuples
-from .spec import describe as describe_spec
+from . import bundle
+from ..core import tuples
+from ..core.spec import describe as describe_spec
 
 # Half-precision scalars are taken as double: converted once, from the double, as
 # Triton's launcher converts them (through float they could round twice).

@@ -20,11 +20,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import compile_pool, tuples
-from .cache import CompiledBinary, config
-from .spec import KernelSpec, is_gluon
+from . import pool as compile_pool
+from ..core import tuples
+from ..cache import CompiledBinary, config
+from ..core.spec import KernelSpec, is_gluon
 
-log = logging.getLogger("lazytriton.compiler")
+log = logging.getLogger("lazytriton.compile.compiler")
 
 DEFAULT_ARCH = 90  # target used to compile when no GPU is present (demo, tests)
 # AMD targets lazytriton knows by name (AOT use, no device): wave64 CDNA, wave32 RDNA.
@@ -113,7 +114,7 @@ class Bound:
     @property
     def flat_signature(self) -> dict[str, str]:
         """{leaf name: type}: a tuple parameter's elements as "xs[0]", "xs[1][0]"
-        (lazytriton.tuples), in the order of the kernel's parameters."""
+        (lazytriton.core.tuples), in the order of the kernel's parameters."""
         return tuples.flat_signature(self.signature)
 
 

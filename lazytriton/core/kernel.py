@@ -8,36 +8,32 @@ through the stub straight to cuLaunchKernelEx.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import struct
 import sys
 import threading
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import triton
 from triton.runtime.jit import JITFunction
 
-from . import _core, compiler, keys, pre_hooks, stubgen, tensor_desc, tuples
-from . import distributed
-from .arrays import DTYPE_IDS, DTYPES, PointerArg, array_info, is_array
-from .cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, settings
-from .compiler import AllCandidatesFailed, Binder, Candidate, compile_all, compile_stream, device_target
-from .spec import AMD_OPTION_NAMES, KernelSpec, KernelSpecError, ReadRecorder, describe, pre_hook_refusal
+from .. import _core
+from ..cache import Cache, TuningRecord
+from ..compile import compiler
+from ..compile.compiler import Binder
+from . import resolve, stubgen, tensor_desc, tuples
+from .arrays import DTYPE_IDS, DTYPES, array_info, is_array
+from .resolve import Resolution, Resolved, timings  # noqa: F401  (timings: part of this module's API)
+from .spec import OPTION_NAMES, KernelSpec, ReadRecorder, describe
 from .stubgen import Shape, Slot
-from .tuner import TuneOptions, tune
+from .tuner import TuneOptions
 
 log = logging.getLogger("lazytriton")
 
-OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
-                "enable_fp_fusion", "launch_cooperative_grid") + AMD_OPTION_NAMES
 HEURISTICS_ARG = "__heuristics__"
 
 _default_cache: Cache | None = None
-_stats = {"compiles": 0, "tunes": 0, "record_hits": 0, "resolves": 0}
 
 
 def default_cache() -> Cache:
@@ -49,17 +45,7 @@ def default_cache() -> Cache:
 
 def stats() -> dict:
     """Counters of this process: Python-side work and the C++ launch counters."""
-    return {**_stats, **_core.counters()}
-
-
-_timings: list[dict] = []
-
-
-def timings() -> list[dict]:
-    """Per compile-and-tune resolution of this process: kernel, candidates,
-    compiled_s (when the last candidate was ready), tuned_s (compile and tune,
-    overlapped), at (time.perf_counter() when it ended). For benchmarks."""
-    return list(_timings)
+    return {**resolve.counters(), **_core.counters()}
 
 
 def stream_handle(stream: Any) -> int:
@@ -161,7 +147,7 @@ class LazyKernel(_core.LaunchBase):
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
         names = list(shape.arg_names[:self._n_call])
-        n_leaves = _call_leaves(shape, self._n_call)
+        n_leaves = shape.call_leaves(self._n_call)
         # A descriptor's type is its dtype and block shape (Triton's tensordesc<fp16[64, 64]>).
         types = [(tensor_desc.read(v, f"kernel {self.name}, argument {n}").type_string() if sl.kind == "desc"
                   else sl.param_type()) if p else "constexpr"
@@ -317,7 +303,7 @@ class LazyKernel(_core.LaunchBase):
         for i, (p, v) in enumerate(zip(self._call_params, args)):
             if tuples.is_tuple(v) and not p.is_constexpr and p.annotation.removeprefix("tl.") not in _SCALAR_ANNOTATIONS:
                 # A tuple argument: one slot per element, specialized as Triton's
-                # binder specializes tuple elements (lazytriton.tuples).
+                # binder specializes tuple elements (lazytriton.core.tuples).
                 what = f"kernel {self.name}, argument {p.name}"
                 self._check_tuple_param(p, v, what)
                 nodes += [((i, *sub), n) for sub, n in tuples.nodes(v)]
@@ -467,7 +453,6 @@ class LazyKernel(_core.LaunchBase):
 
     def _resolve(self, key: tuple, ctx: tuple):
         args, stream, grid, shape, mode = ctx
-        _stats["resolves"] += 1
         try:
             return Resolution(self, key, args, stream, grid, shape, mode).run()
         except Exception as exc:
@@ -489,11 +474,6 @@ def _holds_array(v: Any) -> bool:
     return any(is_array(leaf) or tensor_desc.is_descriptor(leaf) for _, leaf in tuples.leaves(v))
 
 
-def _call_leaves(shape: Shape, n_call: int) -> int:
-    """Slots of the call arguments (those of the trailing pseudo-arguments left out)."""
-    return sum(1 for path in shape.slot_paths() if path[0] < n_call)
-
-
 def _is_constexpr_value(v: Any) -> bool:
     """A tl.constexpr or a @triton.jit function: Triton's binder makes either a constexpr."""
     return isinstance(v, (triton.language.constexpr, JITFunction))
@@ -501,281 +481,6 @@ def _is_constexpr_value(v: Any) -> bool:
 # ints, tl.int1 (u1), floats; the fp8 types cannot be passed as scalars.
 _SCALAR_ANNOTATIONS = frozenset(stubgen.FIXED_INTS) | frozenset(stubgen.FLOAT_CTYPES) | {"u1"} | {
     d for d in DTYPES if d.startswith("fp8")}
-
-
-class CaptureError(RuntimeError):
-    """A kernel with no tuned winner was first called while its stream was
-    being captured into a CUDA graph."""
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """A call's winner, resolved but not launched."""
-    entry: Any  # _core.Entry: .kernel (cubin, metadata), .is_param, .meta
-    names: list  # the kernel's call arguments, in order
-    args: tuple  # their values in this call
-    # Each leaf's kernel parameter type ("*fp16", "i32", "fp32", "u1") or "constexpr": one per
-    # argument, a tuple argument one per element (depth first; lazytriton.tuples), as entry.is_param.
-    types: list
-    meta: dict  # the winner's meta-parameters (what a grid callable sees besides the arguments)
-    grid: tuple | None  # (x, y, z) when a grid was given
-    key: tuple  # the call key: the specialization this winner serves
-    leaf_names: list | None = None  # per entry of `types`: "n", or "xs[1][0]" in a tuple argument
-
-    @property
-    def kernel(self):
-        return self.entry.kernel
-
-
-class Resolution:
-    """Resolving one call key: cached winner, else compile + tune on these args."""
-
-    def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
-                 mode: str = "tune"):
-        self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
-        self.spec = k.spec
-        self.device = None  # run() asks the driver
-        self.values = args[:k._n_call]
-        self.extras = args[k._n_call:]
-        self.names = [p.name for p in k._call_params]
-        self.named = dict(zip(self.names, self.values))
-        # Leaves: an argument, or each element of a tuple argument (lazytriton.tuples).
-        # Tuning, kernel parameters and written buffers are per leaf.
-        n_leaves = _call_leaves(shape, k._n_call)
-        self.leaf_names = list(shape.names[:n_leaves])
-        self.leaf_values = tuple(shape.leaf_values(args)[:n_leaves])
-        self.arrays = {}
-        self.descs: dict[str, tensor_desc.DescInfo] = {}  # host tensor descriptor leaves
-        for name, v in zip(self.leaf_names, self.leaf_values):
-            if is_array(v):
-                info = array_info(v, f"kernel {k.name}, argument {name}")
-                self.arrays[name] = (info.ptr, info.nbytes)  # nbytes None: unknown (the allocation's extent)
-            elif tensor_desc.is_descriptor(v):
-                d = self.descs[name] = tensor_desc.read(v, f"kernel {k.name}, argument {name}")
-                self.arrays[name] = (d.ptr, d.nbytes)  # its base: what a trial may write
-
-        def bind_value(v):
-            if is_array(v):
-                info = array_info(v)
-                return PointerArg(info.ptr, info.dtype)
-            if tensor_desc.is_descriptor(v):  # what Triton's binder sees: its dtype and block shape
-                return tensor_desc.bind_value(tensor_desc.read(v, "a tensor descriptor"))
-            return v
-
-        self.bind_values = tuple(tuples.map_leaves(v, bind_value) for v in self.values)
-        self.options, _ = k.split_extras(args)
-
-    def run(self):
-        k = self.k
-        self.device = _core.current_device()
-        dev = _core.device_info(self.device)
-        self.dev = dev
-        self.target = device_target(dev)
-        # The stub's shape and call key pin the specialization exactly (dtypes,
-        # alignment, ==1, %16, key values), so a cached winner is found without
-        # running Triton's binder (whose first use can import torch: seconds).
-        shape_sig = {n: sl.code() for n, sl in zip(self.shape.names, self.shape.slots)}
-        if not self.shape.flat:  # tuple arguments: their nesting too (an empty tuple has no slot)
-            shape_sig["(tuples)"] = [[list(p), n] for p, n in self.shape.tuples]
-        self.portable_key = self.shape.portable_key(tuple(self.key), self.values + self.extras)
-        tkey = keys.tuning_key(self.spec.fn, shape_sig, {}, {}, self.spec.configs, self.options, self.target,
-                               dev["name"], self.portable_key, dev["driver_version"])
-        cache, st = k.cache, settings()
-        agreement = distributed.agreement() if self.mode == "tune" else None
-        if agreement is not None:  # many processes (jax.distributed): one resolves, all launch its winner
-            return agreement.resolve(k.name, tkey, lambda: self._shared(cache, self._here(cache, tkey, st)),
-                                     lambda rec, origin, binary: self._adopt(cache, tkey, rec, origin, binary),
-                                     cached=lambda: self._cached(cache, tkey, st))
-        return self._here(cache, tkey, st)
-
-    def _cached(self, cache: Cache, tkey: str, st):
-        """The cached winner for agreement to publish, or None (no compile)."""
-        if st.retune:
-            return None
-        with cache.lock(tkey):
-            hit = self._from_record(cache, cache.load_record(tkey))
-        return None if hit is None else self._shared(cache, hit)
-
-    def _shared(self, cache: Cache, entry):
-        """(entry, record, winner's binary) for agreement to publish."""
-        binary = cache.load_binary(self.record.winner)
-        return entry, self.record.to_dict(), None if binary is None else encode_binary(self.record.winner, binary)
-
-    def _adopt(self, cache: Cache, tkey: str, rec: dict, origin: dict, binary: bytes | None):
-        """Launch another process's winner; its binary, when it came along and is
-        what this process would compile (same compile key), goes into the cache first."""
-        cands = self._candidates()
-        if binary is not None and self._ckey(cands[rec["winner_index"]]) == rec.get("winner"):
-            try:
-                cache.store_binary(rec["winner"], decode_binary(rec["winner"], binary))
-            except BadEntry as exc:  # then it compiles here
-                log.warning("kernel %s: the winner's binary from rank %s is unusable (%s); compiling it here",
-                            self.k.name, origin.get("rank"), exc)
-        return self._entry(self._tune(cache, tkey, cands, True, agreed=(rec, origin)))
-
-    def _here(self, cache: Cache, tkey: str, st):
-        """Resolve as a lone process: the cached winner, else compile and tune."""
-        k = self.k
-        with cache.lock(tkey):
-            hit = None if st.retune else self._from_record(cache, cache.load_record(tkey))
-            if hit is not None:
-                return hit
-            if self.mode == "record":
-                raise CaptureError(
-                    f"kernel {k.name}: its first execution is being captured into a CUDA graph (an XLA command "
-                    "buffer), and lazytriton never compiles or tunes under capture. Run the function once with "
-                    "command buffers off (XLA_FLAGS=--xla_gpu_enable_command_buffer=) or with jax >= 0.10.2, which "
-                    "executes once before capturing; or set LAZYTRITON_CAPTURE_FALLBACK=first_config to launch "
-                    "the first config untuned")
-            if self.mode == "first":
-                return self._entry(self._first(self._candidates()))
-            return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
-
-    def _candidates(self) -> list[Candidate]:
-        binder = self.k._binder(self.target)
-        cands = []
-        for i, cfg in enumerate(self.spec.configs or [None]):
-            meta = self.k._meta_kwargs(cfg, self.named, self.options)
-            # By name: a parameter its configs set may sit between call parameters
-            # (softmax(x, y, n, ROWS, BLOCK) with ROWS in the configs).
-            values = dict(zip(self.names, self.bind_values))
-            blocks = self._hook_blocks(i, cfg, meta)
-            for name, block in blocks.items():  # the config's block shapes are the descriptors' types
-                values[name] = tensor_desc.bind_value(self.descs[name], block)
-            c = Candidate(i, cfg, binder.bind((), {**values, **meta}))
-            c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES}
-            if blocks:
-                c.extra["desc_blocks"] = {n: list(b) for n, b in blocks.items()}
-            cands.append(c)
-        return cands
-
-    def _hook_blocks(self, i: int, cfg, meta: dict) -> dict:
-        """The block shape config i's pre_hook sets per descriptor argument (pre_hooks.py)."""
-        if cfg is None or getattr(cfg, "pre_hook", None) is None:
-            return {}
-        try:
-            blocks = pre_hooks.blocks(self.spec, i, cfg, self.named, meta, set(self.descs))
-        except pre_hooks.HookRefused as exc:
-            raise pre_hook_refusal(self.k.name, self.spec.configs, *exc.args) from None
-        for name, block in blocks.items():
-            if len(block) != self.descs[name].rank:
-                raise KernelSpecError(f"kernel {self.k.name}: config {i}'s pre_hook sets {name}.block_shape to "
-                                      f"{list(block)}, but the descriptor has rank {self.descs[name].rank}")
-        return blocks
-
-    def _ckey(self, c: Candidate) -> str:
-        b = c.bound
-        # extern_libs holds absolute install paths: leaving them out lets a bundle
-        # move between machines (the Triton version in the key pins libdevice).
-        opts = {kk: vv for kk, vv in b.options.__dict__.items() if kk != "extern_libs"}
-        return keys.compile_key(self.spec.fn, b.signature, b.constexprs, b.attrs, opts, self.target)
-
-    def _first(self, cands: list[Candidate]) -> Candidate:
-        """The first config that compiles, untuned and not persisted."""
-        compile_all(self.spec, self.target, cands[:1])
-        if cands[0].binary is None:
-            raise AllCandidatesFailed(self.k.name, cands[:1])
-        log.warning("kernel %s: launching config 0 untuned (LAZYTRITON_CAPTURE_FALLBACK)", self.k.name)
-        return cands[0]
-
-    def _from_record(self, cache: Cache, rec: TuningRecord | None):
-        launch = rec.extra.get("launch") if rec is not None else None
-        if not launch:
-            return None
-        binary = cache.load_binary(rec.winner)
-        if binary is None:
-            return None
-        _stats["record_hits"] += 1
-        log.info("kernel %s: using the tuned winner (config %d) from the cache: no compile, no tuning",
-                 self.k.name, rec.winner_index)
-        self.k.records.append(rec)
-        self.record = rec
-        return self._make_entry(rec.winner, binary, launch["is_param"], launch["meta"])
-
-    def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool, agreed=None) -> Candidate:
-        k = self.k
-        pruned = cands
-        if agreed is not None:  # (record, origin) of another process's winner: that config alone, no trials
-            pruned = [cands[agreed[0]["winner_index"]]]
-        elif self.spec.autotuned and len(cands) > 1:
-            kept = self.spec.prune([c.config for c in cands], self.named, {})
-            pruned = [c for c in cands if any(c.config is kc for kc in kept)]
-            if len(pruned) < len(cands):
-                log.info("kernel %s: pruned to %d of %d configs", k.name, len(pruned), len(cands))
-        if not tuning:
-            pruned = pruned[:1]
-        ckeys = {id(c): self._ckey(c) for c in pruned}
-
-        def store(c, binary):
-            _stats["compiles"] += 1
-            cache.store_binary(ckeys[id(c)], binary)
-
-        # Trials start as soon as two candidates are compiled, while the others
-        # still compile (tune() reads the stream).
-        t0 = time.perf_counter()
-        ready = compile_stream(self.spec, self.target, pruned, load=lambda c: cache.load_binary(ckeys[id(c)]),
-                               store=store)
-        with contextlib.closing(ready):
-            winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays, self._grid_of, self.stream,
-                          self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options,
-                          scratch=k.scratch_args)
-        _stats["tunes"] += int(len(pruned) > 1)
-        _timings.append({"kernel": k.name, "candidates": len(pruned),
-                         "compiled_s": max((c.extra.get("ready_s", 0.0) for c in pruned), default=0.0),
-                         "tuned_s": time.perf_counter() - t0, "at": time.perf_counter()})
-        rec = TuningRecord(
-            kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
-            candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},
-                         "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
-                         "time_ms": c.extra.get("time_ms"), "error": c.error} for c in cands],
-            device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
-            driver_version=self.dev["driver_version"],
-            tune_key_values=keys.canonical(list(self.portable_key)),
-            extra={"launch": self._launch_info(winner)} if _jsonable_meta(winner.extra["meta"]) else {})
-        if agreed is not None:
-            rec.extra["agreed"] = distributed.provenance(*agreed, rec.winner)
-        cache.store_record(tkey, rec)
-        k.records.append(rec)
-        self.record = rec
-        return winner
-
-    def _grid_of(self, c: Candidate):
-        if self.grid is None:
-            raise ValueError(f"kernel {self.k.name}: a grid is needed to tune it on this call")
-        if callable(self.grid):
-            return self.grid({**self.named, **c.extra["meta"]})
-        return self.grid
-
-    def _launch_info(self, c: Candidate) -> dict:
-        """What a later process needs to launch the winner: which call arguments
-        are kernel parameters, and the meta-parameters a grid callable sees."""
-        flat = c.bound.flat_signature
-        is_param = [flat.get(n, "constexpr") != "constexpr" for n in self.leaf_names]
-        info = {"is_param": is_param + [False] * len(self.extras), "meta": dict(c.extra["meta"])}
-        if self.descs:  # each descriptor's compiled type (the block shape a pre_hook chose is in it)
-            info["descriptors"] = {n: flat.get(n) for n in self.descs}
-        return info
-
-    def _entry(self, c: Candidate):
-        info = self._launch_info(c)
-        return self._make_entry(self._ckey(c), c.binary, info["is_param"], info["meta"])
-
-    def _make_entry(self, ckey: str, binary, is_param: list, meta: dict):
-        # A slot the stub reads as a constexpr packs nothing: a winner that takes a kernel
-        # parameter there was compiled for another specialization than this shape's.
-        for name, slot, p in zip(self.leaf_names, self.shape.slots, is_param):
-            if p and slot.kind == "constexpr":
-                raise RuntimeError(f"kernel {self.k.name}, argument {name}: internal error: the winner takes it "
-                                   "as a kernel parameter, but this call's argument shape holds it as a constexpr")
-        kern = self.k._kernels.get(ckey)
-        if kern is None:
-            kern = self.k._kernels[ckey] = _core.Kernel(binary.cubin, binary.metadata)
-        kern.load()
-        return _core.Entry(kern, list(is_param), dict(meta))
-
-
-def _jsonable_meta(meta: dict) -> bool:
-    return all(isinstance(v, (int, float, bool, str, type(None))) for v in meta.values())
 
 
 def kernel(fn: Any = None, **kw) -> LazyKernel:

@@ -1,5 +1,5 @@
 """The compile server: the process that compiles candidate configs for
-lazytriton.compile_pool, one forked child per candidate.
+lazytriton.compile.pool, one forked child per candidate.
 
 Triton's front end (the AST walk that emits TTIR) holds the GIL, so candidates
 compiled on threads mostly serialise; as PyTorch Inductor does, lazytriton
@@ -45,7 +45,7 @@ import sys, threading
 from triton.runtime import cache
 key = threading.Thread(target=cache.triton_key, name="triton_key")
 key.start()
-from lazytriton.compile_server import serve
+from lazytriton.compile.server import serve
 serve(int(sys.argv[1]), key)
 """
 
@@ -85,7 +85,7 @@ def read_frame(stream) -> Any:
 # -- what both sides agree on ----------------------------------------------------------
 
 def is_triton_setting(name: str) -> bool:
-    from .keys import _EXTRA_ENV_VARS
+    from ..cache.keys import _EXTRA_ENV_VARS
 
     return name.startswith("TRITON_") or name in _EXTRA_ENV_VARS
 
@@ -105,7 +105,7 @@ def _import_kernel(module: str, qualname: str, cache_key: str, gluon: bool = Fal
 
     from triton.runtime.jit import JITFunction
 
-    from .spec import is_gluon
+    from ..core.spec import is_gluon
 
     try:
         obj = importlib.import_module(module)
@@ -129,11 +129,11 @@ def _import_kernel(module: str, qualname: str, cache_key: str, gluon: bool = Fal
 def _compile(job: dict):
     import triton
 
-    from .cache import CompiledBinary
+    from ..cache import CompiledBinary
     from .compiler import ast_source
 
     if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds lazytriton/
         sys.path[:] = [here] + [p for p in job["sys_path"] if not shadows(p or ".", here)]
     env = job.get("env")
     if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
@@ -183,7 +183,8 @@ def _warm_up(key: threading.Thread) -> float:
     from triton.compiler import ASTSource
     from triton.runtime import cache as triton_cache
 
-    from . import cache, compiler  # noqa: F401  (what the children use)
+    from .. import cache  # noqa: F401  (what the children use)
+    from . import compiler
 
     @triton.jit
     def _lt_warm_up(x, n, B: tl.constexpr):

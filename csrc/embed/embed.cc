@@ -1,4 +1,4 @@
-// Lazy mode: the bundle's Resolver, answered by lazytriton.embed in an
+// Lazy mode: the bundle's Resolver, answered by lazytriton.cpp.embed in an
 // embedded Python. Python decides (compiles, tunes, persists); the winner comes
 // back as a bundle variant and is launched by the C++ core like any other.
 #include "lazytriton/embed.h"
@@ -69,7 +69,7 @@ py::object constant_to_python(const Constant& c) {
   return py::none();
 }
 
-// A runtime argument as lazytriton.embed.resolve reads it.
+// A runtime argument as lazytriton.cpp.embed.resolve reads it.
 py::object value_to_python(const CallValue& v) {
   if (v.is_constexpr) return constant_to_python(v.constant);
   if (v.is_desc) {  // ("desc", base, dtype, nbytes or 0, shape, strides, block, padding, round_f32_to_tf32)
@@ -159,12 +159,12 @@ class PythonResolver : public Resolver {
   }
 
  private:
-  // lazytriton.embed, set up once (sys.path, logging); the reference is kept
+  // lazytriton.cpp.embed, set up once (sys.path, logging); the reference is kept
   // for the life of the process, like the interpreter.
   py::object module() {
     PyObject* m = mod_.load();
     if (!m) {
-      py::module_ mod = py::module_::import("lazytriton.embed");
+      py::module_ mod = py::module_::import("lazytriton.cpp.embed");
       mod.attr("start")(opts_.python_path, opts_.verbose);
       PyObject* expected = nullptr;
       m = mod.release().ptr();

@@ -10,12 +10,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from . import _core
-from .cache import config
-from .compiler import AllCandidatesFailed, Candidate
+from .. import _core
+from ..cache import config
+from ..compile.compiler import AllCandidatesFailed, Candidate
 from .ir_analysis import written_pointer_args
 
-log = logging.getLogger("lazytriton.tuner")
+log = logging.getLogger("lazytriton.core.tuner")
 
 
 @dataclass
@@ -57,7 +57,7 @@ def runtime_args(c: Candidate, names: list[str], values: tuple, arrays: dict) ->
     from . import tensor_desc
 
     types, vals = [], []
-    sig = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.tuples)
+    sig = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.core.tuples)
     for name, value in zip(names, values):
         t = sig.get(name, "constexpr")
         if t == "constexpr":

@@ -1,5 +1,5 @@
 // The slice of the HIP runtime ABI (libamdhip64.so) that lazytriton's HIP
-// driver layer (csrc/src/hip_driver.cc) uses, declared here so that building
+// driver layer (csrc/core/hip_driver.cc) uses, declared here so that building
 // needs no ROCm: the library is loaded at run time. Values and layouts match
 // hip_runtime_api.h of ROCm 6/7; tests/test_abi.py checks them against the HIP
 // headers in Triton's wheel (triton/backends/amd/include) with static_asserts.

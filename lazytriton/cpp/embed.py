@@ -1,4 +1,4 @@
-"""What the C++ lazy mode (lazytriton::embed, csrc/src/embed.cc) calls in its
+"""What the C++ lazy mode (lazytriton::embed, csrc/embed/embed.cc) calls in its
 embedded Python: describe a kernel, and resolve one call (lazytriton's cache,
 else compile and tune on the C++ caller's own device buffers), persisting the
 winner into the bundle so later runs need no Python."""
@@ -9,9 +9,10 @@ import logging
 import sys
 import threading
 
-from . import bundle, tuples
+from . import bundle
+from ..core import tuples
 
-log = logging.getLogger("lazytriton.embed")
+log = logging.getLogger("lazytriton.cpp.embed")
 
 _kernels: dict = {}
 _lock = threading.Lock()
@@ -30,7 +31,7 @@ def start(python_path: list[str], verbose: bool) -> None:
 
 
 def _kernel(source: str):
-    from .runtime import LazyKernel
+    from ..core.kernel import LazyKernel
 
     with _lock:
         lk = _kernels.get(source)
@@ -47,8 +48,9 @@ def _value(v):
     """A call value from C++: ("ptr", address, dtype, nbytes or 0), ("desc",
     base, dtype, nbytes or 0, shape, strides, block, padding, tf32) or a plain value."""
     if isinstance(v, tuple) and v and v[0] in ("ptr", "desc"):
-        from . import _core, tensor_desc
-        from .arrays import DeviceArray
+        from .. import _core
+        from ..core import tensor_desc
+        from ..core.arrays import DeviceArray
 
         _, ptr, dtype, nbytes, *desc = v
         base = DeviceArray(ptr, dtype, nbytes or _core.allocation_extent(ptr))
@@ -61,7 +63,7 @@ def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, str
     """The winner for one C++ call, as (variant JSON, cubin). It is persisted
     into the bundle when the directory is writable (else only used). With
     tuple arguments `values` are leaves and `layouts` gives, per call
-    parameter, "" or its tuple's nesting (lazytriton.tuples.structure_text)."""
+    parameter, "" or its tuple's nesting (lazytriton.core.tuples.structure_text)."""
     lk = _kernel(source)
     args = [_value(v) for v in values]
     if layouts:

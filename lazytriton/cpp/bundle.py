@@ -6,14 +6,14 @@ A bundle is a directory::
     cubins/<sha256>.cubin  the winners' binaries
 
 written here (`Bundle.add` from Python, or the C++ lazy mode through
-lazytriton.embed) and read by the C++ runtime (lazytriton/bundle.h). A variant
+lazytriton.cpp.embed) and read by the C++ runtime (lazytriton/bundle.h). A variant
 is one winner for one specialization of a call, and holds what the C++ side
 needs to pick it for a call and launch it: the argument types and Triton's
 specialization of each (16-byte alignment, == 1, % 16), the constexprs, the
 autotune-key (and heuristic-read) values, which arguments are kernel
 parameters, the winner's meta-parameters and its launch metadata.
 
-    b = lazytriton.bundle.Bundle("/srv/model/kernels")
+    b = lazytriton.cpp.bundle.Bundle("/srv/model/kernels")
     b.add(my_kernel, x, y, out, n, grid=lambda m: (triton.cdiv(n, m["BLOCK"]),))
 """
 from __future__ import annotations
@@ -30,13 +30,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import paths, tuples
-from .arrays import array_info, is_array
-from .cache import atomic_write
-from .spec import AMD_OPTION_NAMES, KernelSpec, ReadRecorder
-from .spec import describe as describe_spec
+from .. import paths
+from ..core import tuples
+from ..core.arrays import array_info, is_array
+from ..cache import atomic_write
+from ..core.spec import AMD_OPTION_NAMES, KernelSpec, ReadRecorder
+from ..core.spec import describe as describe_spec
 
-log = logging.getLogger("lazytriton.bundle")
+log = logging.getLogger("lazytriton.cpp.bundle")
 
 FORMAT = "lazytriton-bundle"
 VERSION = 1
@@ -145,7 +146,7 @@ def _int_type(value: int) -> str:
 def arg_type(param: dict, value: Any, what: str) -> str:
     """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it
     (a tensor descriptor's: Triton's type, tensordesc<fp16[64, 64]>)."""
-    from . import tensor_desc
+    from ..core import tensor_desc
 
     if tensor_desc.is_descriptor(value):
         return tensor_desc.read(value, what).type_string()
@@ -168,7 +169,7 @@ def arg_type(param: dict, value: Any, what: str) -> str:
 
 def arg_spec(param: dict, value: Any) -> str:
     """Triton's specialization of one runtime argument: "16", "1" or "" (a descriptor: none)."""
-    from . import tensor_desc
+    from ..core import tensor_desc
 
     if tensor_desc.is_descriptor(value):
         return ""
@@ -202,7 +203,7 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
     _check_heuristics(desc, lk)
     name = desc["name"]
     types, specs, constexprs, key_values, layout = [], [], dict(options), {}, []
-    i = 0  # leaf index: a tuple argument has one leaf per element (lazytriton.tuples), as resolved.types
+    i = 0  # leaf index: a tuple argument has one leaf per element (lazytriton.core.tuples), as resolved.types
     for p, v in zip(desc["params"], values):
         if p["constexpr"] or v is None:
             types.append("constexpr")
@@ -235,7 +236,7 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
                             "a C++ bundle cannot hold it")
     launch = {k: list(v) if isinstance(v, tuple) else v for k, v in resolved.kernel.metadata.items()}
     if device is None:
-        from . import _core
+        from .. import _core
 
         device = _core.device_info(_core.current_device())["name"]
     # NVIDIA: the compute capability (90); AMD: the architecture's name ("gfx942").
@@ -355,7 +356,7 @@ class Bundle:
         self.path = Path(path) if path is not None else default_dir()
 
     def __repr__(self) -> str:
-        return f"lazytriton.bundle.Bundle({str(self.path)!r})"
+        return f"lazytriton.cpp.bundle.Bundle({str(self.path)!r})"
 
     def add(self, kernel: Any, *args, grid: Any = None, stream: Any = None, source: str | None = None,
             **kwargs) -> dict:
@@ -363,7 +364,7 @@ class Bundle:
         tune on these arguments: then `grid` is needed) and write it into the
         bundle. `kernel`: a Triton kernel, a LazyKernel or "module:function";
         `source` overrides the "module:function" the C++ side names it by."""
-        from .runtime import LazyKernel
+        from ..core.kernel import LazyKernel
 
         if isinstance(kernel, str):
             source, kernel = source or kernel, load_source(kernel)

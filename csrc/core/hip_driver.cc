@@ -20,7 +20,7 @@
 #include <cstring>
 #include <vector>
 
-#include "lazytriton/hip_abi.h"
+#include "hip_abi.h"
 
 namespace lt {
 namespace {
@@ -29,7 +29,7 @@ namespace h = lt::hip;
 using cu::CUresult;
 
 struct HipFns {
-#include "lazytriton/hip_fns.inc"
+#include "hip_fns.inc"
 #define LT_DECLARE(name, ...) h::hipError_t (*name)(__VA_ARGS__) = nullptr;
   LT_HIP_FNS(LT_DECLARE)
   LT_HIP_OPTIONAL_FNS(LT_DECLARE)

@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from ..keys import FORMAT_VERSION, lazytriton_version
+from .keys import FORMAT_VERSION, lazytriton_version
 from . import files
 from .entries import KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, decode, now_iso, triton_version
 
