@@ -1,11 +1,13 @@
 """The C launch path (`k[grid](...)`, csrc/python/launcher.cc) on the CPU.
 
 Fake stubs (Python functions put in `k._stubs`) stand in for the generated C++
-ones: they return True (launched), a key tuple (resolve) or None (not this
+ones: they return True (launched), a key tuple (no winner yet: C resolves it
+through the kernel's table, then calls the stub again) or None (not this
 shape), exactly as the stubs do. Arrays are DeviceArrays at fake addresses."""
 import gc
 import sys
 import threading
+import time
 import tracemalloc
 import types
 import weakref
@@ -47,14 +49,42 @@ class Stub:
 
 
 class Spy:
-    """Stands in for LazyKernel._run on one kernel (instance attributes win)."""
+    """Wraps LazyKernel._run (Python's binding of a call C cannot bind) on one
+    kernel, recording its calls (instance attributes win)."""
 
-    def __init__(self, k, forward=False):
-        self.calls, self.forward, self.orig = [], forward, k._run
+    def __init__(self, k):
+        self.calls, self.orig = [], k._run
 
     def __call__(self, grid, stream, args, kwargs):
         self.calls.append((grid, stream, args, dict(kwargs)))
-        return self.orig(grid, stream, args, kwargs) if self.forward else None
+        return self.orig(grid, stream, args, kwargs)
+
+
+class KeyStub:
+    """A fake stub that answers its call key until its kernel's table holds a
+    winner for it, as the built stubs do."""
+
+    def __init__(self, k, key):
+        self.k, self.key, self.calls = k, key, []
+
+    def __call__(self, handle, grid, stream, args):
+        self.calls.append(args)
+        return True if self.k._core.find(list(self.key)) else self.key
+
+
+@pytest.fixture(scope="module")
+def entry():
+    """A real winner (add_kernel compiled for sm_90) for the table to hold."""
+    from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target
+    from lazytriton.core.arrays import PointerArg
+    from lazytriton.core.spec import describe
+
+    spec, target = describe(basic.add_kernel), default_target()
+    ptr = PointerArg(0x7F0000000000, "fp32")
+    cand = Candidate(0, None, Binder(spec, target).bind((ptr, ptr, ptr, 16), {"BLOCK": 1024}))
+    compile_all(spec, target, [cand])
+    assert cand.binary is not None, cand.error
+    return _core.Entry(_core.Kernel(cand.binary.cubin, cand.binary.metadata), [True] * 4 + [False], {})
 
 
 def kernel_with(*stubs, fn=basic.add_kernel):
@@ -132,7 +162,7 @@ def test_stream_argument(monkeypatch, no_cupy):
 def test_keyword_call_plans():
     stub = Stub()
     k = kernel_with(stub)
-    spy = k._run = Spy(k, forward=True)
+    spy = k._run = Spy(k)
     k[GRID](X, Y, OUT, 16, BLOCK=32, stream=3)  # first: Python binds it and keeps a plan
     assert len(spy.calls) == 1 and k._launch_plans == []
     for block in (64, 128):
@@ -153,7 +183,7 @@ def test_keyword_call_plans():
 def test_defaults_plan(no_cupy):
     stub = Stub()
     k = kernel_with(stub, fn=axpy_kernel)
-    spy = k._run = Spy(k, forward=True)
+    spy = k._run = Spy(k)
     for _ in range(3):
         k[GRID](X, OUT, 16)
         k[GRID](X, OUT, 16, BLOCK=64, stream=2)
@@ -169,7 +199,7 @@ def test_defaults_plan(no_cupy):
 def test_run_is_the_same_c_path(no_cupy):
     stub = Stub()
     k = kernel_with(stub, fn=axpy_kernel)
-    spy = k._run = Spy(k, forward=True)
+    spy = k._run = Spy(k)
     assert "run" not in rt.LazyKernel.__dict__  # _core.LaunchBase.run
     for _ in range(2):
         k.run(X, OUT, 16, grid=GRID)
@@ -193,7 +223,7 @@ def test_run_is_the_same_c_path(no_cupy):
 def test_calls_python_binds_every_time_stay_in_python():
     stub = Stub()
     k = kernel_with(stub)
-    spy = k._run = Spy(k, forward=True)
+    spy = k._run = Spy(k)
     for _ in range(3):
         k[GRID](X, Y, OUT, 16, 32, num_warps=4)  # a compile option: bound by Python on every call
     assert len(spy.calls) == 3 and k._launch_plans == [(5, ("num_warps",), "slow")]
@@ -201,33 +231,105 @@ def test_calls_python_binds_every_time_stay_in_python():
     assert stub.calls[-1][3][:5] == (X, Y, OUT, 16, 32) and opts == (("num_warps", 4),)
 
 
-def test_fallbacks_to_python_run():
-    key = Stub((1, 2, 3))
-    k = kernel_with(key)
-    spy = k._run = Spy(k)
-    stream = types.SimpleNamespace(ptr=5)
-    assert k[GRID](X, Y, OUT, 16, 1024, stream=stream) is None
-    assert spy.calls == [(GRID, stream, (X, Y, OUT, 16, 1024), {})]  # the stream object, unconverted
-    assert len(key.calls) == 1 and key.calls[0][2] == 5
-    k._stubs[:] = [Stub(None), Stub(None)]
-    k[GRID](X, Y, OUT, n=16, BLOCK=8)
-    assert spy.calls[-1] == (GRID, None, (X, Y, OUT), {"n": 16, "BLOCK": 8})
-    k._stubs[:] = []
-    k[GRID](X, Y, OUT, 16, 1024)  # first call: no stubs yet
-    assert len(spy.calls) == 3
+def test_python_binds_what_c_cannot(no_cupy):
     ok = Stub()
-    k._stubs[:] = [ok]
+    k = kernel_with(ok)
+    spy = k._run = Spy(k)
+    k[GRID](X, Y, OUT, 16, 1024, stream=types.SimpleNamespace(ptr=5))  # C converts a stream object itself
+    assert spy.calls == [] and ok.calls[-1][2] == 5
+    k[GRID](X, Y, OUT, n=16, BLOCK=8)  # keywords not seen before: Python binds them (and keeps a plan)
+    assert spy.calls == [(GRID, None, (X, Y, OUT), {"n": 16, "BLOCK": 8})]
+    assert ok.calls[-1][3] == (X, Y, OUT, 16, 8)
     for flag in ("_python_heuristics", "_needs_probe"):
         setattr(k, flag, True)
         k[GRID](X, Y, OUT, 16, 1024)
         setattr(k, flag, False)
-    assert len(spy.calls) == 5 and ok.calls == []
+    assert len(spy.calls) == 3 and len(ok.calls) == 4  # Python bound them, C launched them
     k[GRID](X, Y, OUT, 16, 1024)
-    assert len(spy.calls) == 5 and len(ok.calls) == 1
-    spy.orig = lambda *a: "from _run"
-    spy.forward = True
-    k._stubs[:] = []
-    assert k[GRID](X, Y, OUT, 16, 1024) == "from _run"
+    assert len(spy.calls) == 3 and len(ok.calls) == 5
+    spy.orig = lambda *a: "not a call"
+    k._python_heuristics = True
+    with pytest.raises(RuntimeError, match="add_kernel.*internal error: _run returned 'not a call'"):
+        k[GRID](X, Y, OUT, 16, 1024)
+
+
+def test_a_new_call_key_crosses_into_python_once(entry, no_cupy):
+    k = lazytriton.kernel(basic.add_kernel)
+    stub = KeyStub(k, (7, 8))
+    k._stubs.append(stub)
+    seen = []
+    k._resolve = lambda key, ctx: seen.append((key, ctx)) or entry
+    spy = k._run = Spy(k)
+    k[GRID](X, Y, OUT, 16, 1024, stream=3)
+    assert seen == [((7, 8), ((X, Y, OUT, 16, 1024), 3, GRID, stub))]  # (call, stream, grid, the stub that keyed it)
+    assert len(stub.calls) == 2 and spy.calls == []  # its key, then the launch
+    k[GRID](X, Y, OUT, 16, 1024, stream=3)
+    k.run(X, Y, OUT, 16, 1024, grid=GRID)
+    assert len(seen) == 1 and len(stub.calls) == 4 and spy.calls == []
+
+
+def test_a_failed_resolution_raises_and_is_retried(entry):
+    k = lazytriton.kernel(basic.add_kernel)
+    stub = KeyStub(k, (9,))
+    k._stubs.append(stub)
+    answers = [ValueError("kernel add_kernel: no config compiled"), entry]
+
+    def resolve(key, ctx):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    k._resolve = resolve
+    with pytest.raises(ValueError, match="kernel add_kernel: no config compiled"):  # the resolver's own exception
+        k[GRID](X, Y, OUT, 16, 1024)
+    k[GRID](X, Y, OUT, 16, 1024)  # a failed key is resolved again by the next call
+    assert answers == [] and len(stub.calls) == 3
+
+
+def test_concurrent_first_calls_resolve_once(entry):
+    k = lazytriton.kernel(basic.add_kernel)
+    stub = KeyStub(k, (5, 5))
+    k._stubs.append(stub)
+    seen, errors = [], []
+    started = threading.Barrier(6)
+
+    def resolve(key, ctx):
+        seen.append(key)
+        time.sleep(0.2)  # the others arrive meanwhile, and wait without the GIL
+        return entry
+
+    k._resolve = resolve
+
+    def work():
+        try:
+            started.wait()
+            k[GRID](X, Y, OUT, 16, 1024)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and seen == [(5, 5)]
+    assert sum(1 for _ in stub.calls) >= 12  # each: its key, then the launch
+
+
+def test_python_adds_the_stub_no_stub_takes():
+    k = lazytriton.kernel(basic.add_kernel)
+    ok, added = Stub(), []
+    k._add_stub = lambda args: added.append(args) or k._stubs.append(ok)
+    k[GRID](X, Y, OUT, 16, 1024, stream=4)
+    assert added == [(X, Y, OUT, 16, 1024)] and len(ok.calls) == 1 and ok.calls[0][2] == 4
+    k[GRID](X, Y, OUT, 16, 1024)
+    assert len(added) == 1 and len(ok.calls) == 2
+    k._stubs[:] = [Stub(None)]
+    k._add_stub = lambda args: None
+    with pytest.raises(RuntimeError, match="kernel .*add_kernel.*: internal error: the stub made for these arguments "
+                                           "rejected them"):
+        k[GRID](X, Y, OUT, 16, 1024)
 
 
 def test_stub_errors_propagate():
@@ -262,7 +364,7 @@ def test_argument_errors_unchanged():
 @pytest.mark.skipif(lazytriton.gpu_available()[0], reason="resolves on fake addresses: CPU only")
 def test_cpu_call_reaches_resolution(cache_dir):
     k = lazytriton.kernel(basic.add_kernel)
-    for _ in range(2):  # the second call: the built stub's key, from C, then _run resolves
+    for _ in range(2):  # the second call: the stub's key, resolved from C (and failing again: no driver)
         with pytest.raises(lazytriton.RuntimeFailure, match="kernel add_kernel: .*driver"):
             k[GRID](X, Y, OUT, 16, BLOCK=1024, stream=0)
     assert len(k._stubs) == 1
@@ -274,7 +376,7 @@ def _refcounts(objs):
     return [sys.getrefcount(o) for o in objs]
 
 
-def test_reference_counts_exact():
+def test_reference_counts_exact(entry):
     k = lazytriton.kernel(axpy_kernel)
     k._stubs.append(Stub())
     k[GRID](X, OUT, 16, BLOCK=64, stream=2)  # Python binds these once and keeps their plans
@@ -287,17 +389,20 @@ def test_reference_counts_exact():
 
     key = (1, 2)
 
-    def unresolved(handle, grid, stream, args):
-        return key
+    class Unresolved:  # its key, then (resolved) the launch
+        n = 0
+
+        def __call__(self, handle, grid, stream, args):
+            self.n += 1
+            return key if self.n % 2 else True
 
     def not_mine(handle, grid, stream, args):
         return None
 
-    def python_run(grid, stream, args, kwargs):
-        return None
-
+    unresolved = Unresolved()
+    k._resolve = lambda key, ctx: entry
     k._stubs[:] = [not_mine, launched]
-    objs = [k, launch, GRID, X, OUT, alpha, block, stream, k._handle, key, launched, unresolved, not_mine]
+    objs = [k, launch, GRID, X, OUT, alpha, block, stream, k._handle, key, launched, unresolved, not_mine, entry]
 
     def run(n, stream_object=False):
         for _ in range(n):
@@ -307,26 +412,31 @@ def test_reference_counts_exact():
             launch(X, OUT, 16, BLOCK=block, stream=types.SimpleNamespace(ptr=3))
             k.run(X, OUT, 16, alpha, block, grid=GRID, stream=stream, warmup=False)  # k.run's keyword split
 
-    run(10)
-    before = _refcounts(objs)
-    run(1000)
-    assert _refcounts(objs) == before
-    k._stubs[:] = [not_mine, unresolved]  # the slow path, to _run (a no-op here)
-    k._run = python_run
-    run(10)
-    before = _refcounts(objs)
-    run(1000)
-    assert _refcounts(objs) == before
-    k._stubs[:] = []
-    run(10)
-    before = _refcounts(objs)
-    run(1000)
-    assert _refcounts(objs) == before
+    def check():
+        run(10)
+        before = _refcounts(objs)
+        run(1000)
+        assert _refcounts(objs) == before
+
+    check()
+    k._stubs[:] = [not_mine, unresolved]  # a call key: resolved through the table (the resolver once)
+    check()
+    k._python_heuristics = True  # Python binds every call
+    check()
+    k._python_heuristics = False
+
+    def once(handle, grid, stream, args):
+        k._stubs[:] = [not_mine]
+        return True
+
+    k._stubs[:] = [not_mine]
+    k._add_stub = lambda args: k._stubs.append(once)  # no stub takes the call: Python adds one
+    check()
 
 
 def test_no_memory_growth():
     k = lazytriton.kernel(axpy_kernel)
-    k._run = Spy(k, forward=True)
+    k._run = Spy(k)
     k._stubs.append(lambda handle, grid, stream, args: True)
 
     def run(n):
@@ -368,7 +478,7 @@ def test_kernel_and_cached_launch_are_collected():
 def test_threads():
     stub = Stub()
     k = kernel_with(stub)
-    k._run = Spy(k, forward=True)
+    k._run = Spy(k)
     errors = []
 
     def work(i):

@@ -6,24 +6,33 @@
 //                     C slots that LazyKernel's own attribute assignments write.
 //   _core.Launch      what `k[grid]` returns (cached per kernel while the same
 //                     int / tuple-of-ints grid object comes back). Its vectorcall
-//                     binds the call, converts stream= and calls the generated
-//                     stubs of k._stubs; True from a stub is a launch.
+//                     binds the call, converts stream= and calls the stubs of
+//                     k._stubs: True from a stub is a launch, None "not my
+//                     argument shape", a tuple a call key with no winner yet.
 //
-// Everything else goes to the one slow path, Python's
-// `LazyKernel._run(grid, stream, args, kwargs)`: a call key to resolve, no stub
-// for these arguments, heuristics evaluated in Python, keywords Python has not
-// bound yet. Keyword calls are bound by plans that Python hands out once per
-// (positional count, keyword names) through `LazyKernel._fast_plan`, cached
-// here by the identity of the interpreter's kwnames tuple (a constant per call
-// site), then by its contents.
+// A call key with no winner is resolved here, once, through the kernel's
+// resolve-once table (lazy_kernel.h), whose resolver is LazyKernel._resolve:
+// the first call of a specialization crosses into Python once (to compile and
+// tune) and comes back once (with the winner), then launches through the same
+// stub. A call no stub takes asks Python for its stub (LazyKernel._add_stub:
+// no compiler, the table-driven stub serves at once) and is dispatched again.
+// Python binds what this file cannot (LazyKernel._run: heuristics evaluated in
+// Python, keywords it has not bound yet); keyword calls are bound by plans that
+// Python hands out once per (positional count, keyword names) through
+// `LazyKernel._fast_plan`, cached here by the identity of the interpreter's
+// kwnames tuple (a constant per call site), then by its contents.
 //
-// Only the public C API (3.10 and later); every object it touches is owned or
-// kept alive by a reference it holds across any call that may run Python.
+// Only the public C API (3.10 and later) on the hot path; every object it
+// touches is owned or kept alive by a reference it holds across any call that
+// may run Python.
 #include <pybind11/pybind11.h>
 
 #include <Python.h>
 
+#include <exception>
 #include <vector>
+
+#include "lazytriton/lazy_kernel.h"
 
 namespace {
 
@@ -85,7 +94,7 @@ PyTypeObject LaunchBaseType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 PyTypeObject LaunchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // Interned names and lazily imported modules, kept for the life of the process.
-PyObject *s_stream, *s_run, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
+PyObject *s_stream, *s_run, *s_add_stub, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
 PyObject* g_sys;
 PyObject* g_runtime;              // lazytriton.core.kernel
 PyObject* g_stream_handle;        // lazytriton.core.kernel.stream_handle as defined there
@@ -264,35 +273,96 @@ PyObject* bind(const Plan* p, PyObject* const* args) {
 
 // -- the call ---------------------------------------------------------------------------
 
-// Calls the stubs in k._stubs: 1 if one launched, 0 if none did (a key to
-// resolve, or no stub takes these arguments), -1 on error.
+// Resolves a call key a stub answered with, once, through the kernel's table
+// (k._handle): its resolver is LazyKernel._resolve(key, (args, stream, grid,
+// stub)). Without the GIL, so that a thread resolving the same key in Python is
+// waited for, not blocked. 0, or -1 with a Python error set.
+int resolve_key(PyObject* handle, PyObject* stub, PyObject* key, PyObject* grid, PyObject* stream,
+                PyObject* args) {
+  auto* table = static_cast<lt::LazyKernel*>(PyLong_AsVoidPtr(handle));
+  if (!table) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "lazytriton: this kernel has no call table");
+    return -1;
+  }
+  if (!PyTuple_Check(key)) {
+    PyErr_Format(PyExc_RuntimeError, "lazytriton: internal error: a launch stub answered %R", key);
+    return -1;
+  }
+  std::vector<uint64_t> words(size_t(PyTuple_GET_SIZE(key)));  // once per new specialization: not the hot path
+  for (size_t i = 0; i < words.size(); ++i) {
+    words[i] = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(key, Py_ssize_t(i)));
+    if (PyErr_Occurred()) return -1;
+  }
+  PyObject* ctx = PyTuple_Pack(4, args, stream, grid, stub);
+  if (!ctx) return -1;
+  int rc = 0;
+  try {
+    pybind11::gil_scoped_release nogil;
+    table->resolve(words.data(), words.size(), ctx);
+  } catch (pybind11::error_already_set& e) {  // the resolver's Python exception, as raised
+    e.restore();
+    rc = -1;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    rc = -1;
+  }
+  Py_DECREF(ctx);
+  return rc;
+}
+
+// Calls the stubs in k._stubs: 1 if one launched (resolving its call key
+// first if it has no winner yet), 0 if no stub takes these arguments, -1 on error.
 int call_stubs(LaunchBase* k, PyObject* grid, PyObject* stream, PyObject* args) {
   PyObject* stubs = Py_NewRef(k->stubs);  // Python may replace or grow the list meanwhile
   PyObject* handle = Py_NewRef(k->handle);
   PyObject* argv[5] = {nullptr, handle, grid, stream, args};
   int result = 0;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(stubs); ++i) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(stubs) && result == 0; ++i) {
     PyObject* stub = Py_NewRef(PyList_GET_ITEM(stubs, i));
     PyObject* r = PyObject_Vectorcall(stub, argv + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    if (r && r != Py_True && r != Py_None) {  // a call key with no winner yet
+      PyObject* key = r;
+      r = resolve_key(handle, stub, key, grid, stream, args) < 0
+              ? nullptr
+              : PyObject_Vectorcall(stub, argv + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+      if (r && r != Py_True) {
+        PyErr_Format(PyExc_RuntimeError, "lazytriton: internal error: the call key %R was resolved but its stub "
+                     "did not launch it", key);
+        Py_CLEAR(r);
+      }
+      Py_DECREF(key);
+    }
     Py_DECREF(stub);
-    if (!r) {
-      result = -1;
-      break;
-    }
-    bool launched = r == Py_True, other = r == Py_None;
-    Py_DECREF(r);
-    if (launched) {
-      result = 1;
-      break;
-    }
-    if (!other) break;  // a call key: resolving is Python's
+    result = !r ? -1 : r == Py_True ? 1 : 0;
+    Py_XDECREF(r);
   }
   Py_DECREF(handle);
   Py_DECREF(stubs);
   return result;
 }
 
-// The one slow path: kernel._run(grid, stream, args, kwargs).
+// Launches a bound call: through k's stubs; when none takes it, Python adds the
+// stub of its argument shape (LazyKernel._add_stub) and it is dispatched again.
+PyObject* dispatch(LaunchBase* k, PyObject* kernel, PyObject* grid, PyObject* stream, PyObject* args) {
+  int r = call_stubs(k, grid, stream, args);
+  if (r == 0) {
+    PyObject* argv[3] = {nullptr, kernel, args};
+    PyObject* added = PyObject_VectorcallMethod(s_add_stub, argv + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    if (!added) return nullptr;
+    Py_DECREF(added);
+    r = call_stubs(k, grid, stream, args);
+    if (r == 0) {
+      PyErr_Format(PyExc_RuntimeError, "kernel %S: internal error: the stub made for these arguments rejected them",
+                   kernel);
+      return nullptr;
+    }
+  }
+  if (r < 0) return nullptr;
+  Py_RETURN_NONE;
+}
+
+// What Python binds: kernel._run(grid, stream, args, kwargs) returns the call
+// tuple and the stream as an int, then dispatched as a bound call.
 PyObject* slow(Launch* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* pos = tuple_of(args, nargs);
   PyObject* kwargs = pos ? PyDict_New() : nullptr;
@@ -313,7 +383,17 @@ PyObject* slow(Launch* self, PyObject* const* args, Py_ssize_t nargs, PyObject* 
   PyObject* r = PyObject_VectorcallMethod(s_run, argv + 1, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
   Py_DECREF(pos);
   Py_DECREF(kwargs);
-  return r;
+  if (!r) return nullptr;
+  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(r, 0))) {
+    PyErr_Format(PyExc_RuntimeError, "kernel %S: internal error: _run returned %R, not (call tuple, stream)",
+                 self->kernel, r);
+    Py_DECREF(r);
+    return nullptr;
+  }
+  PyObject* out = dispatch(reinterpret_cast<LaunchBase*>(self->kernel), self->kernel, self->grid,
+                           PyTuple_GET_ITEM(r, 1), PyTuple_GET_ITEM(r, 0));
+  Py_DECREF(r);
+  return out;
 }
 
 PyObject* launch_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -344,11 +424,10 @@ PyObject* launch_vectorcall(PyObject* callable, PyObject* const* args, size_t na
     if (call) {
       PyObject* s = stream_int(stream);
       if (!s) name_stream_error(self->kernel);
-      int r = s ? call_stubs(k, self->grid, s, call) : -1;
+      PyObject* r = s ? dispatch(k, self->kernel, self->grid, s, call) : nullptr;
       Py_XDECREF(s);
       Py_DECREF(call);
-      if (r < 0) return nullptr;
-      if (r > 0) Py_RETURN_NONE;
+      return r;
     }
   }
   return slow(self, args, nargs, kwnames);
@@ -670,6 +749,7 @@ static PyObject* register_stream_handle(PyObject*, PyObject* fn) {
 void bind_launcher(pybind11::module_& m) {
   s_stream = PyUnicode_InternFromString("stream");
   s_run = PyUnicode_InternFromString("_run");
+  s_add_stub = PyUnicode_InternFromString("_add_stub");
   s_fast_plan = PyUnicode_InternFromString("_fast_plan");
   s_modules = PyUnicode_InternFromString("modules");
   s_cupy = PyUnicode_InternFromString("cupy");
@@ -677,7 +757,7 @@ void bind_launcher(pybind11::module_& m) {
   s_get = PyUnicode_InternFromString("get");
   g_sys = PyImport_ImportModule("sys");
   g_zero = PyLong_FromLong(0);
-  if (!s_stream || !s_run || !s_fast_plan || !s_modules || !s_cupy || !s_stream_handle || !s_get || !g_sys ||
+  if (!s_stream || !s_run || !s_add_stub || !s_fast_plan || !s_modules || !s_cupy || !s_stream_handle || !s_get || !g_sys ||
       !g_zero || !ready_types())
     throw pybind11::error_already_set();
   m.attr("LaunchBase") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchBaseType));

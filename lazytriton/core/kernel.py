@@ -84,7 +84,9 @@ class LazyKernel(_core.LaunchBase):
         self._supplied = supplied
         self._call_params = [p for p in self.spec.params if p.name not in supplied]
         self._n_call = len(self._call_params)
-        self._core = _core.LazyKernel(self.name, self._resolve)
+        # The resolve-once table the stubs look winners up in (its resolver is
+        # looked up per use, so that an instance may replace _resolve).
+        self._core = _core.LazyKernel(self.name, lambda key, ctx: self._resolve(key, ctx))
         compiler.warm_up()  # the compile server and Triton's specializer, ready by the first call that compiles
         self._handle = self._core.handle
         self._stubs: list = []
@@ -145,7 +147,11 @@ class LazyKernel(_core.LaunchBase):
         key = stubgen.stub_if_built(shape, self.name).key(args)
         if key is None:
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
-        entry = self._core.resolve(list(key), (args, s, grid, shape, mode))
+        # No table here: these callers de-duplicate first calls in their own
+        # (the JAX call site's, the bundle's). A tuned winner also serves k[grid].
+        entry = self._resolution(key, args, s, grid, shape, mode)
+        if mode == "tune":
+            self._core.install(list(key), entry)
         names = list(shape.arg_names[:self._n_call])
         n_leaves = shape.call_leaves(self._n_call)
         # A descriptor's type is its dtype and block shape (Triton's tensordesc<fp16[64, 64]>).
@@ -174,26 +180,14 @@ class LazyKernel(_core.LaunchBase):
         except TypeError as exc:
             raise TypeError(f"kernel {self.name}: {exc}") from None
 
-    def _run(self, grid: Any, stream: Any, args: tuple, kwargs: dict) -> None:
-        args = self._bind_call(args, kwargs)
-        s = stream if type(stream) is int else self._stream(stream)
-        for launch in self._stubs:
-            r = launch(self._handle, grid, s, args)
-            if r is True:
-                return
-            if r is not None:
-                return self._resolve_then_launch(launch, r, grid, s, args)
-        launch = self._stub_for(args)
-        r = launch(self._handle, grid, s, args)
-        if r is not True and r is not None:
-            self._resolve_then_launch(launch, r, grid, s, args)
-        elif r is None:
-            raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
+    def _run(self, grid: Any, stream: Any, args: tuple, kwargs: dict) -> tuple:
+        """For the C launcher: the call tuple and the stream (an int) of a call it
+        cannot bind itself; it then launches the call through the stubs."""
+        return self._bind_call(args, kwargs), stream if type(stream) is int else self._stream(stream)
 
-    def _resolve_then_launch(self, launch, key, grid, stream, args) -> None:
-        self._core.resolve(list(key), (args, stream, grid, self._shapes[launch], "tune"))
-        if launch(self._handle, grid, stream, args) is not True:
-            raise RuntimeError(f"kernel {self.name}: internal error: resolved key did not launch")
+    def _add_stub(self, args: tuple) -> None:
+        """For the C launcher: no stub takes this bound call; add its shape's."""
+        self._stub_for(args)
 
     def _bind_slow(self, args: tuple, kwargs: dict) -> tuple:
         """Binds by name; remembers a fast plan when the call names only parameters."""
@@ -452,7 +446,12 @@ class LazyKernel(_core.LaunchBase):
         return b
 
     def _resolve(self, key: tuple, ctx: tuple):
-        args, stream, grid, shape, mode = ctx
+        """The resolver of this kernel's call table: the C launcher calls it once
+        per new call key, with ctx = (call tuple, stream, grid, the stub that keyed it)."""
+        args, stream, grid, stub = ctx
+        return self._resolution(key, args, stream, grid, self._shapes[stub], "tune")
+
+    def _resolution(self, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape, mode: str):
         try:
             return Resolution(self, key, args, stream, grid, shape, mode).run()
         except Exception as exc:
