@@ -113,9 +113,13 @@ inline int dtype_id(PyObject* dtype) {
   return id;
 }
 
+// PyLong_AsUnsignedLong, not ...LongLong: for an int of more than one digit
+// (any device address) CPython 3.11's LongLong reader goes through a byte-array
+// conversion that costs tens of ns per pointer; both are 64 bits here.
+static_assert(sizeof(unsigned long) == sizeof(uint64_t), "an LP64 platform");
 inline bool read_u64(PyObject* v, uint64_t* out) {
   if (!v || !PyLong_Check(v)) return false;
-  *out = PyLong_AsUnsignedLongLong(v);
+  *out = PyLong_AsUnsignedLong(v);
   if (*out == uint64_t(-1) && PyErr_Occurred()) return PyErr_Clear(), false;
   return true;
 }
