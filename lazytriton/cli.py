@@ -59,7 +59,8 @@ def _demo(args) -> int:
 
 def _demo_without_gpu(why: str, kernel, configs) -> int:
     from lazytriton.core.arrays import PointerArg
-    from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target, target_label
+    from lazytriton.compile.compiler import Binder, Candidate, compile_all
+    from lazytriton.compile.targets import default_target, target_label
     from lazytriton.core.spec import describe
 
     target = default_target()  # LAZYTRITON_DEFAULT_ARCH: sm_90 unless set (e.g. gfx942)

@@ -37,7 +37,7 @@ def _workers():
 
 
 def _target():
-    from lazytriton.compile.compiler import default_target
+    from lazytriton.compile.targets import default_target
 
     return default_target()
 
@@ -520,7 +520,7 @@ def test_fault_injection_every_file_the_runtime_writes(fake_driver, triton_cache
         archive.write_bytes(broken)
         assert cli.main(["cache", "import", str(archive), "--cache-dir", str(other)]) == 1
         err = capsys.readouterr().err
-        assert f"error: {archive}: not a readable lazytriton bundle" in err, err
+        assert f"error: {archive}: not a readable lazytriton archive" in err, err
         assert not list(other.rglob("*.lt?"))
     assert first_call(env)[0] == {"tunes": 0, "record_hits": 1}
 

@@ -1,4 +1,4 @@
-"""On-disk cache: round trips, corruption, crashes, locking, degradation, bundles."""
+"""On-disk cache: round trips, corruption, crashes, locking, degradation, archives."""
 
 import argparse
 import hashlib
@@ -115,7 +115,7 @@ def test_compiled_binary_round_trip(cache, compiled, tmp_path):
     assert fresh.load_binary(KEY_B) is None
     assert fresh.stats["binary_misses"] == 1
     # Raw cubin bytes are stored as is (no base64 bloat).
-    on_disk = cache._path(lc.KIND_BINARY, KEY_A).read_bytes()
+    on_disk = cache.entry_path(lc.KIND_BINARY, KEY_A).read_bytes()
     assert compiled.kernel in on_disk
     assert len(on_disk) < len(compiled.kernel) + 64 * 1024
 
@@ -150,7 +150,7 @@ def test_invalid_key_is_rejected(cache):
 
 def _corrupt_and_load(cache, caplog, mutate):
     cache.store_binary(KEY_A, small_binary())
-    path = cache._path(lc.KIND_BINARY, KEY_A)
+    path = cache.entry_path(lc.KIND_BINARY, KEY_A)
     path.write_bytes(mutate(path.read_bytes()))
     with caplog.at_level(logging.WARNING, logger="lazytriton.cache"):
         assert cache.load_binary(KEY_A) is None
@@ -198,7 +198,7 @@ def test_bad_binary_entry_is_discarded(cache, caplog, mutate):
 
 def test_bad_record_entry_is_discarded(cache, caplog):
     cache.store_record(KEY_C, make_record())
-    path = cache._path(lc.KIND_RECORD, KEY_C)
+    path = cache.entry_path(lc.KIND_RECORD, KEY_C)
     path.write_bytes(_flip(-3)(path.read_bytes()))
     with caplog.at_level(logging.WARNING, logger="lazytriton.cache"):
         assert cache.load_record(KEY_C) is None
@@ -208,8 +208,8 @@ def test_bad_record_entry_is_discarded(cache, caplog):
 def test_entry_under_wrong_key_is_discarded(cache, caplog):
     # A valid file copied/renamed to another key must not be served for it.
     cache.store_record(KEY_A, make_record())
-    src = cache._path(lc.KIND_RECORD, KEY_A)
-    dst = cache._path(lc.KIND_RECORD, KEY_B)
+    src = cache.entry_path(lc.KIND_RECORD, KEY_A)
+    dst = cache.entry_path(lc.KIND_RECORD, KEY_B)
     dst.write_bytes(src.read_bytes())
     with caplog.at_level(logging.WARNING, logger="lazytriton.cache"):
         assert cache.load_record(KEY_B) is None
@@ -218,8 +218,8 @@ def test_entry_under_wrong_key_is_discarded(cache, caplog):
 
 def test_binary_file_is_not_a_record(cache):
     cache.store_binary(KEY_A, small_binary())
-    rec_path = cache._path(lc.KIND_RECORD, KEY_A)
-    rec_path.write_bytes(cache._path(lc.KIND_BINARY, KEY_A).read_bytes())
+    rec_path = cache.entry_path(lc.KIND_RECORD, KEY_A)
+    rec_path.write_bytes(cache.entry_path(lc.KIND_BINARY, KEY_A).read_bytes())
     assert cache.load_record(KEY_A) is None
 
 
@@ -253,7 +253,7 @@ def test_killed_writer_leaves_no_entry(tmp_path):
     root = tmp_path / "cache"
     _kill_writer(tmp_path, root, KEY_A)
     cache = Cache(root, disk=True)
-    final = cache._path(lc.KIND_BINARY, KEY_A)
+    final = cache.entry_path(lc.KIND_BINARY, KEY_A)
     assert not final.exists()
     temps = [p for p in final.parent.iterdir() if p.name.endswith(".tmp")]
     assert len(temps) == 1 and temps[0].stat().st_size >= 2 * lc.files._WRITE_CHUNK  # died mid-write
@@ -485,7 +485,7 @@ def test_entries_show_clear(cache, compiled):
     assert entries[KEY_A].kind == "binary" and entries[KEY_A].kernel_name == "add_kernel"
     assert entries[KEY_C].kind == "record" and entries[KEY_C].device_name == "NVIDIA H100 80GB HBM3"
     assert entries[KEY_C].winner_config == {"BLOCK": 128, "num_warps": 4}
-    assert entries[KEY_A].size == cache._path(lc.KIND_BINARY, KEY_A).stat().st_size
+    assert entries[KEY_A].size == cache.entry_path(lc.KIND_BINARY, KEY_A).stat().st_size
 
     shown = cache.show("aaaa")
     assert shown["valid"] and shown["binary"]["cubin_sha256"] == hashlib.sha256(compiled.kernel).hexdigest()
@@ -501,7 +501,7 @@ def test_entries_show_clear(cache, compiled):
 
 def test_show_reports_invalid_entry(cache):
     cache.store_record(KEY_C, make_record())
-    path = cache._path(lc.KIND_RECORD, KEY_C)
+    path = cache.entry_path(lc.KIND_RECORD, KEY_C)
     path.write_bytes(_flip(-2)(path.read_bytes()))
     shown = cache.show("ccc")
     assert shown["valid"] is False and "checksum" in shown["error"]
@@ -521,16 +521,16 @@ def test_ambiguous_prefix(cache):
 
 def test_export_import_round_trip(cache, compiled, tmp_path):
     _populate(cache, compiled)
-    bundle = tmp_path / "bundle.tar.gz"
-    assert cache.export(bundle) == 3
-    with tarfile.open(bundle) as tar:
+    archive = tmp_path / "archive.tar.gz"
+    assert cache.export(archive) == 3
+    with tarfile.open(archive) as tar:
         manifest = json.loads(tar.extractfile("manifest.json").read())
     assert manifest["format_version"] == FORMAT_VERSION
     assert manifest["triton_version"] == triton.__version__
     assert {e["key"] for e in manifest["entries"]} == {KEY_A, KEY_B, KEY_C}
 
     fresh = Cache(tmp_path / "fresh", disk=True)
-    assert fresh.import_(bundle) == 3
+    assert fresh.import_(archive) == 3
     assert fresh.load_binary(KEY_A).cubin == compiled.kernel
     assert fresh.load_record(KEY_C) == cache.load_record(KEY_C)
 
@@ -538,7 +538,7 @@ def test_export_import_round_trip(cache, compiled, tmp_path):
     assert cache.export(only, kernel="other_kernel") == 1
 
 
-def _rewrite_bundle(src, dst, edit_member=None, edit_manifest=None, add=None):
+def _rewrite_archive(src, dst, edit_member=None, edit_manifest=None, add=None):
     with tarfile.open(src) as tar:
         members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
     with tarfile.open(dst, "w:gz") as tar:
@@ -563,11 +563,11 @@ def _flip_record(name, data):
     (dict(edit_manifest=lambda m: {**m, "entries": [{**e, "member": "../x"} for e in m["entries"]]}),
      "does not match"),
 ])
-def test_import_rejects_tampered_bundle(cache, compiled, tmp_path, tamper, match):
+def test_import_rejects_tampered_archive(cache, compiled, tmp_path, tamper, match):
     _populate(cache, compiled)
     good, bad = tmp_path / "good.tar.gz", tmp_path / "bad.tar.gz"
     cache.export(good)
-    _rewrite_bundle(good, bad, **tamper)
+    _rewrite_archive(good, bad, **tamper)
     fresh = Cache(tmp_path / "fresh", disk=True)
     with pytest.raises(ValueError, match=match):
         fresh.import_(bad)
@@ -586,15 +586,15 @@ def test_import_rejects_forged_entry_with_matching_manifest(cache, tmp_path):
         forged_bytes[name] = _flip(-5)(data)
         return forged_bytes[name]
 
-    _rewrite_bundle(good, forged, edit_member=edit_member)
+    _rewrite_archive(good, forged, edit_member=edit_member)
     sums = {n: (len(d), hashlib.sha256(d).hexdigest()) for n, d in forged_bytes.items()}
-    _rewrite_bundle(forged, bad, edit_manifest=lambda m: {
+    _rewrite_archive(forged, bad, edit_manifest=lambda m: {
         **m, "entries": [{**e, "size": sums[e["member"]][0], "sha256": sums[e["member"]][1]} for e in m["entries"]]})
     with pytest.raises(ValueError, match="invalid entry"):
         Cache(tmp_path / "fresh", disk=True).import_(bad)
 
 
-def test_import_rejects_non_bundle(tmp_path):
+def test_import_rejects_non_archive(tmp_path):
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"not a tarball")
     with pytest.raises(ValueError):
@@ -631,14 +631,14 @@ def test_cli(cache, compiled, tmp_path, capsys):
     assert _cli("cache", "--cache-dir", root, "show", "dddd") == 1
     assert "no cache entry" in capsys.readouterr().err
 
-    bundle = str(tmp_path / "b.tar.gz")
-    assert _cli("cache", "--cache-dir", root, "export", bundle) == 0
+    archive = str(tmp_path / "b.tar.gz")
+    assert _cli("cache", "--cache-dir", root, "export", archive) == 0
     assert "exported 3 entries" in capsys.readouterr().out
     assert _cli("cache", "--cache-dir", root, "clear", "--kernel", "other_kernel") == 0
     assert "removed 1 entry" in capsys.readouterr().out
     assert _cli("cache", "--cache-dir", root, "clear") == 0
     assert "removed 2 entries" in capsys.readouterr().out
-    assert _cli("cache", "--cache-dir", root, "import", bundle) == 0
+    assert _cli("cache", "--cache-dir", root, "import", archive) == 0
     assert "imported 3 entries" in capsys.readouterr().out
     junk = tmp_path / "junk"
     junk.write_bytes(b"x")

@@ -98,7 +98,8 @@ def compile_variant(kernel, source: str, args: tuple, kwargs: dict, *, meta: dic
                     options: dict | None = None) -> tuple[dict, dict, bytes]:
     """(kernel description, variant, cubin) for a call compiled for sm_90 without
     a GPU (the first config's binary, untimed): what a tuned call would write."""
-    from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target
+    from lazytriton.compile.compiler import Binder, Candidate, compile_all
+    from lazytriton.compile.targets import default_target
     from lazytriton.core.kernel import Resolved
     from lazytriton.core.spec import describe
 

@@ -16,7 +16,8 @@ import lazytriton
 from lazytriton.compile import pool as compile_pool, server as compile_server
 from lazytriton.cache import keys
 from lazytriton.core.arrays import DeviceArray
-from lazytriton.compile.compiler import Binder, Candidate, ast_source, compile_all
+from lazytriton.compile.compiler import Binder, Candidate, compile_all
+from lazytriton.compile.targets import ast_source
 from lazytriton.core.kernel import Resolution
 from lazytriton.core.spec import describe
 

@@ -257,7 +257,7 @@ def test_tutorial_06_attention_forward(cache_dir, causal, head_dim):
     dummy = [1, 1]  # as the tutorial: its pre_hook sets the block shapes
     desc_q, desc_k, desc_v, desc_o = (TensorDescriptor(t, shape=[y_dim, D], strides=[D, 1], block_shape=dummy)
                                       for t in (q, k_, v, o))
-    kern = lazytriton.kernel(tma._attn_fwd)
+    kern = lazytriton.kernel(tma.attn_fwd)
     grid = lambda META: (triton.cdiv(N_CTX, META["BLOCK_M"]), Z * H, 1)  # noqa: E731
     kern[grid](sm_scale, M, Z, H, desc_q, desc_k, desc_v, desc_o, N_CTX=N_CTX, HEAD_DIM=D, FP8_OUTPUT=False,
                STAGE=3 if causal else 1, warp_specialize=False, IS_HOPPER=True,
@@ -367,7 +367,7 @@ def test_jax_tutorial_06_attention_forward_under_command_buffers(cache_dir, jx, 
         m0 = jnp.full((Z, H, N_CTX), jnp.nan, jnp.float32)
         dq, dk, dv, do = (ltj.TensorDescriptor(t, shape=(y, D), strides=(D, 1), block_shape=(1, 1))
                           for t in (q, k, v, o0))
-        return ltj.triton_call(sm_scale, m0, Z, H, dq, dk, dv, do, kernel=tma._attn_fwd,
+        return ltj.triton_call(sm_scale, m0, Z, H, dq, dk, dv, do, kernel=tma.attn_fwd,
                                out_type=(jax.typeof(o0), jax.typeof(m0)), input_output_aliases={7: 0, 1: 1},
                                grid=lambda META: (triton.cdiv(N_CTX, META["BLOCK_M"]), Z * H, 1),
                                N_CTX=N_CTX, HEAD_DIM=D, FP8_OUTPUT=False, STAGE=3 if causal else 1,

@@ -8,7 +8,8 @@ import triton
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.compile.compiler import Binder, Candidate, compile_all, device_target
+from lazytriton.compile.compiler import Binder, Candidate, compile_all
+from lazytriton.compile.targets import device_target
 from lazytriton.core.spec import describe
 from lazytriton.core.tuner import TuneOptions, runtime_args, tune
 

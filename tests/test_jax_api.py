@@ -243,7 +243,8 @@ def test_python_floats_are_fp32_when_representable_else_fp64():
     parameter, checked on the call site the handler rebuilds (signature, stub
     slot) and in the compiled kernel's parameter list."""
     from lazytriton.jax import ffi as jax_ffi
-    from lazytriton.compile.compiler import Binder, compile_one, default_target
+    from lazytriton.compile.compiler import Binder, compile_one
+    from lazytriton.compile.targets import default_target
     from lazytriton.core.arrays import PointerArg
 
     call = lambda s: lambda x: ltj.triton_call(x, s, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731

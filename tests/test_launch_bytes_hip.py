@@ -162,7 +162,8 @@ def test_jax_handler_launches_are_tritons(probe, name):
 CHECK_FITS = r"""
 import lazytriton
 from lazytriton import _core
-from lazytriton.compile.compiler import Binder, compile_one, target_for
+from lazytriton.compile.compiler import Binder, compile_one
+from lazytriton.compile.targets import target_for
 from lazytriton.core.spec import describe
 from lazytriton.core.arrays import PointerArg
 import triton, triton.language as tl

@@ -75,7 +75,8 @@ class KeyStub:
 @pytest.fixture(scope="module")
 def entry():
     """A real winner (add_kernel compiled for sm_90) for the table to hold."""
-    from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target
+    from lazytriton.compile.compiler import Binder, Candidate, compile_all
+    from lazytriton.compile.targets import default_target
     from lazytriton.core.arrays import PointerArg
     from lazytriton.core.spec import describe
 

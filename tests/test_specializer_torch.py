@@ -12,7 +12,8 @@ import pytest
 PROBE = textwrap.dedent("""
     import json, sys
     import triton, triton.language as tl
-    from lazytriton.compile.compiler import Binder, default_target
+    from lazytriton.compile.compiler import Binder
+    from lazytriton.compile.targets import default_target
     from lazytriton.core.spec import describe
     from lazytriton.core.arrays import PointerArg
 

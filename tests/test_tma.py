@@ -323,7 +323,7 @@ def test_tutorial_09_compiles_with_the_hooks_blocks(cache_dir):
 
 
 def test_tutorial_06_hook_with_isinstance(cache_dir):
-    k = lazytriton.kernel(tma._attn_fwd)
+    k = lazytriton.kernel(tma.attn_fwd)
     Z, H, N_CTX, D = 2, 3, 256, 64
     y = Z * H * N_CTX
     q, kk, v, o = (array((y, D), addr=BASE + i * 2**24) for i in range(4))
@@ -359,7 +359,7 @@ def test_tutorial_06_configs_left_by_its_prune_compute_attention_right(cache_dir
     block, unmasked only where every query of the block sees it (a causal
     BLOCK_M < BLOCK_N reads keys past the diagonal unmasked: the tutorial's
     prune drops it, Triton PR 8853, in release 3.6)."""
-    k = lazytriton.kernel(tma._attn_fwd)
+    k = lazytriton.kernel(tma.attn_fwd)
     Z, H, N_CTX, D = 2, 3, 512, head_dim
     y = Z * H * N_CTX
     descs = [lazytriton.TensorDescriptor(array((y, D), addr=BASE + i * 2**24), [y, D], [D, 1], [1, 1])

@@ -14,7 +14,8 @@ from lazytriton import _core, paths
 from lazytriton.cpp import bundle, export as export_cpp
 from lazytriton.core import tensor_desc, tuples
 from lazytriton.core.arrays import DeviceArray, PointerArg
-from lazytriton.compile.compiler import Binder, Candidate, compile_all, default_target
+from lazytriton.compile.compiler import Binder, Candidate, compile_all
+from lazytriton.compile.targets import default_target
 from lazytriton.core.kernel import Resolved
 from lazytriton.core.spec import describe
 

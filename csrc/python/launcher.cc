@@ -762,8 +762,8 @@ void bind_launcher(pybind11::module_& m) {
     throw pybind11::error_already_set();
   m.attr("LaunchBase") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchBaseType));
   m.attr("Launch") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchType));
-  static PyMethodDef def = {"_register_stream_handle", register_stream_handle, METH_O,
+  static PyMethodDef def = {"register_stream_handle", register_stream_handle, METH_O,
                             "Tell the launcher which function is lazytriton.core.kernel.stream_handle."};
-  m.attr("_register_stream_handle") =
+  m.attr("register_stream_handle") =
       pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&def, nullptr));
 }

@@ -7,7 +7,7 @@ phases from the moment the data is ready:
 - lazytriton standalone (torch arrays): binding and cache lookup, compiling the
   candidates (worker processes), tuning (overlapped with compiling, from the
   first two compiled), the launch-stub build (g++, in the background) and the
-  first launch; lazytriton.core.kernel.timings() and the `lazytriton` logger say
+  first launch; lazytriton.core.resolve.timings() and the `lazytriton` logger say
   when each ended;
 - JAX (lazytriton.jax, jax-triton): jit(...).lower(), XLA's compile, the first
   execution (lazytriton: compile and tune inside it; the FFI handler's build).
@@ -54,7 +54,7 @@ LAZY = PRELUDE + r"""
 import logging
 import torch, triton, lazytriton
 from lazytriton.compile import pool as compile_pool
-from lazytriton.core import kernel as runtime, stubgen
+from lazytriton.core import resolve, stubgen
 from lazytriton.demo_kernels import demo_matmul
 
 class Events(logging.Handler):  # when the background stub build started and ended
@@ -85,7 +85,7 @@ server = from_ready(compile_pool.server_timeline(), t_ready)
 done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "steady_call_s": t_second - t_first,
       "max_err": err, "ref_max": ref_max, "stats": lazytriton.stats(), "stub_events": stub, "server": server,
       "wrapped_s": t_wrap - t_ready,
-      "resolutions": [dict(r, at=r["at"] - t_ready) for r in runtime.timings()]})
+      "resolutions": [dict(r, at=r["at"] - t_ready) for r in resolve.timings()]})
 """
 
 TRITON = PRELUDE + r"""
@@ -132,12 +132,12 @@ def triton_call(*args, out_shape, **kwargs):
     return lazytriton.jax.triton_call(*args, out_type=out_shape, **kwargs)
 """ + JAX_CALL + r"""
 from lazytriton.jax import ffi as jax_ffi
-from lazytriton.core import kernel as runtime
+from lazytriton.core import resolve
 h = jax_ffi.handler_info()
 # How the FFI handler became ready, and when from the data being ready (> 0: lowering waited for it).
 r["handler"] = {"how": h.get("how"), "seconds": h.get("seconds"),
                 "ready_after_s": h["ready_at"] - t_ready if "ready_at" in h else None}
-r["resolutions"] = [dict(x, at=x["at"] - t_ready) for x in runtime.timings()]
+r["resolutions"] = [dict(x, at=x["at"] - t_ready) for x in resolve.timings()]
 from lazytriton.compile import pool as compile_pool
 r["server"] = from_ready(compile_pool.server_timeline(), t_ready)
 r["stats"] = lazytriton.stats()

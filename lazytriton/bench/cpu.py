@@ -83,7 +83,8 @@ def _lowering_ms(reps: int) -> list[float] | None:
 _COMPILE_ONE = r"""
 import json, sys, time
 from lazytriton.core.arrays import PointerArg
-from lazytriton.compile.compiler import Binder, Candidate, compile_one, default_target
+from lazytriton.compile.compiler import Binder, Candidate, compile_one
+from lazytriton.compile.targets import default_target
 from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
 from lazytriton.core.spec import describe
 spec, target = describe(demo_matmul), default_target()

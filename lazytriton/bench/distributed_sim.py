@@ -186,7 +186,8 @@ def compile_vs_binary() -> dict:
         import lazytriton
         from lazytriton.core.arrays import PointerArg
         from lazytriton.cache import encode_binary
-        from lazytriton.compile.compiler import Binder, compile_one, device_target
+        from lazytriton.compile.compiler import Binder, compile_one
+        from lazytriton.compile.targets import device_target
         from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
 
         spec = lazytriton.kernel(demo_matmul).spec

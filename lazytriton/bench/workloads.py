@@ -266,7 +266,7 @@ def _t_attention(z: int, h: int, n_ctx: int, d: int, causal: bool) -> Callable[[
 
         import lazytriton
 
-        from .kernels_tma import _attn_fwd as kern
+        from .kernels_tma import attn_fwd as kern
 
         _hopper()
         q, k_, v = (torch.randn((z, h, n_ctx, d), device="cuda", dtype=torch.float16) for _ in range(3))

@@ -4,17 +4,17 @@
 - entries.py: what is stored (CompiledBinary, TuningRecord) and its framing;
 - files.py: atomic publish by rename, bounded advisory locks;
 - store.py: the Cache (layout, degradation to memory, management);
-- bundles.py: export/import of entries as a verified .tar.gz.
+- archive.py: export/import of entries as a verified .tar.gz archive.
 """
 
-from .archive import BUNDLE_FORMAT
+from .archive import ARCHIVE_FORMAT
 from .config import Settings, default_cache_dir, settings
 from .entries import (KIND_BINARY, KIND_RECORD, MAGIC, BadEntry, CompiledBinary, EntryInfo, TuningRecord,
                       decode_binary, decode_record, encode_binary, encode_record)
 from .files import STALE_TEMP_AGE_S, atomic_write
 from .store import USED_KEYS_ENV, Cache, get_cache
 
-__all__ = ["BUNDLE_FORMAT", "Settings", "default_cache_dir", "settings", "KIND_BINARY", "KIND_RECORD", "MAGIC",
+__all__ = ["ARCHIVE_FORMAT", "Settings", "default_cache_dir", "settings", "KIND_BINARY", "KIND_RECORD", "MAGIC",
            "BadEntry", "CompiledBinary", "EntryInfo", "TuningRecord", "decode_binary", "decode_record",
            "encode_binary", "encode_record", "STALE_TEMP_AGE_S", "atomic_write", "USED_KEYS_ENV", "Cache",
            "get_cache"]

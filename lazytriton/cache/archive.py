@@ -1,7 +1,7 @@
-"""Cache bundles: a .tar.gz of entries with a manifest, for moving tuned
+"""Cache archives: a .tar.gz of entries with a manifest, for moving tuned
 kernels between machines (`lazytriton cache export/import`, `lazytriton pretune`).
 
-An import verifies the whole bundle (manifest, member checksums, each entry's
+An import verifies the whole archive (manifest, member checksums, each entry's
 own header and key) before installing anything.
 """
 
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lazytriton.cache")
 
-BUNDLE_FORMAT = "lazytriton-cache-bundle"
+# The manifest's format name (its value predates the module's name: archives
+# written before stay importable, and older lazytriton reads new ones).
+ARCHIVE_FORMAT = "lazytriton-cache-bundle"
 _MANIFEST = "manifest.json"
 
 
@@ -37,17 +39,17 @@ def _member(kind: int, key: str) -> str:
 
 
 def _entry_bytes(cache: "Cache", kind: int, key: str) -> Optional[bytes]:
-    data = cache._read_raw(kind, key, None)
+    data = cache.read_raw(kind, key, None)
     if data is None and cache.disk_requested:
-        data = cache._read_raw(kind, key, cache._path(kind, key))
+        data = cache.read_raw(kind, key, cache.entry_path(kind, key))
     return data
 
 
 def _selected(cache: "Cache", kernel: Optional[str], records: Optional[Iterable[str]]):
     """(kind, key, bytes, decoded) of the entries to export."""
     if records is None:
-        for kind, key, src in cache._all_raw():
-            data = cache._read_raw(kind, key, src)
+        for kind, key, src in cache.all_raw():
+            data = cache.read_raw(kind, key, src)
             try:
                 obj = decode(kind, key, data or b"")
             except BadEntry as exc:
@@ -80,7 +82,7 @@ def _selected(cache: "Cache", kernel: Optional[str], records: Optional[Iterable[
 
 def export(cache: "Cache", path: os.PathLike | str, kernel: Optional[str] = None,
            records: Optional[Iterable[str]] = None) -> int:
-    """Write the selected valid entries to a .tar.gz bundle; return how many."""
+    """Write the selected valid entries to a .tar.gz archive; return how many."""
     members: list[tuple[str, bytes]] = []
     manifest_entries = []
     seen = set()
@@ -97,7 +99,7 @@ def export(cache: "Cache", path: os.PathLike | str, kernel: Optional[str] = None
             entry["device_name"] = obj.device_name
         manifest_entries.append(entry)
     manifest = {
-        "format": BUNDLE_FORMAT,
+        "format": ARCHIVE_FORMAT,
         "format_version": FORMAT_VERSION,
         "lazytriton_version": lazytriton_version(),
         "triton_version": triton_version(),
@@ -117,39 +119,39 @@ def export(cache: "Cache", path: os.PathLike | str, kernel: Optional[str] = None
 
 
 def verify(path: os.PathLike | str) -> list[tuple[int, str, bytes]]:
-    """(kind, key, bytes) of every entry of a bundle, all verified; ValueError otherwise."""
+    """(kind, key, bytes) of every entry of an archive, all verified; ValueError otherwise."""
     try:
         tar = tarfile.open(path, mode="r:*")
     except (tarfile.TarError, OSError) as exc:
-        raise ValueError(f"{path}: not a readable lazytriton bundle ({exc})") from None
+        raise ValueError(f"{path}: not a readable lazytriton archive ({exc})") from None
     with tar:
         try:
-            return _verify_bundle(tar, str(path))
+            return _verify_archive(tar, str(path))
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:  # cut short or corrupt inside
-            raise ValueError(f"{path}: not a readable lazytriton bundle, nothing imported "
+            raise ValueError(f"{path}: not a readable lazytriton archive, nothing imported "
                              f"({type(exc).__name__}: {exc})") from None
 
 
-def _read_member(tar: tarfile.TarFile, name: str, bundle: str) -> bytes:
+def _read_member(tar: tarfile.TarFile, name: str, archive: str) -> bytes:
     try:
         info = tar.getmember(name)
     except KeyError:
-        raise ValueError(f"{bundle}: missing member {name}") from None
+        raise ValueError(f"{archive}: missing member {name}") from None
     if not info.isfile():
-        raise ValueError(f"{bundle}: member {name} is not a regular file")
+        raise ValueError(f"{archive}: member {name} is not a regular file")
     # extractfile() reads in memory: nothing is written outside the cache.
     return tar.extractfile(info).read()
 
 
-def _verify_bundle(tar: tarfile.TarFile, bundle: str) -> list[tuple[int, str, bytes]]:
+def _verify_archive(tar: tarfile.TarFile, archive: str) -> list[tuple[int, str, bytes]]:
     try:
-        manifest = json.loads(_read_member(tar, _MANIFEST, bundle))
+        manifest = json.loads(_read_member(tar, _MANIFEST, archive))
     except ValueError as exc:
-        raise ValueError(f"{bundle}: bad manifest ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
-        raise ValueError(f"{bundle}: not a lazytriton cache bundle")
+        raise ValueError(f"{archive}: bad manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:
+        raise ValueError(f"{archive}: not a lazytriton cache archive")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{bundle}: bundle has cache format version {manifest.get('format_version')}, "
+        raise ValueError(f"{archive}: archive has cache format version {manifest.get('format_version')}, "
                          f"this lazytriton uses {FORMAT_VERSION}; re-export it with a matching lazytriton")
     kinds = {name: kind for kind, name in KIND_NAMES.items()}
     listed = {_MANIFEST}
@@ -158,20 +160,20 @@ def _verify_bundle(tar: tarfile.TarFile, bundle: str) -> list[tuple[int, str, by
         kind = kinds.get(entry.get("kind"))
         key = entry.get("key")
         if kind is None or not isinstance(key, str) or not KEY_RE.match(key):
-            raise ValueError(f"{bundle}: bad manifest entry {entry!r}")
+            raise ValueError(f"{archive}: bad manifest entry {entry!r}")
         member = _member(kind, key)
         if entry.get("member") != member:
-            raise ValueError(f"{bundle}: manifest entry {entry.get('member')!r} does not match its key")
-        data = _read_member(tar, member, bundle)
+            raise ValueError(f"{archive}: manifest entry {entry.get('member')!r} does not match its key")
+        data = _read_member(tar, member, archive)
         if len(data) != entry.get("size") or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
-            raise ValueError(f"{bundle}: checksum mismatch for {member}")
+            raise ValueError(f"{archive}: checksum mismatch for {member}")
         try:
             decode(kind, key, data)  # also checks the entry's own version/checksum
         except BadEntry as exc:
-            raise ValueError(f"{bundle}: invalid entry {member}: {exc}") from None
+            raise ValueError(f"{archive}: invalid entry {member}: {exc}") from None
         listed.add(member)
         verified.append((kind, key, data))
     extra = [n for n in tar.getnames() if n not in listed]
     if extra:
-        raise ValueError(f"{bundle}: members not in the manifest: {extra[:5]}")
+        raise ValueError(f"{archive}: members not in the manifest: {extra[:5]}")
     return verified

@@ -45,12 +45,12 @@ def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
                                                   "kernels, stay)")
     p.set_defaults(func=cmd_clear)
 
-    p = sub.add_parser("export", help="write all valid entries to a bundle file (.tar.gz)")
+    p = sub.add_parser("export", help="write all valid entries to an archive (.tar.gz)")
     p.add_argument("file")
     p.add_argument("--kernel", default=None, help="only entries of this kernel name")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("import", help="verify and install a bundle written by `cache export`")
+    p = sub.add_parser("import", help="verify and install an archive written by `cache export`")
     p.add_argument("file")
     p.set_defaults(func=cmd_import)
     return cache_p

@@ -154,7 +154,7 @@ def capture_fallback() -> str:
 
 def default_arch(fallback: int | str) -> str:
     """LAZYTRITON_DEFAULT_ARCH: the target compiled for where no GPU is present: an NVIDIA compute
-    capability (90, sm_90) or an AMD architecture (gfx942), as compiler.target_for reads it."""
+    capability (90, sm_90) or an AMD architecture (gfx942), as lazytriton.compile.target_for reads it."""
     raw = _raw("LAZYTRITON_DEFAULT_ARCH")
     if raw is None:
         return str(fallback)

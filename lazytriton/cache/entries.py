@@ -30,7 +30,7 @@ _JSON_LEN = struct.Struct("<I")  # binary payloads: length of the JSON part
 KIND_BINARY = 1
 KIND_RECORD = 2
 KIND_NAMES = {KIND_BINARY: "binary", KIND_RECORD: "record"}
-# kind -> (subdirectory, file extension), on disk and in bundles
+# kind -> (subdirectory, file extension), on disk and in archives
 SUBDIRS = {KIND_BINARY: ("binaries", ".ltb"), KIND_RECORD: ("records", ".ltr")}
 
 KEY_RE = re.compile(r"^[0-9a-f]{8,128}$")

@@ -30,7 +30,7 @@ FORMAT_VERSION = 1
 # Environment variables that change the generated code but that Triton does
 # not report through get_cache_invalidating_env_vars() because its own cache
 # covers them differently (e.g. through the ptxas version in backend.hash()).
-_EXTRA_ENV_VARS = (
+EXTRA_ENV_VARS = (
     "TRITON_PTXAS_PATH",
     "TRITON_PTXAS_BLACKWELL_PATH",
     "TRITON_LIBDEVICE_PATH",
@@ -264,7 +264,7 @@ def invalidating_env_vars() -> dict:
     else:
         # Older Triton: be conservative and take every set knob variable.
         found = {name: os.environ[name] for name in _knob_env_names() - _LOCATION_ENV_VARS if name in os.environ}
-    for name in _EXTRA_ENV_VARS:
+    for name in EXTRA_ENV_VARS:
         if name in os.environ:
             found[name] = os.environ[name]
     return {str(k): str(v) for k, v in sorted(found.items())}

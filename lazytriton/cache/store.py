@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from .keys import FORMAT_VERSION
-from . import archive as bundles, files
+from . import archive, files
 from .config import env_flag, env_seconds, settings
 from .entries import (KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, CompiledBinary, EntryInfo,
                       TuningRecord, check_key, decode, decode_record, encode_binary, encode_record, peek_binary_head)
@@ -143,7 +143,7 @@ class Cache:
 
     # -- paths ---------------------------------------------------------------
 
-    def _path(self, kind: int, key: str) -> Path:
+    def entry_path(self, kind: int, key: str) -> Path:
         sub, ext = SUBDIRS[kind]
         return self.dir / sub / f"{key}{ext}"
 
@@ -181,7 +181,7 @@ class Cache:
     # -- raw storage -------------------------------------------------------------
 
     def _store_raw(self, kind: int, key: str, data: bytes) -> None:
-        if self._disk and self._write_disk(self._path(kind, key), data):
+        if self._disk and self._write_disk(self.entry_path(kind, key), data):
             self._mem.pop((kind, key), None)  # the disk copy is now the newest
             return
         self._mem[(kind, key)] = data
@@ -216,7 +216,7 @@ class Cache:
                 return None
         if not self.disk_requested:
             return None
-        path = self._path(kind, key)
+        path = self.entry_path(kind, key)
         try:
             data, st = files.read_file(path)
         except OSError:
@@ -338,7 +338,7 @@ class Cache:
             if KEY_RE.match(key):
                 yield key, path
 
-    def _all_raw(self) -> Iterator[tuple[int, str, Optional[Path]]]:
+    def all_raw(self) -> Iterator[tuple[int, str, Optional[Path]]]:
         """(kind, key, path-or-None) of every entry, memory ones included."""
         seen = set()
         for (kind, key) in list(self._mem):
@@ -351,7 +351,7 @@ class Cache:
                 if (kind, key) not in seen:
                     yield kind, key, path
 
-    def _read_raw(self, kind: int, key: str, path: Optional[Path]) -> Optional[bytes]:
+    def read_raw(self, kind: int, key: str, path: Optional[Path]) -> Optional[bytes]:
         if path is None:
             return self._mem.get((kind, key))
         try:
@@ -379,7 +379,7 @@ class Cache:
                 head = {"name": obj.name} if obj is not None else None
             info.kernel_name = str(head.get("name", "?")) if head else "<invalid>"
         else:
-            data = self._read_raw(kind, key, path)
+            data = self.read_raw(kind, key, path)
             try:
                 rec = decode_record(key, data or b"")
                 info.kernel_name = rec.kernel_name
@@ -391,7 +391,7 @@ class Cache:
 
     def entries(self) -> list[EntryInfo]:
         """Every stored entry (records first, then binaries; newest first)."""
-        infos = [i for i in (self._info(*raw) for raw in self._all_raw()) if i is not None]
+        infos = [i for i in (self._info(*raw) for raw in self.all_raw()) if i is not None]
         infos.sort(key=lambda i: (i.kind != "record", -i.mtime, i.key))
         return infos
 
@@ -399,7 +399,7 @@ class Cache:
         prefix = key_prefix.strip().lower()
         if not prefix:
             raise KeyError("empty key prefix")
-        matches = [raw for raw in self._all_raw() if raw[1].startswith(prefix)]
+        matches = [raw for raw in self.all_raw() if raw[1].startswith(prefix)]
         if not matches:
             raise KeyError(f"no cache entry matches {key_prefix!r}")
         if len(matches) > 1:
@@ -415,7 +415,7 @@ class Cache:
         kind, key, path = self._match(key_prefix)
         info = self._info(kind, key, path)
         out: dict[str, Any] = info.to_dict() if info else {"kind": KIND_NAMES[kind], "key": key}
-        data = self._read_raw(kind, key, path)
+        data = self.read_raw(kind, key, path)
         try:
             obj = decode(kind, key, data or b"")
         except BadEntry as exc:
@@ -443,7 +443,7 @@ class Cache:
     def clear(self, kernel: Optional[str] = None) -> int:
         """Remove all entries (or those of one kernel name); return how many."""
         removed = 0
-        for kind, key, path in list(self._all_raw()):
+        for kind, key, path in list(self.all_raw()):
             if kernel is not None and self._kernel_of(kind, key, path) != kernel:
                 continue
             if path is None:
@@ -467,18 +467,18 @@ class Cache:
     def export(self, path: os.PathLike | str, kernel: Optional[str] = None,
                records: Optional[list[str]] = None) -> int:
         """Write every valid entry (or those of one kernel, or the tuning records
-        named in ``records`` with their winners' binaries) to a .tar.gz bundle.
+        named in ``records`` with their winners' binaries) to a .tar.gz archive.
         Returns the number of entries exported."""
-        return bundles.export(self, path, kernel=kernel, records=records)
+        return archive.export(self, path, kernel=kernel, records=records)
 
     def import_(self, path: os.PathLike | str) -> int:
-        """Verify every member of a bundle, then install them; return the count.
+        """Verify every member of an archive, then install them; return the count.
 
-        Nothing is installed unless the whole bundle verifies.  Raises
-        ValueError for a bundle of another format version or one that fails
+        Nothing is installed unless the whole archive verifies.  Raises
+        ValueError for an archive of another format version or one that fails
         verification.
         """
-        verified = bundles.verify(path)
+        verified = archive.verify(path)
         for kind, key, data in verified:
             self._store_raw(kind, key, data)
             self._count("binary_stores" if kind == KIND_BINARY else "record_stores")

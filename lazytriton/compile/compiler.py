@@ -8,7 +8,6 @@ import concurrent.futures as cf
 import functools
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -17,37 +16,16 @@ from typing import Any, Iterator
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
+from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
 from . import pool as compile_pool
+from .targets import ast_source, target_label
 from ..core import tuples
-from ..cache import CompiledBinary, config
-from ..core.spec import KernelSpec, is_gluon
+from ..cache import CompiledBinary
+from ..core.spec import KernelSpec
 
 log = logging.getLogger("lazytriton.compile.compiler")
-
-DEFAULT_ARCH = 90  # target used to compile when no GPU is present (demo, tests)
-# AMD targets lazytriton knows by name (AOT use, no device): wave64 CDNA, wave32 RDNA.
-AMD_TARGETS = {"gfx90a": 64, "gfx942": 64, "gfx950": 64, "gfx1100": 32, "gfx1101": 32, "gfx1200": 32,
-               "gfx1201": 32}
-
-
-def target_for(arch: str | int) -> GPUTarget:
-    """A compile target named by the user (AOT, no device): an NVIDIA compute
-    capability (90, "90", "sm_90", "sm90") or an AMD architecture ("gfx942";
-    "gfx942:sramecc+:xnack-" as HIP names it)."""
-    text = str(arch).strip().lower()
-    if text.startswith("gfx"):
-        name = text.split(":")[0]
-        if name not in AMD_TARGETS and not re.fullmatch(r"gfx\d{1,2}\d[0-9a-f]", name):  # gfx<major><minor><stepping>
-            raise ValueError(f"unknown AMD target {arch!r} (e.g. {', '.join(sorted(AMD_TARGETS))})")
-        return GPUTarget("hip", name, AMD_TARGETS.get(name, 64 if name.startswith("gfx9") else 32))
-    digits = text.removeprefix("sm_").removeprefix("sm")
-    if not digits.isdigit():
-        raise ValueError(f"unknown target {arch!r}: an NVIDIA compute capability (90, 'sm_90') or an AMD "
-                         f"architecture ({', '.join(sorted(AMD_TARGETS))})")
-    return GPUTarget("cuda", int(digits), 32)
 
 # CPython 3.11 keeps the depth counter of ast.parse's AST-to-object conversion
 # per interpreter, not per thread: two threads parsing at once can fail with
@@ -77,26 +55,6 @@ def _serialize_parse() -> None:
 
 
 _serialize_parse()
-
-
-def default_target() -> GPUTarget:
-    return target_for(config.default_arch(DEFAULT_ARCH))
-
-
-def device_target(dev: dict | tuple[int, int]) -> GPUTarget:
-    """The target of a device (lazytriton._core.device_info's dict; a CUDA
-    capability tuple as before): an AMD device's architecture name and wavefront size."""
-    if isinstance(dev, dict):
-        if dev.get("backend") == "hip":
-            return GPUTarget("hip", dev["arch"], int(dev["warp_size"]))
-        dev = dev["capability"]
-    major, minor = dev
-    return GPUTarget("cuda", major * 10 + minor, 32)
-
-
-def target_label(target: GPUTarget) -> str:
-    """"sm_90" or "gfx942", for messages."""
-    return target.arch if target.backend == "hip" else f"sm_{target.arch}"
 
 
 @dataclass
@@ -247,16 +205,6 @@ class Candidate:
     @property
     def label(self) -> str:
         return f"config {self.index} ({self.config})" if self.config is not None else "default config"
-
-
-def ast_source(fn, signature: dict, constexprs: dict, attrs: dict):
-    """Triton's source object for one specialization of `fn`. A Gluon kernel
-    needs Gluon's own (GluonASTSource: its IR starts at TTGIR, with the module's
-    warp and CTA counts set first), as GluonJITFunction.create_binder picks."""
-    if is_gluon(fn):
-        from triton.experimental.gluon._runtime import GluonASTSource
-        return GluonASTSource(fn, signature, constexprs, attrs)
-    return ASTSource(fn, signature, constexprs, attrs)
 
 
 def compile_one(spec: KernelSpec, target: GPUTarget, bound: Bound) -> CompiledBinary:

@@ -85,9 +85,9 @@ def read_frame(stream) -> Any:
 # -- what both sides agree on ----------------------------------------------------------
 
 def is_triton_setting(name: str) -> bool:
-    from ..cache.keys import _EXTRA_ENV_VARS
+    from ..cache.keys import EXTRA_ENV_VARS
 
-    return name.startswith("TRITON_") or name in _EXTRA_ENV_VARS
+    return name.startswith("TRITON_") or name in EXTRA_ENV_VARS
 
 
 def shadows(entry: str, here: str) -> bool:
@@ -130,7 +130,7 @@ def _compile(job: dict):
     import triton
 
     from ..cache import CompiledBinary
-    from .compiler import ast_source
+    from .targets import ast_source
 
     if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds lazytriton/
@@ -184,7 +184,7 @@ def _warm_up(key: threading.Thread) -> float:
     from triton.runtime import cache as triton_cache
 
     from .. import cache  # noqa: F401  (what the children use)
-    from . import compiler
+    from . import targets
 
     @triton.jit
     def _lt_warm_up(x, n, B: tl.constexpr):
@@ -201,9 +201,9 @@ def _warm_up(key: threading.Thread) -> float:
         triton_cache.triton_key = lambda: "lazytriton-compile-server-warm-up"
         try:
             try:
-                target = compiler.default_target()
+                target = targets.default_target()
             except ValueError:  # a warm-up only: the caller reports the bad setting
-                target = compiler.target_for(90)
+                target = targets.target_for(90)
             triton.compile(ASTSource(_lt_warm_up, {"x": "*fp32", "n": "i32", "B": "constexpr"}, {(2,): 128}),
                            target=target)
         finally:

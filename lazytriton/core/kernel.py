@@ -24,7 +24,7 @@ from ..compile import compiler
 from ..compile.compiler import Binder
 from . import resolve, stubgen, tensor_desc, tuples
 from .arrays import DTYPE_IDS, DTYPES, array_info, is_array
-from .resolve import Resolution, Resolved, timings  # noqa: F401  (timings: part of this module's API)
+from .resolve import Resolution, Resolved
 from .spec import OPTION_NAMES, KernelSpec, ReadRecorder, describe
 from .stubgen import Shape, Slot
 from .tuner import TuneOptions
@@ -67,7 +67,7 @@ def stream_handle(stream: Any) -> int:
 # whose call `(*args, stream=None, **kwargs)` binds the arguments, converts the stream and
 # calls the stubs in C, and hands anything else to LazyKernel._run, the one slow path.
 _Launch = _core.Launch
-_core._register_stream_handle(stream_handle)
+_core.register_stream_handle(stream_handle)
 
 
 class LazyKernel(_core.LaunchBase):

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, distributed
 from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, settings
-from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream, device_target
+from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream
+from ..compile.targets import device_target
 from . import pre_hooks, tensor_desc, tuples
 from .arrays import PointerArg, array_info, is_array
 from .spec import OPTION_NAMES, KernelSpecError, pre_hook_refusal

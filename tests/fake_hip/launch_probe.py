@@ -25,7 +25,8 @@ from lazytriton import _core
 from lazytriton.cpp import bundle
 from lazytriton.core import stubgen, tensor_desc, tuples
 from lazytriton.core.arrays import DeviceArray, PointerArg
-from lazytriton.compile.compiler import Binder, ast_source, compile_one, device_target
+from lazytriton.compile.compiler import Binder, compile_one
+from lazytriton.compile.targets import ast_source, device_target
 from lazytriton.core.spec import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

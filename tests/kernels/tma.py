@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from lazytriton.bench.kernels_tma import (  # noqa: F401  (the tests use them from here)
-    _attn_fwd, matmul_kernel_tma_persistent, matmul_tma_persistent_get_configs, matmul_tma_set_block_size_hook)
+    attn_fwd, matmul_kernel_tma_persistent, matmul_tma_persistent_get_configs, matmul_tma_set_block_size_hook)
 
 
 @triton.jit
