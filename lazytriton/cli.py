@@ -12,6 +12,7 @@ from . import paths
 def _demo(args) -> int:
     """Run an autotuned matmul lazily; without a GPU, compile its candidates for a default target."""
     import lazytriton
+    from . import _core
     from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -42,7 +43,7 @@ def _demo(args) -> int:
     ev1.record()
     ev1.synchronize()
     ms = cp.cuda.get_elapsed_time(ev0, ev1) / 20
-    dev = lazytriton._core.device_info(lazytriton._core.current_device())
+    dev = _core.device_info(_core.current_device())
     rec = k.records[-1] if k.records else None
     arch = dev.get("arch") or f"sm_{dev['capability'][0]}{dev['capability'][1]}"
     print(f"\nGPU: {dev['name']} ({arch})")
