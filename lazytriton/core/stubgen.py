@@ -62,7 +62,7 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
     arg = _item_expr(path or (i,))
     out = []
     if s.kind == "ptr":
-        member = f"uint64_t s{i};"
+        member = f"{s.ctype()} s{i};"
         out.append(f"if (!get_pointer({arg}, {s.dtype}, &a.s{i})) return false;")
         if s.specialize:
             out.append(f"{bit}uint64_t(a.s{i} % 16 == 0) << {sh};")
@@ -107,13 +107,13 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
             out.append(f"a.key[{value_word}] = {key};")
             value_word += 1
     elif s.kind == "constexpr":
-        member = f"uint64_t s{i};"
+        member = f"{s.ctype()} s{i};"
         if s.folded:
             out.append(f"if (!is_folded_constexpr({arg})) return false;")
         out.append(f"constexpr_key({arg}, &a.key[{value_word}]);")
         value_word += 2
     elif s.kind == "desc":
-        member = f"HostTensorDesc s{i};"
+        member = f"{s.ctype()} s{i};"
         out.append(f"if (!get_tensor_desc({arg}, {s.dtype}, {s.rank}, &a.s{i})) return false;")
         for j in range(s.rank):
             out.append(f"a.key[{value_word}] = uint64_t(a.s{i}.block[{j}]);")
