@@ -11,7 +11,7 @@ from lazytriton.jax import ffi as jax_ffi
 from lazytriton import paths
 from lazytriton.core import stubgen
 from lazytriton.core.arrays import DTYPE_IDS, DeviceArray
-from lazytriton.core.stubgen import Shape, Slot
+from lazytriton.core.specialize import Shape, Slot
 
 PREBUILT = paths.runtime_library().parent / "lt_jax_ffi.json"
 

@@ -7,7 +7,7 @@ import pytest
 from lazytriton import _core
 from lazytriton.core import stubgen
 from lazytriton.core.arrays import DTYPE_IDS, DeviceArray
-from lazytriton.core.stubgen import Shape, Slot
+from lazytriton.core.specialize import Shape, Slot
 
 from test_stubgen import ALL_KINDS, args_of
 

@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import stubgen
+from lazytriton.core import specialize, stubgen
 from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, triton_dtype
 from lazytriton.compile.compiler import Binder
 
@@ -78,7 +78,7 @@ def call(**values) -> tuple:
 @dataclass
 class Probe:
     kernel: lazytriton.LazyKernel
-    shape: stubgen.Shape
+    shape: specialize.Shape
     stub: object
     handle: object  # keeps the C++ LazyKernel alive while its address is used
     binder: Binder
@@ -115,7 +115,7 @@ def stub(tmp_path_factory):
     return Probe(k, shape, module, handle, Binder(k.spec, TARGET))
 
 
-def slot_type(slot: stubgen.Slot) -> str:
+def slot_type(slot: specialize.Slot) -> str:
     """The Triton type a slot passes to the kernel (what the stub packs, by its C member)."""
     t = {"ptr": lambda: "*" + DTYPES[slot.dtype], "int": lambda: slot.int_type, "float": lambda: slot.float_type,
          "bool": lambda: "u1", "constexpr": lambda: "constexpr"}[slot.kind]()

@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor as TritonTD
 import lazytriton
 from lazytriton import _core
 from lazytriton.core import pre_hooks, stubgen, tensor_desc
-from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg
+from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_all, compile_one
 from lazytriton.core.kernel import Resolution
 from lazytriton.core.spec import KernelSpecError, describe
@@ -41,7 +41,7 @@ def array(shape, dtype="fp16", addr=BASE) -> DeviceArray:
     n = 1
     for s in shape:
         n *= s
-    return DeviceArray(addr, dtype, n * tensor_desc._itemsize(dtype), tuple(shape))
+    return DeviceArray(addr, dtype, n * itemsize(dtype), tuple(shape))
 
 
 def triton_td(base, shape, strides, block, padding="zero") -> TritonTD:

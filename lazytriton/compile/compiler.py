@@ -24,6 +24,7 @@ from .targets import ast_source, target_label
 from ..core import tuples
 from ..cache import CompiledBinary
 from ..core.spec import KernelSpec
+from ..core.specialize import WIDE_FLOAT
 
 log = logging.getLogger("lazytriton.compile.compiler")
 
@@ -148,9 +149,6 @@ def _prime_quietly() -> None:
         log.debug("priming Triton's specializer failed: %s", exc)
 
 
-_WIDER_FLOATS = frozenset({"fp64"})
-
-
 # Options JITFunction.run sets from Triton's knobs on every call (3.6: instrumentation_mode;
 # 3.7+: fpsan_homomorphic_casts too; 3.5: neither): passed where this Triton has the knob
 # and its backend the option. tests/triton_versions/check.py compares with Triton's run.
@@ -187,7 +185,7 @@ class Binder:
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options)
         for p in self.spec.params:  # a float type given by lazytriton, not by the source (JAX's fp64 rule)
-            if p.annotation in _WIDER_FLOATS and signature.get(p.name) == "fp32":
+            if p.annotation == WIDE_FLOAT and signature.get(p.name) == "fp32":
                 signature[p.name] = p.annotation
         return Bound(signature, constexprs, attrs, options, bound_args)
 

@@ -12,6 +12,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from triton.language import constexpr
+from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescriptor
+
 # Triton element types, by id. The ids are baked into generated stubs, so only
 # append to this list.
 DTYPES = (
@@ -94,20 +98,21 @@ def is_array(obj: Any) -> bool:
     return pointer_strategy(obj) != NOT_ARRAY
 
 
+def is_descriptor(obj: Any) -> bool:
+    """A host tensor descriptor argument (Triton's class or a subclass)."""
+    return isinstance(obj, TritonTensorDescriptor)
+
+
 def is_tensor_descriptor(obj: Any) -> int:
     """Called by the C++ stubs once per type: 1 for a host tensor descriptor."""
-    from .tensor_desc import is_descriptor
-
     return int(is_descriptor(obj))
 
 
 def is_folded_constexpr(obj: Any) -> int:
-    """Called by the C++ stubs once per type: 1 for a value Triton's binder turns
-    into a constexpr when it is passed for a parameter not declared tl.constexpr
-    (a tl.constexpr, a @triton.jit function; None is checked in C)."""
-    from triton.language import constexpr
-    from triton.runtime.jit import JITFunction
-
+    """1 for a value Triton's binder turns into a constexpr when it is passed for a
+    parameter not declared tl.constexpr: None, a tl.constexpr, a @triton.jit function.
+    Stated here, not in lazytriton.core.specialize (which reads it), because the
+    C++ stubs ask this module (once per type; None is checked in C)."""
     return int(obj is None or isinstance(obj, (constexpr, JITFunction)))
 
 
@@ -237,21 +242,22 @@ class DeviceArray:
         if dtype not in DTYPE_IDS:
             raise TypeError(f"unknown Triton dtype {dtype!r}")
         self.ptr, self.dtype, self.nbytes = int(ptr), dtype, int(nbytes)
-        self.shape = tuple(shape) if shape is not None else (self.nbytes // max(1, _itemsize(dtype)),)
+        self.shape = tuple(shape) if shape is not None else (self.nbytes // max(1, itemsize(dtype)),)
 
     def data_ptr(self) -> int:
         return self.ptr
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        typestr = {v: k for k, v in _TYPESTR.items()}.get(self.dtype, f"V{_itemsize(self.dtype)}")
+        typestr = {v: k for k, v in _TYPESTR.items()}.get(self.dtype, f"V{itemsize(self.dtype)}")
         return {"shape": self.shape, "typestr": "<" + typestr, "data": (self.ptr, False), "version": 3}
 
     def __repr__(self) -> str:
         return f"DeviceArray(0x{self.ptr:x}, {self.dtype}, {self.nbytes} bytes)"
 
 
-def _itemsize(dtype: str) -> int:
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a Triton dtype."""
     if dtype == "u1" or dtype.startswith("fp8"):
         return 1
     return int(dtype.lstrip("uifbp")) // 8

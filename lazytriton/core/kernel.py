@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import inspect
 import logging
-import struct
 import sys
 import threading
 from typing import Any
-
-import triton
-from triton.runtime.jit import JITFunction
 
 from .. import _core
 from ..cache import Cache, TuningRecord
 from ..compile import compiler
 from ..compile.compiler import Binder
-from . import resolve, stubgen, tensor_desc, tuples
-from .arrays import DTYPE_IDS, DTYPES, array_info, is_array
+from . import resolve, specialize, stubgen, tensor_desc, tuples
 from .resolve import Resolution, Resolved
-from .spec import OPTION_NAMES, KernelSpec, ReadRecorder, describe
-from .stubgen import Shape, Slot
+from .spec import KernelSpec, ReadRecorder, describe
+from .specialize import OPTION_NAMES, Shape, Slot
 from .tuner import TuneOptions
 
 log = logging.getLogger("lazytriton")
@@ -155,8 +150,7 @@ class LazyKernel(_core.LaunchBase):
         names = list(shape.arg_names[:self._n_call])
         n_leaves = shape.call_leaves(self._n_call)
         # A descriptor's type is its dtype and block shape (Triton's tensordesc<fp16[64, 64]>).
-        types = [(tensor_desc.read(v, f"kernel {self.name}, argument {n}").type_string() if sl.kind == "desc"
-                  else sl.param_type()) if p else "constexpr"
+        types = [specialize.kernel_type(sl, v, f"kernel {self.name}, argument {n}") if p else "constexpr"
                  for sl, p, v, n in zip(shape.slots, entry.is_param, shape.leaf_values(args), shape.names)]
         meta = dict(entry.meta or {})
         dims = None
@@ -276,8 +270,8 @@ class LazyKernel(_core.LaunchBase):
                     fn(rec)
                     read |= rec.read & named.keys()
         except Exception:
-            read = {n for n in named if _holds_array(named[n])}
-        if any(_holds_array(named[n]) for n in read):
+            read = {n for n in named if specialize.holds_array(named[n])}
+        if any(specialize.holds_array(named[n]) for n in read):
             log.debug("kernel %s: heuristics read arrays (%s): evaluated in Python on every call", self.name, read)
             self._python_heuristics = True
         else:
@@ -292,23 +286,24 @@ class LazyKernel(_core.LaunchBase):
         return self._interned.setdefault(repr(token), token)
 
     def _shape(self, args: tuple) -> Shape:
+        """How the stubs read this call: one slot per argument, per leaf of a tuple argument
+        (lazytriton.core.specialize decides each)."""
         keyed = set(self.spec.tune_keys) | (self._heuristic_reads or set())
         names, slots, paths, nodes = [], [], [], []
         for i, (p, v) in enumerate(zip(self._call_params, args)):
-            if tuples.is_tuple(v) and not p.is_constexpr and p.annotation.removeprefix("tl.") not in _SCALAR_ANNOTATIONS:
-                # A tuple argument: one slot per element, specialized as Triton's
-                # binder specializes tuple elements (lazytriton.core.tuples).
-                what = f"kernel {self.name}, argument {p.name}"
-                self._check_tuple_param(p, v, what)
+            flags = specialize.flags_of(p)
+            if specialize.takes_tuple(flags, v):
+                self._check_tuple_param(p, v, f"kernel {self.name}, argument {p.name}")
                 nodes += [((i, *sub), n) for sub, n in tuples.nodes(v)]
                 for sub, leaf in tuples.leaves(v):
                     name = tuples.leaf_name(p.name, sub)
                     names.append(name)
-                    slots.append(self._value_slot(leaf, p.name in keyed, f"kernel {self.name}, argument {name}"))
+                    slots.append(specialize.slot_for(specialize.TUPLE_ELEMENT, leaf, p.name in keyed,
+                                                     f"kernel {self.name}, argument {name}"))
                     paths.append((i, *sub))
                 continue
             names.append(p.name)
-            slots.append(self._slot(p, v, p.name in keyed))
+            slots.append(specialize.slot_for(flags, v, p.name in keyed, f"kernel {self.name}, argument {p.name}"))
             paths.append((i,))
         for j, name in enumerate(self._extra_arg_names(args)):
             names.append(name)
@@ -333,93 +328,9 @@ class LazyKernel(_core.LaunchBase):
             return []
         return [f"__extra{i}__" for i in range(n)]  # never read by name
 
-    def _slot(self, p, v: Any, in_key: bool) -> Slot:
-        """How the stub reads argument `p` given value `v`: the kernel parameter
-        type Triton's binder gives it, and the bits its specializer keys on."""
-        if p.is_constexpr:
-            return Slot("constexpr")
-        what = f"kernel {self.name}, argument {p.name}"
-        ann = p.annotation.removeprefix("tl.")
-        if ann in _SCALAR_ANNOTATIONS:
-            return self._annotated_slot(p, ann, v, in_key, what)
-        return self._value_slot(v, in_key, what, specialize=not p.do_not_specialize,
-                                align=not p.do_not_specialize_on_alignment)
-
-    def _value_slot(self, v: Any, in_key: bool, what: str, specialize: bool = True, align: bool = True) -> Slot:
-        """The slot of an unannotated argument or a tuple element (whose flags
-        are always Triton's defaults: its binder specializes tuple elements
-        with specialize and align on, whatever the parameter says)."""
-        if v is None or _is_constexpr_value(v):
-            return Slot("constexpr", folded=True)  # folded into the binary (Triton: a constexpr, keyed by value)
-        if isinstance(v, bool):
-            return Slot("bool", in_key=in_key)
-        if isinstance(v, int):
-            # Triton: == 1 becomes a constexpr unless do_not_specialize; % 16 == 0
-            # gets tt.divisibility unless do_not_specialize(_on_alignment).
-            spec = specialize
-            div = spec and align
-            if -2**31 <= v < 2**31:
-                t = "i32"
-            elif -2**63 <= v < 2**63:
-                t = "i64"
-            elif 0 <= v < 2**64:
-                t = "u64"
-            else:
-                raise ValueError(f"{what}: integer {v} does not fit 64 bits")
-            return Slot("int", int_type=t, specialize=spec, divisibility=div, in_key=in_key)
-        if isinstance(v, float):
-            return Slot("float", in_key=in_key)
-        if is_array(v):
-            info = array_info(v, what)
-            return Slot("ptr", dtype=DTYPE_IDS[info.dtype], specialize=specialize and align)
-        if tensor_desc.is_descriptor(v):
-            # Triton specializes a descriptor on its dtype and block shape only (its type).
-            d = tensor_desc.read(v, what)
-            return Slot("desc", dtype=DTYPE_IDS[d.dtype], rank=d.rank)
-        raise TypeError(f"{what}: unsupported argument type {type(v).__name__} "
-                        "(expected a device array, a tensor descriptor, int, float, bool, None or a tuple of these)")
-
-    def _annotated_slot(self, p, ann: str, v: Any, in_key: bool, what: str) -> Slot:
-        """A parameter annotated with a scalar type (n: tl.int64, x: tl.float16):
-        Triton's signature has that type whatever the value, its launcher converts
-        the value to it, and only an int value is specialized: % 16 (never folded
-        into a constexpr when == 1)."""
-        if ann not in stubgen.FIXED_INTS and ann not in stubgen.FLOAT_CTYPES and ann != "u1":
-            raise TypeError(f"{what}: a scalar parameter annotated {ann} cannot be passed (Triton's launcher has no "
-                            f"conversion to {ann} either)")
-        if not isinstance(v, (int, float)):
-            got = "None" if v is None else "a device array" if is_array(v) else type(v).__name__
-            raise TypeError(f"{what}: expects a number for its annotated type {ann}, got {got}")
-        if ann in stubgen.FIXED_INTS:
-            # A bool is 0 or 1 (no specialization, the stub checks); a float is refused
-            # by _check_launchable, as Triton's launcher refuses it.
-            if isinstance(v, int) and not isinstance(v, bool):
-                lo, hi = stubgen.INT_RANGES[ann]
-                if not lo <= v <= hi:
-                    raise ValueError(f"{what}: integer {v} does not fit its annotated type {ann} "
-                                     f"(from {lo} to {hi})")
-            div = not (p.do_not_specialize or p.do_not_specialize_on_alignment)
-            return Slot("int", int_type=ann, annotated=True, specialize=False, divisibility=div, in_key=in_key)
-        if ann == "u1":  # tl.int1: a bool, or an int passed as its low byte (as Triton does)
-            if isinstance(v, int) and not -2**63 <= v < 2**63:
-                raise ValueError(f"{what}: integer {v} does not fit 64 bits")
-            return Slot("bool", annotated=True, in_key=in_key)
-        try:  # a float type: the stub converts as Triton's launcher does, which refuses these
-            d = float(v)
-            if ann == "fp16":
-                struct.pack("<e", d)
-        except OverflowError as exc:
-            raise OverflowError(f"{what}: {v!r} does not fit its annotated type {ann} ({exc})") from None
-        return Slot("float", float_type=ann, annotated=True, in_key=in_key)
-
     def _check_launchable(self, shape: Shape, args: tuple) -> None:
-        """Values whose slot is their parameter's type but that Triton's launcher
-        refuses to convert to it: a float for an integer or tl.int1 parameter."""
         for name, slot, v in zip(shape.names, shape.slots, shape.leaf_values(args)):
-            if slot.annotated and slot.kind in ("int", "bool") and isinstance(v, float):
-                raise TypeError(f"kernel {self.name}, argument {name}: a float ({v!r}) cannot be passed as "
-                                f"{slot.param_type()}, its annotated type (Triton's launcher takes only ints "
-                                "and bools for an integer parameter)")
+            specialize.check_launchable(slot, v, f"kernel {self.name}, argument {name}")
 
     # -- resolution (first call of a specialization) ------------------------------------
 
@@ -465,21 +376,6 @@ class LazyKernel(_core.LaunchBase):
 
 
 _EMPTY = inspect.Parameter.empty
-
-
-def _holds_array(v: Any) -> bool:
-    """An array or a tensor descriptor (whose contents, shape, strides the call key
-    does not hold), or a tuple with one among its elements."""
-    return any(is_array(leaf) or tensor_desc.is_descriptor(leaf) for _, leaf in tuples.leaves(v))
-
-
-def _is_constexpr_value(v: Any) -> bool:
-    """A tl.constexpr or a @triton.jit function: Triton's binder makes either a constexpr."""
-    return isinstance(v, (triton.language.constexpr, JITFunction))
-# Annotations that fix a scalar parameter's type (Triton's annotation_type):
-# ints, tl.int1 (u1), floats; the fp8 types cannot be passed as scalars.
-_SCALAR_ANNOTATIONS = frozenset(stubgen.FIXED_INTS) | frozenset(stubgen.FLOAT_CTYPES) | {"u1"} | {
-    d for d in DTYPES if d.startswith("fp8")}
 
 
 def kernel(fn: Any = None, **kw) -> LazyKernel:

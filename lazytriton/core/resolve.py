@@ -20,8 +20,8 @@ from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, comp
 from ..compile.targets import device_target
 from . import pre_hooks, tensor_desc, tuples
 from .arrays import PointerArg, array_info, is_array
-from .spec import OPTION_NAMES, KernelSpecError, pre_hook_refusal
-from .stubgen import Shape
+from .spec import KernelSpecError, pre_hook_refusal
+from .specialize import OPTION_NAMES, Shape
 from .tuner import tune
 
 if TYPE_CHECKING:

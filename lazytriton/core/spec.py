@@ -192,14 +192,6 @@ def _read_autotuner(spec: KernelSpec, at: Autotuner) -> None:
     spec.top_k = at.configs_top_k
 
 
-# Triton's AMD compile options, taken where the CUDA ones are (kernel calls, triton_call's
-# backend_options, bundle calls) and, as Triton's idiom, in a config's kwargs.
-AMD_OPTION_NAMES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-# Compile options a call may pass as keyword arguments (k[grid](..., num_warps=4)).
-OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
-                "enable_fp_fusion", "launch_cooperative_grid") + AMD_OPTION_NAMES
-
-
 @functools.lru_cache(maxsize=None)
 def backend_option_names() -> frozenset:
     """The compile options of Triton's NVIDIA and AMD backends (their options' fields)."""

@@ -22,173 +22,17 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .. import paths
-from .arrays import DTYPES
 from ..cache import config, files
+from .specialize import INT_CLASSES, INT_TYPES, Shape, Slot
 
 log = logging.getLogger("lazytriton.core.stubgen")
 
-INT_CLASSES = {"i32": 0, "i64": 1, "u64": 2}
-CTYPES = {"i32": "int32_t", "i64": "int64_t", "u64": "uint64_t", "i8": "int8_t", "i16": "int16_t",
-          "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u1": "uint8_t"}
-# Integer types a parameter annotation can fix (python_args.h FixedInt), with their ranges.
-FIXED_INTS = {"i8": "kFixI8", "i16": "kFixI16", "i32": "kFixI32", "i64": "kFixI64",
-              "u8": "kFixU8", "u16": "kFixU16", "u32": "kFixU32", "u64": "kFixU64"}
-INT_RANGES = {t: ((-2**(int(t[1:]) - 1), 2**(int(t[1:]) - 1) - 1) if t[0] == "i" else (0, 2**int(t[1:]) - 1))
-              for t in FIXED_INTS}
-# Codes of the table-driven stub (generic_stub.cc; FixedInt in python_args.h).
-_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4, "desc": 5, "folded": 6}
-_FIXED_CODES = {t: i for i, t in enumerate(("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"))}
-_FLOAT_CODES = {"fp16": 0, "bf16": 1, "fp32": 2, "fp64": 3}
-# Float parameter types, with the C type the stub packs each as (Triton's launcher's bytes).
-FLOAT_CTYPES = {"fp16": "uint16_t", "bf16": "uint16_t", "fp32": "float", "fp64": "double"}
-
-
-@dataclass(frozen=True)
-class Slot:
-    """How one call argument is read. kind: ptr | int | float | bool | constexpr |
-    desc (a host tensor descriptor: its block shape goes into the call key)."""
-    kind: str
-    dtype: int = -1  # ptr, desc: lazytriton.core.arrays.DTYPE_IDS value
-    int_type: str = ""  # int: Triton type of this call ("i32"/"i64"/"u64", or the annotation)
-    # Type fixed by the parameter's annotation. int: no class switching, and a
-    # bool is taken too, as 0 or 1 with no bits keyed (as Triton's binder does);
-    # float: an int or a bool is taken too; bool (tl.int1): an int is taken
-    # too, as 0 or 1.
-    annotated: bool = False
-    specialize: bool = True  # ints: the == 1 bit (Triton folds a 1 into a constexpr); pointers: 16-byte alignment
-    in_key: bool = False  # value goes into the call key (autotune key, read by heuristics)
-    divisibility: bool = True  # ints: the % 16 bit (tt.divisibility 16)
-    float_type: str = "fp32"  # float: the parameter type, fp16 | bf16 | fp32 | fp64
-    rank: int = 0  # desc: the descriptor's rank
-    # constexpr: made by the value, not declared (None, a tl.constexpr or a @triton.jit function
-    # passed for a plain parameter, which Triton's binder folds into a constexpr). The stub then
-    # takes only such values there: an array or a number is another specialization, one with a
-    # kernel parameter this shape does not have.
-    folded: bool = False
-
-    def param_type(self) -> str:
-        """The kernel parameter type the stub packs this argument as (a
-        descriptor's: its dtype and rank; its block shape is per call)."""
-        if self.kind == "ptr":
-            return "*" + DTYPES[self.dtype]
-        if self.kind == "desc":
-            return f"tensordesc<{DTYPES[self.dtype]}>[rank {self.rank}]"
-        return {"int": self.int_type, "float": self.float_type, "bool": "u1"}.get(self.kind, "constexpr")
-
-    def code(self) -> str:
-        # Fields added later only when they differ from what the older code
-        # implied, so that unchanged shapes keep their digests (and tuning keys).
-        text = (f"{self.kind}:{self.dtype}:{self.int_type}:{int(self.annotated)}:{int(self.specialize)}:"
-                f"{int(self.in_key)}")
-        if self.kind == "int" and self.divisibility != self.specialize:
-            text += f":div{int(self.divisibility)}"
-        if self.kind == "float" and self.float_type != "fp32":
-            text += f":{self.float_type}"
-        if self.kind == "desc":
-            text += f":r{self.rank}"
-        if self.folded:
-            text += ":folded"
-        return text
-
-
-@dataclass(frozen=True)
-class Shape:
-    """How a call's arguments are read: one slot per leaf. Without tuple
-    arguments a leaf is an argument (`paths`, `args` and `tuples` empty).
-    With them (lazytriton.core.tuples), `paths[i]` is slot i's path (argument index,
-    then element indices), `args` the call's argument names (what a grid
-    callable sees) and `tuples` the (path, length) of every tuple argument and
-    nested tuple, which the stub checks before reading the leaves."""
-    names: tuple[str, ...]  # per slot: the argument's name, or the leaf's ("xs[1][0]")
-    slots: tuple[Slot, ...]
-    paths: tuple[tuple[int, ...], ...] = ()
-    args: tuple[str, ...] = ()
-    tuples: tuple[tuple[tuple[int, ...], int], ...] = ()
-
-    @property
-    def flat(self) -> bool:
-        return not self.paths
-
-    @property
-    def arg_names(self) -> tuple[str, ...]:
-        return self.names if self.flat else self.args
-
-    def slot_paths(self) -> tuple[tuple[int, ...], ...]:
-        return tuple((i,) for i in range(len(self.slots))) if self.flat else self.paths
-
-    def call_leaves(self, n_call: int) -> int:
-        """Slots of the first `n_call` arguments (the trailing pseudo-arguments left out)."""
-        return sum(1 for path in self.slot_paths() if path[0] < n_call)
-
-    def leaf_values(self, args: tuple) -> list:
-        """The value of each slot in a call tuple of this shape."""
-        if self.flat:
-            return list(args[:len(self.slots)])
-        out = []
-        for path in self.paths:
-            v = args
-            for i in path:
-                v = v[i]
-            out.append(v)
-        return out
-
-    def digest(self) -> str:
-        text = "|".join(f"{n}={s.code()}" for n, s in zip(self.names, self.slots))
-        if not self.flat:  # only then: shapes without tuples keep their digests
-            text += "|args=" + ",".join(self.args) + "|paths=" + ";".join(
-                ".".join(map(str, p)) for p in self.paths) + "|tuples=" + ";".join(
-                ".".join(map(str, p)) + f"#{n}" for p, n in self.tuples)
-        return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-    def shape_word(self) -> int:
-        """The call key's last word: stubs of different shapes (dtypes, integer
-        classes, ...) never share a key in a kernel's table."""
-        return int(self.digest()[:16], 16)
-
-    def key_words(self) -> int:
-        bits_words = (2 * len(self.slots) + 63) // 64
-        return bits_words + sum(_value_words(s) for s in self.slots) + 1
-
-    def table(self) -> tuple:
-        """The slot table of the table-driven stub (csrc/python/generic_stub.cc)."""
-        rows = []
-        for sl in self.slots:
-            kind = _KINDS["folded" if sl.folded else sl.kind]
-            if sl.kind == "int":
-                code = _FIXED_CODES[sl.int_type] if sl.annotated else INT_CLASSES[sl.int_type]
-            elif sl.kind == "desc":
-                code = sl.rank
-            else:
-                code = 0
-            rows.append((kind, sl.dtype, code, int(sl.annotated), int(sl.specialize), int(sl.in_key),
-                         int(sl.divisibility), _FLOAT_CODES.get(sl.float_type, 2)))
-        return tuple(rows)
-
-    def portable_key(self, key: tuple, args: tuple) -> tuple:
-        """`key` for the persistent cache: without the shape word (the tuning key
-        has the slots), and each interned constexpr object's index (which
-        depends on this process's history) replaced by the value itself."""
-        out = list(key[:-1])
-        w = (2 * len(self.slots) + 63) // 64
-        for s, v in zip(self.slots, self.leaf_values(args)):
-            if s.kind == "constexpr" and out[w] in (5, 6):
-                out[w + 1] = v
-            w += _value_words(s)
-        return tuple(out)
-
-
-def _value_words(s: Slot) -> int:
-    """Key words after the bit words that one slot takes."""
-    if s.kind == "constexpr":
-        return 2
-    if s.kind == "desc":
-        return s.rank  # its block shape: part of the kernel's type
-    return 1 if s.in_key else 0
+# python_args.h's FixedInt enumerators, by Triton type.
+_FIXED_ENUMS = {t: "kFix" + t.upper() for t in INT_TYPES}
 
 
 def _node_var(path: tuple) -> str:
@@ -218,18 +62,18 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
     arg = _item_expr(path or (i,))
     out = []
     if s.kind == "ptr":
-        member = f"uint64_t s{i};"
+        member = f"{s.ctype()} s{i};"
         out.append(f"if (!get_pointer({arg}, {s.dtype}, &a.s{i})) return false;")
         if s.specialize:
             out.append(f"{bit}uint64_t(a.s{i} % 16 == 0) << {sh};")
     elif s.kind == "int":
-        ctype = CTYPES[s.int_type]
+        ctype = s.ctype()
         member = f"{ctype} s{i};"
         if s.annotated:  # an int or a bool (b): Triton specializes only the int
-            read = f"get_int_fixed({arg}, {FIXED_INTS[s.int_type]}, &v, &b)"
+            read = f"get_int_fixed({arg}, {_FIXED_ENUMS[s.int_type]}, &v, &b)"
             cond = "!b && "
         else:
-            read = f"get_int({arg}, IntClass({INT_CLASSES[s.int_type]}), &v)"
+            read = f"get_int({arg}, IntClass({INT_CLASSES.index(s.int_type)}), &v)"
             cond = ""
         out += [f"if (!{read}) return false;", f"a.s{i} = {ctype}(v);"]
         bits = ([f"uint64_t({cond}v == 1)"] if s.specialize else []) + \
@@ -240,19 +84,19 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
             out.append(f"a.key[{value_word}] = uint64_t(v);")
             value_word += 1
     elif s.kind == "float":
-        member = f"{FLOAT_CTYPES[s.float_type]} s{i};"
+        member = f"{s.ctype()} s{i};"
         out.append(f"if (!{'get_real' if s.annotated else 'get_float'}({arg}, &d)) return false;")
         if s.float_type == "fp16":
             out.append(f"if (!fp16_bits(d, &a.s{i})) return false;")
         elif s.float_type == "bf16":
             out.append(f"a.s{i} = bf16_bits(d);")
         else:
-            out.append(f"a.s{i} = {FLOAT_CTYPES[s.float_type]}(d);")
+            out.append(f"a.s{i} = {s.ctype()}(d);")
         if s.in_key:
             out.append(f"std::memcpy(&a.key[{value_word}], &d, 8);")
             value_word += 1
     elif s.kind == "bool":
-        member = f"uint8_t s{i};"
+        member = f"{s.ctype()} s{i};"
         if s.annotated:  # tl.int1: a bool, or an int passed as its low byte (Triton's launcher; the kernel reads bit 0)
             out += [f"if (!get_flag({arg}, &v)) return false;", f"a.s{i} = uint8_t(v);"]
             key = "uint64_t(v)"
@@ -263,13 +107,13 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
             out.append(f"a.key[{value_word}] = {key};")
             value_word += 1
     elif s.kind == "constexpr":
-        member = f"uint64_t s{i};"
+        member = f"{s.ctype()} s{i};"
         if s.folded:
             out.append(f"if (!is_folded_constexpr({arg})) return false;")
         out.append(f"constexpr_key({arg}, &a.key[{value_word}]);")
         value_word += 2
     elif s.kind == "desc":
-        member = f"HostTensorDesc s{i};"
+        member = f"{s.ctype()} s{i};"
         out.append(f"if (!get_tensor_desc({arg}, {s.dtype}, {s.rank}, &a.s{i})) return false;")
         for j in range(s.rank):
             out.append(f"a.key[{value_word}] = uint64_t(a.s{i}.block[{j}]);")
@@ -432,6 +276,7 @@ def _toolchain_tag() -> str:
     import pybind11
 
     h = hashlib.sha256(Path(__file__).read_bytes())  # the generator itself
+    h.update((Path(__file__).parent / "specialize.py").read_bytes())  # the slot types it generates from
     for f in [*sorted(paths.include_dir().rglob("*.h")), paths.stub_source_dir() / "python_args.h"]:
         h.update(f.read_bytes())
     h.update(sys.version.encode())

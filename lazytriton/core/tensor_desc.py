@@ -16,14 +16,9 @@ from typing import Any, Sequence
 
 from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescriptor
 
-from .arrays import DTYPE_IDS, PointerArg, _itemsize, array_info, is_array
+from .arrays import DTYPE_IDS, PointerArg, array_info, is_array, is_descriptor, itemsize
 
 __all__ = ["TensorDescriptor", "DescInfo", "is_descriptor", "read"]
-
-
-def is_descriptor(obj: Any) -> bool:
-    """A host tensor descriptor argument (Triton's class or a subclass)."""
-    return isinstance(obj, TritonTensorDescriptor)
 
 
 def _ints(v: Any, what: str, field: str) -> tuple[int, ...]:
@@ -85,7 +80,7 @@ def read(obj: Any, what: str) -> DescInfo:
         raise ValueError(f"{what}: the descriptor's padding must be 'zero' or 'nan', got {padding!r}")
     tf32 = bool(getattr(obj, "round_f32_to_tf32", False))
     # What the descriptor reaches, whatever the base object's own size (a strided view).
-    nbytes = (sum((s - 1) * st for s, st in zip(shape, strides)) + 1) * _itemsize(info.dtype)
+    nbytes = (sum((s - 1) * st for s, st in zip(shape, strides)) + 1) * itemsize(info.dtype)
     d = DescInfo(info.ptr, info.dtype, shape, strides, block, padding == "nan", tf32, max(int(nbytes), 0))
     if not 1 <= d.rank <= 5:
         raise ValueError(f"{what}: a tensor descriptor has rank 1 to 5, this one {d.rank} (shape {list(shape)})")
@@ -124,13 +119,13 @@ def _strides_of(array: Any) -> tuple[int, ...]:
     stride = getattr(array, "stride", None)
     if callable(stride):
         return tuple(int(s) for s in stride())
-    itemsize = _itemsize(array_info(array).dtype)
+    size = itemsize(array_info(array).dtype)
     byte_strides = getattr(array, "strides", None)
     if byte_strides is None:
         cai = getattr(array, "__cuda_array_interface__", None)
         byte_strides = cai.get("strides") if isinstance(cai, dict) else None
     if byte_strides is not None:
-        return tuple(int(s) // itemsize for s in byte_strides)
+        return tuple(int(s) // size for s in byte_strides)
     out, n = [], 1
     for s in reversed(shape):
         out.append(n)

@@ -31,21 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..core import tuples
-from ..core.arrays import array_info, is_array
+from ..core import specialize, tuples
+from ..core.arrays import is_array
 from ..cache import atomic_write
-from ..core.spec import AMD_OPTION_NAMES, KernelSpec, ReadRecorder
+from ..core.spec import KernelSpec, ReadRecorder
 from ..core.spec import describe as describe_spec
+from ..core.specialize import BUNDLE_OPTION_NAMES
 
 log = logging.getLogger("lazytriton.cpp.bundle")
 
 FORMAT = "lazytriton-bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
-OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl") + AMD_OPTION_NAMES
-INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
-FLOAT_TYPES = ("fp16", "bf16", "fp32", "fp64")
-SCALAR_ANNOTATIONS = (*INT_TYPES, *FLOAT_TYPES, "u1")  # annotations that fix a scalar's type
 
 
 def default_dir() -> Path:
@@ -121,10 +118,9 @@ def describe(kernel: Any, source: str | None = None) -> dict:
     reads = _heuristic_reads(spec, call_params)
     params = []
     for p in call_params:
-        d = {"name": p.name, "constexpr": p.is_constexpr,
-             "annotation": p.annotation.removeprefix("tl.") if not p.is_constexpr else "",
-             "specialize": not p.do_not_specialize,
-             "align": not (p.do_not_specialize or p.do_not_specialize_on_alignment),
+        f = specialize.flags_of(p)
+        d = {"name": p.name, "constexpr": f.constexpr, "annotation": f.annotation if not f.constexpr else "",
+             "specialize": f.specialize, "align": f.divisible,  # "align": do_not_specialize turns it off too
              "key": p.name in spec.tune_keys or reads is None,
              "heuristic": reads is not None and p.name in reads}
         if p.default is not inspect.Parameter.empty and _jsonable(p.default):
@@ -137,50 +133,29 @@ def describe(kernel: Any, source: str | None = None) -> dict:
 # -- variants --------------------------------------------------------------------------
 
 
-def _int_type(value: int) -> str:
-    if -2**31 <= value < 2**31:
-        return "i32"
-    return "i64" if -2**63 <= value < 2**63 else "u64"
+def _flags(param: dict) -> specialize.Flags:
+    return specialize.Flags(param.get("constexpr", False), param["annotation"], param["specialize"], param["align"])
+
+
+def _slot(param: dict, value: Any, what: str) -> specialize.Slot:
+    """The runtime argument's slot, as the Python stubs read it: the bundle describes
+    each argument with the same rules (lazytriton.core.specialize)."""
+    slot = specialize.slot_for(_flags(param), value, False, what)
+    if slot.kind == "constexpr":  # a tl.constexpr or @jit value for a plain parameter
+        raise TypeError(f"{what}: unsupported argument type {type(value).__name__}")
+    specialize.check_launchable(slot, value, what)
+    return slot
 
 
 def arg_type(param: dict, value: Any, what: str) -> str:
     """The kernel parameter type of a runtime argument, as lazytriton's stubs pack it
     (a tensor descriptor's: Triton's type, tensordesc<fp16[64, 64]>)."""
-    from ..core import tensor_desc
-
-    if tensor_desc.is_descriptor(value):
-        return tensor_desc.read(value, what).type_string()
-    if is_array(value):
-        return "*" + array_info(value, what).dtype
-    ann = param["annotation"]
-    if ann in SCALAR_ANNOTATIONS and isinstance(value, (int, float)):
-        # Triton's launcher converts any number to a float annotation; an int one takes ints and bools only.
-        if isinstance(value, float) and ann not in FLOAT_TYPES:
-            raise TypeError(f"{what}: a float ({value!r}) cannot be passed as {ann}, its annotated type")
-        return ann
-    if isinstance(value, bool):
-        return "u1"
-    if isinstance(value, int):
-        return _int_type(value)
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"{what}: unsupported argument type {type(value).__name__}")
+    return specialize.kernel_type(_slot(param, value, what), value, what)
 
 
-def arg_spec(param: dict, value: Any) -> str:
+def arg_spec(param: dict, value: Any, what: str = "argument") -> str:
     """Triton's specialization of one runtime argument: "16", "1" or "" (a descriptor: none)."""
-    from ..core import tensor_desc
-
-    if tensor_desc.is_descriptor(value):
-        return ""
-    if is_array(value):
-        return "16" if param["align"] and array_info(value).ptr % 16 == 0 else ""
-    ann = param["annotation"]
-    if not isinstance(value, int) or isinstance(value, bool) or not param["specialize"] or ann in ("u1", *FLOAT_TYPES):
-        return ""  # Triton specializes ints only (a bool, or any value for a float or tl.int1 parameter: never)
-    if value == 1 and ann not in INT_TYPES:
-        return "1"  # a constexpr, unless the parameter's type is fixed by an annotation
-    return "16" if param["align"] and value % 16 == 0 else ""
+    return specialize.spec_suffix(_slot(param, value, what), value)
 
 
 def _check_heuristics(desc: dict, lk: Any) -> None:
@@ -196,40 +171,48 @@ def _check_heuristics(desc: dict, lk: Any) -> None:
                            "description did not find; please report this")
 
 
-def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict,
-                 device: str | None = None) -> tuple[dict, bytes]:
-    """A manifest variant (and its cubin) from LazyKernel.resolve's result for
-    `values`; `device` (the GPU's name) defaults to the current device's."""
-    _check_heuristics(desc, lk)
+def describe_values(desc: dict, values: list, options: dict) -> tuple[list, list, dict, dict, list]:
+    """(types, specs, constexprs, key_values, layout) of a call's `values`: the kernel
+    parameter type and Triton's specialization of each leaf (as the stubs read it,
+    lazytriton.core.specialize), the constexprs (`options` among them), the keyed
+    values, and per call parameter its tuple nesting ("" for a plain argument)."""
     name = desc["name"]
     types, specs, constexprs, key_values, layout = [], [], dict(options), {}, []
-    i = 0  # leaf index: a tuple argument has one leaf per element (lazytriton.core.tuples), as resolved.types
     for p, v in zip(desc["params"], values):
         if p["constexpr"] or v is None:
             types.append("constexpr")
             specs.append("")
             constexprs[p["name"]] = v
             layout.append("")
-            i += 1
             continue
         elem = p
-        if tuples.is_tuple(v):  # its elements, specialized with Triton's defaults for tuple elements
-            elem = {**p, "annotation": "", "specialize": True, "align": True}
+        if specialize.takes_tuple(_flags(p), v):  # its elements, specialized as Triton's binder does
+            te = specialize.TUPLE_ELEMENT
+            elem = {**p, "annotation": te.annotation, "specialize": te.specialize, "align": te.divisible}
         layout.append(tuples.structure_text(v))
         for sub, leaf in tuples.leaves(v):
             what = f"kernel {name}, argument {tuples.leaf_name(p['name'], sub)}"
             if sub and (leaf is None or tuples.is_tuple(leaf) or not (is_array(leaf) or isinstance(leaf, (int, float)))):
                 raise TypeError(f"{what}: a tuple element that is not an array, an int, a float or a bool (here "
                                 f"{type(leaf).__name__}) cannot be in a C++ bundle")
-            t = arg_type(elem, leaf, what)
-            if resolved.entry.is_param[i] and resolved.types[i] != t:
-                raise RuntimeError(f"{what}: packed as {resolved.types[i]}, described as {t}")
+            slot = _slot(elem, leaf, what)
+            t = specialize.kernel_type(slot, leaf, what)
             types.append(t)
-            specs.append(arg_spec(elem, leaf))
-            if (p["key"] or p["heuristic"]) and not t.startswith("*"):
+            specs.append(specialize.spec_suffix(slot, leaf))
+            if (p["key"] or p["heuristic"]) and slot.kind != "ptr":
                 # a float's key: the double it converts to
-                key_values[tuples.leaf_name(p["name"], sub)] = float(leaf) if t in FLOAT_TYPES else leaf
-            i += 1
+                key_values[tuples.leaf_name(p["name"], sub)] = float(leaf) if slot.kind == "float" else leaf
+    return types, specs, constexprs, key_values, layout
+
+
+def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict,
+                 device: str | None = None) -> tuple[dict, bytes]:
+    """A manifest variant (and its cubin) from LazyKernel.resolve's result for
+    `values`; `device` (the GPU's name) defaults to the current device's."""
+    _check_heuristics(desc, lk)
+    name = desc["name"]
+    types, specs, constexprs, key_values, layout = describe_values(desc, values, options)
+    i = len(types)  # leaves: a tuple argument has one per element (lazytriton.core.tuples), as resolved.types
     for k, v in {**constexprs, **resolved.meta}.items():
         if not _jsonable(v):
             raise TypeError(f"kernel {name}: {k}={v!r} is not a plain value (None, bool, int, float, str); "
@@ -342,7 +325,7 @@ def bind(desc: dict, args: tuple, kwargs: dict) -> tuple[list, dict]:
             values.append(p["default"])
         else:
             raise TypeError(f"kernel {desc['name']}: missing argument {p['name']!r}")
-    bad = [k for k in kwargs if k not in OPTION_NAMES]
+    bad = [k for k in kwargs if k not in BUNDLE_OPTION_NAMES]
     if bad:
         raise TypeError(f"kernel {desc['name']}: unexpected keyword argument(s) {bad}"
                         + (" (chosen by its configs or heuristics)" if set(bad) & set(desc["supplied"]) else ""))

@@ -23,12 +23,13 @@ from typing import Any
 from . import bundle
 from ..core import tuples
 from ..core.spec import describe as describe_spec
+from ..core.specialize import BUNDLE_OPTION_NAMES, CTYPES, INT_TYPES
 
-# Half-precision scalars are taken as double: converted once, from the double, as
-# Triton's launcher converts them (through float they could round twice).
-CPP_TYPES = {"i8": "int8_t", "i16": "int16_t", "i32": "int32_t", "i64": "int64_t", "u8": "uint8_t",
-             "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t", "u1": "bool", "fp32": "float",
-             "fp64": "double", "fp16": "double", "bf16": "double"}
+# The C++ type a typed stub takes each scalar as: an integer as packed; tl.int1 as bool;
+# half-precision floats as double: converted once, from the double, as Triton's launcher
+# converts them (through float they could round twice).
+CPP_TYPES = {**{t: CTYPES[t] for t in INT_TYPES}, "u1": "bool", "fp32": "float", "fp64": "double",
+             "fp16": "double", "bf16": "double"}
 _CPP_KEYWORDS = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
 char32_t class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
 decltype default delete do double dynamic_cast else enum explicit export extern false float for friend goto if
@@ -72,7 +73,7 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
     for k in constexprs:
         if k in desc["supplied"]:
             raise ValueError(f"kernel {name}: {k} is chosen by its autotune configs or heuristics; do not pass it")
-        if k not in names and k not in bundle.OPTION_NAMES:
+        if k not in names and k not in BUNDLE_OPTION_NAMES:
             raise ValueError(f"kernel {name}: no parameter named {k!r} (parameters: {', '.join(sorted(names))})")
     runtime = [p for p in desc["params"] if not p["constexpr"] and p["name"] not in constexprs]
     for p in desc["params"]:

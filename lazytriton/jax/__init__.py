@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import math
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -44,7 +43,8 @@ from . import ffi as jax_ffi
 from ..cache import keys
 from ..core import pre_hooks, tuples
 from ..core.arrays import DTYPE_IDS, triton_dtype
-from ..core.spec import AMD_OPTION_NAMES, KernelSpecError, PreHookRefused, describe
+from ..core.spec import KernelSpecError, PreHookRefused, describe
+from ..core.specialize import JAX_OPTION_NAMES
 
 __all__ = ["triton_call", "TensorDescriptor", "handler_stats", "register", "CUSTOM_CALL_TARGET_NAME",
            "triton_call_p"]
@@ -57,8 +57,6 @@ jax_ffi.prepare_in_background()
 CUSTOM_CALL_TARGET_NAME: str = jax_ffi.TARGET
 
 # Compile options lazytriton's compiler takes (backend_options= and the explicit arguments).
-_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl",
-                 "enable_fp_fusion") + AMD_OPTION_NAMES
 _OPTION_DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "debug": False, "launch_pdl": False}
 
 
@@ -211,9 +209,9 @@ def _options(label: str, backend_options: dict | None, **explicit) -> dict:
             hash(v)
         except TypeError:
             raise TypeError(f"{label}: backend_options[{k!r}] must be hashable, got {v!r}") from None
-        if k not in _OPTION_NAMES:
+        if k not in JAX_OPTION_NAMES:
             raise ValueError(f"{label}: backend_options[{k!r}] is not a compile option lazytriton takes "
-                             f"({', '.join(_OPTION_NAMES)})")
+                             f"({', '.join(JAX_OPTION_NAMES)})")
         if not isinstance(v, (bool, int, str)):
             raise TypeError(f"{label}: backend_options[{k!r}] must be a bool, int or str, got {v!r}")
     return {**backend_options, **explicit}
@@ -485,18 +483,6 @@ def _unfilled(label: str, n_fill: int, missing: list, aliases: dict) -> str:
                 "NOT declared again as an output parameter: remove that output pointer from the kernel (it writes "
                 "the input's parameter), or pass the input as a jax.new_ref Ref with no output")
     return msg
-
-
-_F32 = np.finfo(np.float32)
-
-
-def needs_fp64(v: Any) -> bool:
-    """jax-triton's rule for a Python float passed to an unannotated parameter:
-    fp32 when fp32 holds it (or it is 0, inf or nan), else fp64."""
-    if type(v) is not float:
-        return False
-    a = abs(v)  # compared as Python floats: numpy would cast `a` to fp32 (and warn) to compare with fp32 bounds
-    return not (math.isnan(v) or math.isinf(v) or a == 0.0 or float(_F32.tiny) <= a <= float(_F32.max))
 
 
 class _Aval:

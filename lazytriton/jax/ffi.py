@@ -14,6 +14,7 @@ from .. import _core, paths
 from ..cache import keys
 from ..core import stubgen, tensor_desc
 from ..core.arrays import DeviceArray
+from ..core.specialize import WIDE_FLOAT, needs_fp64
 from ..cache import config
 
 log = logging.getLogger("lazytriton.jax")
@@ -326,11 +327,9 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
         spec = dataclasses.replace(spec, configs=configs, heuristics=[] if frozen else spec.heuristics)
     # jax-triton passes a float that fp32 cannot hold as fp64: the site's
     # parameter gets that type, as if annotated (the binder and stubs follow).
-    from . import needs_fp64
-
     wide = {a["name"] for a in d["args"] if "scalar" in a and needs_fp64(a["scalar"])}
     if wide:
-        spec = dataclasses.replace(spec, params=[dataclasses.replace(p, annotation="fp64")
+        spec = dataclasses.replace(spec, params=[dataclasses.replace(p, annotation=WIDE_FLOAT)
                                                  if p.name in wide and not p.annotation else p for p in spec.params])
     n_in = d["n_inputs"]
     # By leaf name: a tuple element is "xs[0]" (what tuning names its buffer by).

@@ -20,7 +20,7 @@ from triton.backends.nvidia import driver as nvd
 import lazytriton
 from lazytriton.cpp import bundle
 from lazytriton.core import stubgen, tensor_desc, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.core.arrays import DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_one
 from lazytriton.core.spec import describe
 
@@ -47,7 +47,7 @@ def array(shape, dtype, addr):
     n = 1
     for s in shape:
         n *= s
-    return DeviceArray(addr, dtype, n * tensor_desc._itemsize(dtype), tuple(shape))
+    return DeviceArray(addr, dtype, n * itemsize(dtype), tuple(shape))
 
 
 def desc(shape, block, dtype="fp16", addr=BASE, strides=None, padding="zero"):
