@@ -18,7 +18,7 @@ from .. import _core
 from ..cache import Cache, TuningRecord
 from ..compile import compiler
 from ..compile.compiler import Binder
-from . import resolve, specialize, stubgen, tensor_desc, tuples
+from . import resolve, specialize, stubgen, tuples
 from .resolve import Resolution, Resolved
 from .spec import KernelSpec, ReadRecorder, describe
 from .specialize import OPTION_NAMES, Shape, Slot

@@ -595,6 +595,21 @@ def _stop_builds() -> None:
             os.unlink(tmp)
 
 
+def is_built(name: str, tag: str = "") -> bool:
+    """Whether load_module(name, ..., tag=tag) would find the module built."""
+    return _built_path(name, tag).exists()
+
+
+def load_prebuilt(name: str, so: Path):
+    """A module built elsewhere (with the package), imported once per process
+    under `name` as load_module would import it."""
+    with _lock:
+        module = _loaded.get(name)
+        if module is None:
+            module = _loaded[name] = _import(name, so)
+    return module
+
+
 def _import(name: str, so: Path):
     loader = importlib.machinery.ExtensionFileLoader(name, str(so))
     spec = importlib.util.spec_from_file_location(name, so, loader=loader)

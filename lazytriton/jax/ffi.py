@@ -55,7 +55,7 @@ def handler_module():
         _module, how = (_prebuilt_handler(name, src, jaxlib.__version__) if use_prebuilt else None), "prebuilt"
         if _module is None:
             tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
-            built = stubgen._built_path(name, tag).exists()
+            built = stubgen.is_built(name, tag)
             _module = stubgen.load_module(name, lambda: src, "the XLA FFI handler",
                                           extra_flags=(f"-I{jax.ffi.include_dir()}", f"-DLT_MODULE_NAME={name}"),
                                           tag=tag)
@@ -83,11 +83,7 @@ def _prebuilt_handler(name: str, src: str, jaxlib_version: str):
     so = lib / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not so.exists():
         return None
-    with stubgen._lock:  # one import per process, as stubgen.load_module does
-        module = stubgen._loaded.get(name)
-        if module is None:
-            module = stubgen._loaded[name] = stubgen._import(name, so)
-    return module
+    return stubgen.load_prebuilt(name, so)
 
 
 def handler_info() -> dict:
