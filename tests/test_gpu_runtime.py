@@ -79,7 +79,7 @@ def test_shared_memory_above_48k(cache_dir):
     out = cp.full((B, B), cp.nan, cp.float32)
     k[(1,)](x, out, n, BLOCK=B, num_stages=3)
     cp.cuda.runtime.deviceSynchronize()
-    meta = next(iter(k._kernels.values())).metadata
+    meta = next(iter(k.loaded_kernels.values())).metadata
     assert meta["shared"] > 48 * 1024, meta
     xs = x.astype(cp.float64)
     ref = sum(xs[:B, kk:kk + B] @ xs[kk:kk + B, :B] for kk in range(0, n, B))
@@ -95,7 +95,7 @@ def test_num_ctas_2_on_hopper(cache_dir):
     x, out = rand(n), cp.full(n, cp.nan, cp.float32)
     k[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024, num_ctas=2)
     cp.cuda.runtime.deviceSynchronize()
-    assert next(iter(k._kernels.values())).metadata["num_ctas"] == 2
+    assert next(iter(k.loaded_kernels.values())).metadata["num_ctas"] == 2
     np.testing.assert_array_equal(out.get(), (x * 2).get())
 
 

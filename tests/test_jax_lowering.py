@@ -219,7 +219,7 @@ def test_keyword_operand_is_bound_by_parameter_name():
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, 2, cols]
     assert len(d["configs"]) == 5 and d["options"] == {}
     site = jax_ffi.Site(d)
-    assert [p.name for p in site.lazy._call_params] == ["inp", "dst", "out", "cols"]
+    assert [p.name for p in site.lazy.call_params] == ["inp", "dst", "out", "cols"]
     assert site.lazy._n_call == len(d["args"])
 
 

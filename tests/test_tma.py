@@ -342,7 +342,7 @@ def test_tutorial_06_hook_with_isinstance(cache_dir):
 
 
 def res_named(k, args):
-    return dict(zip((p.name for p in k._call_params), args))
+    return dict(zip((p.name for p in k.call_params), args))
 
 
 def _attn_key_blocks(stage, start_m, BM, BN, n_ctx):

@@ -73,7 +73,7 @@ def _add_one_on_cupy():
     k[(1,)](x, N, x, BLOCK=1024, stream=s.ptr)
     s.synchronize()
     assert float(x[0]) == 1.0, "add_one gave a wrong result"
-    return next(iter(k._kernels.values())), x, s
+    return next(iter(k.loaded_kernels.values())), x, s
 
 
 def _ffi_floor_module(kern):

@@ -79,7 +79,7 @@ def _launch(progress, suite: str) -> dict:
     kt[grid](x, y, out, n, stream=stream)
     add[grid](x, y, out, n, BLOCK=block)
     sync()
-    kern = next(iter(k._kernels.values()))
+    kern = next(iter(k.loaded_kernels.values()))
     types, vals = ["*fp32", "*fp32", "*fp32", "i32"], [x.data_ptr(), y.data_ptr(), out.data_ptr(), n]
 
     def loop(call):

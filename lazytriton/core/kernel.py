@@ -74,11 +74,11 @@ class LazyKernel(_core.LaunchBase):
         self.spec: KernelSpec = describe(kernel)
         self.name = self.spec.name
         self._cache = cache
-        self._tune_options = tune_options or TuneOptions()
+        self.tune_options = tune_options or TuneOptions()
         supplied = {k for c in self.spec.configs for k in c.kwargs} | self.spec.heuristic_names()
         self._supplied = supplied
-        self._call_params = [p for p in self.spec.params if p.name not in supplied]
-        self._n_call = len(self._call_params)
+        self.call_params = [p for p in self.spec.params if p.name not in supplied]
+        self._n_call = len(self.call_params)
         # The resolve-once table the stubs look winners up in (its resolver is
         # looked up per use, so that an instance may replace _resolve).
         self._core = _core.LazyKernel(self.name, lambda key, ctx: self._resolve(key, ctx))
@@ -92,7 +92,7 @@ class LazyKernel(_core.LaunchBase):
         self._plans: dict[tuple, Any] = {}  # (n positional, kwarg names...) -> fast binder
         self._interned: dict = {}
         self._binders: dict = {}
-        self._kernels: dict[str, Any] = {}  # compile key -> loaded _core.Kernel
+        self.loaded_kernels: dict[str, Any] = {}  # compile key -> loaded _core.Kernel
         self._lock = threading.Lock()
         self.records: list[TuningRecord] = []  # tuning outcomes of this process
         # Arguments whose contents before the call do not matter (a JAX call's
@@ -102,6 +102,21 @@ class LazyKernel(_core.LaunchBase):
     def __repr__(self) -> str:
         return f"lazytriton.LazyKernel({self.name})"
 
+    @property
+    def n_call(self) -> int:
+        """How many arguments a call passes (the parameters the configs and heuristics do not set)."""
+        return self._n_call
+
+    @property
+    def heuristics_in_python(self) -> bool:
+        """Whether the heuristics read arrays, so that they run in Python on every call."""
+        return self._python_heuristics
+
+    @property
+    def heuristic_reads(self) -> set[str] | None:
+        """The arguments the heuristics read (keyed like autotune keys), once probed; None before."""
+        return self._heuristic_reads
+
     # k[grid]: _core.LaunchBase.__getitem__.
 
     def _fast_plan(self, nargs: int, names: tuple):
@@ -110,7 +125,7 @@ class LazyKernel(_core.LaunchBase):
         _bind_slow has bound such a call and kept a plan for it. Per parameter after
         the positional ones: the index of its value in `names`, or a 1-tuple holding
         its default. None: not yet (the call goes to _run); False: never."""
-        tail = self._call_params[nargs:]
+        tail = self.call_params[nargs:]
         if nargs > self._n_call or not set(names) <= {p.name for p in tail}:
             return False
         if self._python_heuristics or self._needs_probe or (nargs, *names) not in self._plans:
@@ -189,7 +204,7 @@ class LazyKernel(_core.LaunchBase):
             self._record_heuristic_reads(self._bind(args, dict(kwargs))[:self._n_call])
         names = tuple(kwargs)
         out = self._bind(args, dict(kwargs))
-        tail = [p.name for p in self._call_params[len(args):]]
+        tail = [p.name for p in self.call_params[len(args):]]
         if not self._python_heuristics and set(names) <= set(tail):
             # Parameters after the positional ones: from kwargs, else their defaults.
             picks = tuple((n, n in kwargs, self.spec.param(n).default) for n in tail)
@@ -206,9 +221,9 @@ class LazyKernel(_core.LaunchBase):
         Python-evaluated heuristics as trailing pseudo-arguments."""
         if len(args) > self._n_call:
             raise TypeError(f"kernel {self.name}: takes {self._n_call} arguments "
-                            f"({', '.join(p.name for p in self._call_params)}), got {len(args)}")
+                            f"({', '.join(p.name for p in self.call_params)}), got {len(args)}")
         values = list(args)
-        for p in self._call_params[len(args):]:
+        for p in self.call_params[len(args):]:
             if p.name in kwargs:
                 values.append(kwargs.pop(p.name))
             elif p.default is not _EMPTY:
@@ -260,7 +275,7 @@ class LazyKernel(_core.LaunchBase):
 
     def _record_heuristic_reads(self, args: tuple) -> None:
         self._needs_probe = False
-        named = dict(zip((p.name for p in self._call_params), args))
+        named = dict(zip((p.name for p in self.call_params), args))
         read: set[str] = set()
         try:
             for layer in self.spec.heuristics:
@@ -278,10 +293,10 @@ class LazyKernel(_core.LaunchBase):
             self._heuristic_reads = read
 
     def _heuristics_token(self, values: list) -> Any:
-        named = dict(zip((p.name for p in self._call_params), values))
+        named = dict(zip((p.name for p in self.call_params), values))
         out = []
         for cfg in self.spec.configs or [None]:
-            out.append(tuple(sorted(self._meta_kwargs(cfg, named, {}).items(), key=lambda kv: kv[0])))
+            out.append(tuple(sorted(self.meta_kwargs(cfg, named, {}).items(), key=lambda kv: kv[0])))
         token = tuple(out)
         return self._interned.setdefault(repr(token), token)
 
@@ -290,7 +305,7 @@ class LazyKernel(_core.LaunchBase):
         (lazytriton.core.specialize decides each)."""
         keyed = set(self.spec.tune_keys) | (self._heuristic_reads or set())
         names, slots, paths, nodes = [], [], [], []
-        for i, (p, v) in enumerate(zip(self._call_params, args)):
+        for i, (p, v) in enumerate(zip(self.call_params, args)):
             flags = specialize.flags_of(p)
             if specialize.takes_tuple(flags, v):
                 self._check_tuple_param(p, v, f"kernel {self.name}, argument {p.name}")
@@ -311,7 +326,7 @@ class LazyKernel(_core.LaunchBase):
             paths.append((self._n_call + j,))
         if not nodes:
             return Shape(tuple(names), tuple(slots))
-        arg_names = tuple(p.name for p in self._call_params[:len(args)]) + tuple(self._extra_arg_names(args))
+        arg_names = tuple(p.name for p in self.call_params[:len(args)]) + tuple(self._extra_arg_names(args))
         return Shape(tuple(names), tuple(slots), tuple(paths), arg_names, tuple(nodes))
 
     def _check_tuple_param(self, p, v: tuple, what: str) -> None:
@@ -334,7 +349,7 @@ class LazyKernel(_core.LaunchBase):
 
     # -- resolution (first call of a specialization) ------------------------------------
 
-    def _meta_kwargs(self, cfg, named: dict, options: dict) -> dict:
+    def meta_kwargs(self, cfg, named: dict, options: dict) -> dict:
         """Options, heuristic values and config meta-parameters for one config,
         in Triton's order (heuristics outside autotune do not see the config)."""
         kw = dict(options)
@@ -350,7 +365,7 @@ class LazyKernel(_core.LaunchBase):
                     kw[k] = fn({**named, **kw})
         return kw
 
-    def _binder(self, target) -> Binder:
+    def binder(self, target) -> Binder:
         b = self._binders.get(target.arch)
         if b is None:
             b = self._binders[target.arch] = Binder(self.spec, target)

@@ -78,13 +78,13 @@ class Resolution:
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
         self.spec = k.spec
         self.device = None  # run() asks the driver
-        self.values = args[:k._n_call]
-        self.extras = args[k._n_call:]
-        self.names = [p.name for p in k._call_params]
+        self.values = args[:k.n_call]
+        self.extras = args[k.n_call:]
+        self.names = [p.name for p in k.call_params]
         self.named = dict(zip(self.names, self.values))
         # Leaves: an argument, or each element of a tuple argument (lazytriton.core.tuples).
         # Tuning, kernel parameters and written buffers are per leaf.
-        n_leaves = shape.call_leaves(k._n_call)
+        n_leaves = shape.call_leaves(k.n_call)
         self.leaf_names = list(shape.names[:n_leaves])
         self.leaf_values = tuple(shape.leaf_values(args)[:n_leaves])
         self.arrays = {}
@@ -175,10 +175,10 @@ class Resolution:
             return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
 
     def _candidates(self) -> list[Candidate]:
-        binder = self.k._binder(self.target)
+        binder = self.k.binder(self.target)
         cands = []
         for i, cfg in enumerate(self.spec.configs or [None]):
-            meta = self.k._meta_kwargs(cfg, self.named, self.options)
+            meta = self.k.meta_kwargs(cfg, self.named, self.options)
             # By name: a parameter its configs set may sit between call parameters
             # (softmax(x, y, n, ROWS, BLOCK) with ROWS in the configs).
             values = dict(zip(self.names, self.bind_values))
@@ -260,7 +260,7 @@ class Resolution:
                                store=store)
         with contextlib.closing(ready):
             winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays, self._grid_of, self.stream,
-                          self.device, self.spec.reset_to_zero, self.spec.restore_value, k._tune_options,
+                          self.device, self.spec.reset_to_zero, self.spec.restore_value, k.tune_options,
                           scratch=k.scratch_args)
         _stats["tunes"] += int(len(pruned) > 1)
         _timings.append({"kernel": k.name, "candidates": len(pruned),
@@ -310,9 +310,9 @@ class Resolution:
             if p and slot.kind == "constexpr":
                 raise RuntimeError(f"kernel {self.k.name}, argument {name}: internal error: the winner takes it "
                                    "as a kernel parameter, but this call's argument shape holds it as a constexpr")
-        kern = self.k._kernels.get(ckey)
+        kern = self.k.loaded_kernels.get(ckey)
         if kern is None:
-            kern = self.k._kernels[ckey] = _core.Kernel(binary.cubin, binary.metadata)
+            kern = self.k.loaded_kernels[ckey] = _core.Kernel(binary.cubin, binary.metadata)
         kern.load()
         return _core.Entry(kern, list(is_param), dict(meta))
 

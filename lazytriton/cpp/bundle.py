@@ -161,11 +161,11 @@ def arg_spec(param: dict, value: Any, what: str = "argument") -> str:
 def _check_heuristics(desc: dict, lk: Any) -> None:
     # The C++ side keys calls on the described arguments only: the Python
     # runtime's own probe must not have found more.
-    if getattr(lk, "_python_heuristics", False):
+    if lk.heuristics_in_python:
         raise TypeError(f"kernel {desc['name']}: its heuristics read array arguments, so they need Python on "
                         "every call; the C++ launch path cannot evaluate them")
     keyed = {p["name"] for p in desc["params"] if p["key"] or p["heuristic"]}
-    extra = set(getattr(lk, "_heuristic_reads", None) or ()) - keyed
+    extra = set(lk.heuristic_reads or ()) - keyed
     if extra:
         raise RuntimeError(f"kernel {desc['name']}: its heuristics read {sorted(extra)}, which the bundle "
                            "description did not find; please report this")

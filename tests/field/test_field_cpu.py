@@ -173,7 +173,7 @@ def test_candidates_compile_for_sm90(key, i, tmp_path, cache_dir):
         runtime = c.bound.runtime_types()
         # A pointer given None is a constexpr for Triton: no parameter (the FUSION_PAD case).
         sig = c.bound.flat_signature
-        for name, v in zip([p.name for p in k._call_params], full):
+        for name, v in zip([p.name for p in k.call_params], full):
             if v is None:
                 assert sig.get(name, "constexpr") == "constexpr", (name, sig)
         if CUOBJDUMP.exists():
