@@ -60,3 +60,18 @@ def test_stub_now_serves_the_table_driven_stub_then_the_built_one(tmp_path, monk
     stubgen.wait_for_builds(120)
     assert len(got) == 1 and got[0].key(args) == first.key(args) and got[0].params(args) == first.params(args)
     assert stubgen.stub_now(shape) is got[0]
+
+
+def test_stub_refuses_a_table_beyond_its_stack_storage():
+    """A launch keeps a call's values on the stack, in arrays of fixed size: a
+    table that would not fit them is refused when the stub is made, never overrun."""
+    from lazytriton import _generic_stub
+
+    n = 513
+    shape = Shape(tuple(f"a{i}" for i in range(n)), (Slot("int", int_type="i32"),) * n)
+    with pytest.raises(ValueError, match="513 slots .* at most 512"):
+        _generic_stub.Stub(shape.names, shape.table(), shape.key_words(), shape.shape_word())
+    wide = Shape(tuple(f"a{i}" for i in range(512)), (Slot("int", int_type="i32"),) * 512)
+    assert stubgen.generic_stub(wide).key_words == wide.key_words()
+    with pytest.raises(ValueError, match="key_words does not match"):
+        _generic_stub.Stub(wide.names, wide.table(), wide.key_words() + 1, wide.shape_word())
