@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lazytriton.bench import cli, cold, cpp, plan, report
+from lazytriton.bench import cli, cold, cpp, plan, report, torch_group
 from lazytriton.bench.timing import interleaved, summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +103,7 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     launch, chain = rows["launch"], rows["chain"]
     assert "raw cuLaunchKernel loop (C++)" in launch and "CUDA graph replay, per kernel" in launch
     assert "Triton's launcher kernel[grid](...)" in launch and "lazytriton k[grid](...), CuPy" in launch
+    assert {torch_group.TABLE_DRIVEN + ", torch", torch_group.TABLE_DRIVEN + ", CuPy"} <= set(launch)
     assert {"C++ program: BundleKernel::launch(Dim3)", "C++ program: typed stub launch_bench_add(k, ...)",
             "C++ program: raw cuLaunchKernel loop"} <= set(launch)
     for want in ("lazytriton.jax, command buffers on", "lazytriton.jax, command buffers on, donated input",
@@ -600,6 +601,28 @@ def test_jax_workload_paths_lower_for_cuda_and_their_checks_can_fail():
         good = xla(*p["args"])  # XLA's op on the CPU: a right answer the check must accept
         assert p["check"](good)
         assert not p["check"](jnp.full_like(good, jnp.nan))
+
+
+def test_table_driven_row_serves_its_first_call_without_a_stub_build(monkeypatch, tmp_path):
+    """The launch table's table-driven rows: the kernel's first call is made under
+    LAZYTRITON_STUB_BUILD=off, so the table-driven stub (not a generated one) is what serves
+    that shape for good; the setting is restored afterwards, also when the call fails."""
+    from lazytriton.core import stubgen
+    from lazytriton.core.arrays import DTYPE_IDS
+    from lazytriton.core.stubgen import Shape, Slot
+
+    monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LAZYTRITON_STUB_BUILD", "sync")
+    shape = Shape(("p", "n"), (Slot("ptr", dtype=DTYPE_IDS["fp32"]), Slot("int", int_type="i32")))
+    served = []
+    k = object()
+    assert torch_group._table_driven(k, lambda f: served.append((f, stubgen.stub_now(shape)))) is k
+    assert served[0][0] is k and type(served[0][1]).__name__ == "Stub"  # the table-driven stub, nothing built
+    assert os.environ["LAZYTRITON_STUB_BUILD"] == "sync"
+    monkeypatch.delenv("LAZYTRITON_STUB_BUILD")
+    with pytest.raises(ZeroDivisionError):
+        torch_group._table_driven(k, lambda f: 1 / 0)
+    assert "LAZYTRITON_STUB_BUILD" not in os.environ
 
 
 def test_jax_chain_worker_runs_on_the_cpu_backend_and_checks_its_rows(tmp_path):

@@ -195,14 +195,25 @@ def test_two_autotune_wrappers_of_one_function_are_two_call_sites():
 
 
 @pytest.mark.parametrize("value, t", [(3, "i32"), (-3, "i32"), (2**40, "i64"), (2**64 - 1, "u64"), (True, "u1"),
-                                      (1.5, "fp32"), (-2.25, "fp64"), (0.5, "fp16"), (3.0, "bf16")])
+                                      (1.5, "fp32"), (-2.25, "fp64"), (0.5, "fp16"), (3.0, "bf16"), (-7, "i8"),
+                                      (65535, "u16"), (2, "fp16"), (True, "i32")])
 def test_scalar_bits_are_the_parameter_bytes(value, t):
+    """The JAX handler's scalars are packed by the C++ encoder every stub uses (_core.scalar_bits)."""
     import ml_dtypes
 
     np_type = {"i32": np.int32, "i64": np.int64, "u64": np.uint64, "u1": np.uint8, "fp32": np.float32,
-               "fp64": np.float64, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}[t]
+               "fp64": np.float64, "fp16": np.float16, "bf16": ml_dtypes.bfloat16, "i8": np.int8,
+               "u16": np.uint16}[t]
     raw = np.array(value, dtype=np_type).tobytes()
-    assert jax_ffi.scalar_bits(value, t) == int.from_bytes(raw, "little")
+    assert lazytriton._core.scalar_bits(value, t) == int.from_bytes(raw, "little")
+
+
+@pytest.mark.parametrize("value, t, error", [(2**31, "i32", ValueError), (-1, "u64", ValueError),
+                                             (1e6, "fp16", OverflowError), (1.5, "i32", TypeError),
+                                             (1, "fp8e4nv", TypeError)])
+def test_scalar_bits_refuses_what_the_type_cannot_hold(value, t, error):
+    with pytest.raises(error, match=r"k, argument n: .*(fit|fp16|integer|unsupported)"):
+        lazytriton._core.scalar_bits(value, t, "k, argument n")
 
 
 def test_keyword_operand_is_bound_by_parameter_name():

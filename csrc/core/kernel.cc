@@ -318,7 +318,7 @@ void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** pa
   cfg.attrs = attrs;
   cfg.numAttrs = nattrs;
   cu::CUresult r = d.cuLaunchKernelEx(&cfg, fn, args, nullptr);
-  if (r != cu::CUDA_SUCCESS) check(r, kname(m) + ": cuLaunchKernelEx");  // the message only on failure: no allocation per launch
+  if (r != cu::CUDA_SUCCESS) check(r, kname(m) + ": cuLaunchKernelEx");  // the message only on failure: no allocation
   counters().launches.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -10,8 +10,8 @@
 #include "bundle_manifest.h"
 #include "bundle_signature.h"
 #include "lazytriton/bundle.h"
+#include "lazytriton/encode.h"
 #include "lazytriton/lazy_kernel.h"
-#include "lazytriton/scalar_bits.h"
 
 namespace lt {
 
@@ -66,37 +66,8 @@ const char* arg_kind_name(Arg::Kind k) {
   return "?";
 }
 
-// Triton's class of an unannotated int: i32 if it fits, else i64, else u64.
-Ty int_class(const Arg& a) {
-  if (a.big()) return Ty::kU64;
-  int64_t v = a.integer();
-  return v >= INT32_MIN && v <= INT32_MAX ? Ty::kI32 : Ty::kI64;
-}
-
-bool int_fits(const Arg& a, Ty t) {
-  int64_t v = a.integer();
-  if (a.big()) return t == Ty::kU64;
-  switch (t) {
-    case Ty::kI8: return v >= INT8_MIN && v <= INT8_MAX;
-    case Ty::kI16: return v >= INT16_MIN && v <= INT16_MAX;
-    case Ty::kI32: return v >= INT32_MIN && v <= INT32_MAX;
-    case Ty::kI64: return true;
-    case Ty::kU8: return v >= 0 && v <= UINT8_MAX;
-    case Ty::kU16: return v >= 0 && v <= UINT16_MAX;
-    case Ty::kU32: return v >= 0 && v <= UINT32_MAX;
-    case Ty::kU64: return v >= 0;
-    default: return false;
-  }
-}
-
-size_t int_bytes(Ty t) {
-  switch (t) {
-    case Ty::kI8: case Ty::kU8: return 1;
-    case Ty::kI16: case Ty::kU16: return 2;
-    case Ty::kI32: case Ty::kU32: return 4;
-    default: return 8;
-  }
-}
+// An argument's integer as the encoders take it (encode.h).
+IntVal int_val(const Arg& a) { return {a.bits(), a.big(), a.kind() == Arg::kBool}; }
 
 std::string arg_value_text(const Arg& a) {
   return a.big() ? std::to_string(a.bits()) : std::to_string(a.integer());
@@ -381,30 +352,24 @@ BundleKernel Bundle::kernel(const std::string& name, const std::string& signatur
 // value in its type, or a bool (0 or 1, specialized on nothing, as Triton's
 // binder treats it). Only an unannotated 1 is folded into a constexpr.
 void BundleKernel::Impl::pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const {
-  if (r.annotated && a.kind() == Arg::kBool) {
-    *slot = a.bits();
-    return;
+  if (a.kind() != Arg::kInteger && !(r.annotated && a.kind() == Arg::kBool))
+    fail_arg(r, "expects an integer (" + r.type + "), got " + arg_kind_name(a.kind()));
+  // == 1 is folded into a constexpr unless annotated; % 16 is tt.divisibility unless do_not_specialize(_on_alignment)
+  IntSpec spec{r.ty, r.annotated, r.specialize && !r.annotated, r.specialize && r.align};
+  switch (encode_int(spec, int_val(a), slot, bits)) {
+    case Fit::kOk: return;
+    case Fit::kWrongClass:
+      fail_arg(r, arg_value_text(a) + " is " + type_name(int_class(int_val(a))) +
+                      " under Triton's rules (i32 if it fits, else i64, else u64), but the signature says " + r.type);
+    default: fail_arg(r, arg_value_text(a) + " does not fit " + r.type);
   }
-  if (a.kind() != Arg::kInteger) fail_arg(r, "expects an integer (" + r.type + "), got " + arg_kind_name(a.kind()));
-  if (!r.annotated && int_class(a) != r.ty) {
-    Ty c = int_class(a);
-    fail_arg(r, arg_value_text(a) + " is " + std::string(c == Ty::kI32 ? "i32" : c == Ty::kI64 ? "i64" : "u64") +
-                    " under Triton's rules (i32 if it fits, else i64, else u64), but the signature says " + r.type);
-  }
-  if (r.annotated && !int_fits(a, r.ty)) fail_arg(r, arg_value_text(a) + " does not fit " + r.type);
-  uint64_t v = a.bits();
-  std::memcpy(slot, &v, int_bytes(r.ty));  // little-endian: the low bytes are the narrow value
-  bool fold = r.specialize && !r.annotated;  // == 1: a constexpr
-  bool div = r.specialize && r.align;  // % 16: tt.divisibility, unless do_not_specialize(_on_alignment)
-  *bits = uint64_t(fold && v == 1) | uint64_t(div && v % 16 == 0) << 1;  // as the Python stubs key it
 }
 
 // A bool parameter; annotated tl.int1, an int too (its low byte), as the stubs take it.
 void BundleKernel::Impl::pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const {
   if (a.kind() != Arg::kBool && !(r.annotated && a.kind() == Arg::kInteger))
     fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));
-  if (a.big()) fail_arg(r, arg_value_text(a) + " does not fit 64 bits");
-  *slot = uint8_t(a.bits());  // the low byte, as Triton's launcher passes it (the kernel reads bit 0)
+  if (encode_flag(r.annotated, int_val(a), slot) != Fit::kOk) fail_arg(r, arg_value_text(a) + " does not fit 64 bits");
 }
 
 // A float parameter's value as Triton's launcher reads it (PyFloat_AsDouble):
@@ -418,24 +383,12 @@ double BundleKernel::Impl::real_of(const RtArg& r, const Arg& a) const {
 }
 
 // Packs a float parameter in its type, as Triton's launcher does
-// (scalar_bits.h); returns the double it was converted from (the key value).
+// (encode.h); returns the double it was converted from (the key value).
 double BundleKernel::Impl::pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const {
   double d = real_of(r, a);
-  if (r.ty == Ty::kFp64) {
-    std::memcpy(slot, &d, 8);
-  } else if (r.ty == Ty::kFp32) {
-    float f = float(d);
-    std::memcpy(slot, &f, 4);
-  } else if (r.ty == Ty::kBf16) {
-    uint16_t h = bf16_bits(d);
-    std::memcpy(slot, &h, 2);
-  } else {
-    uint16_t h;
-    if (!fp16_bits(d, &h))
-      fail_arg(r, (a.kind() == Arg::kFloat ? Constant(d).repr() : arg_value_text(a)) +
-                      " does not fit fp16 (it rounds beyond 65504; Triton's launcher raises OverflowError)");
-    std::memcpy(slot, &h, 2);
-  }
+  if (encode_float(r.ty, d, slot) != Fit::kOk)
+    fail_arg(r, (a.kind() == Arg::kFloat ? Constant(d).repr() : arg_value_text(a)) +
+                    " does not fit fp16 (it rounds beyond 65504; Triton's launcher raises OverflowError)");
   return d;
 }
 
@@ -475,7 +428,7 @@ void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
     if (a.dtype() != kNoDtype && a.dtype() != r.dtype)
       fail_arg(r, std::string("a pointer to ") + dtype_name(a.dtype()) + " where the signature says " + r.type);
     *slot = a.bits();
-    bits = r.align && a.bits() % 16 == 0;
+    bits = ptr_bit(r.align, a.bits());
   } else if (is_int(r.ty)) {
     pack_int(r, a, slot, &bits);
   } else if (r.ty == Ty::kU1) {

@@ -6,24 +6,6 @@
 #include "lazytriton/bundle.h"
 
 namespace lt::sigtypes {
-namespace {
-
-struct TyInfo {
-  const char* name;
-  Ty ty;
-};
-const TyInfo kScalarTypes[] = {{"i8", Ty::kI8}, {"i16", Ty::kI16}, {"i32", Ty::kI32}, {"i64", Ty::kI64},
-                               {"u8", Ty::kU8}, {"u16", Ty::kU16}, {"u32", Ty::kU32}, {"u64", Ty::kU64},
-                               {"u1", Ty::kU1}, {"fp16", Ty::kFp16}, {"bf16", Ty::kBf16}, {"fp32", Ty::kFp32},
-                               {"fp64", Ty::kFp64}};
-
-}  // namespace
-
-bool scalar_type(std::string_view name, Ty* out) {
-  for (const auto& s : kScalarTypes)
-    if (name == s.name) return *out = s.ty, true;
-  return false;
-}
 
 bool parse_desc_type(const std::string& t, int* dtype, int* rank, int64_t* block, std::string* canonical) {
   const std::string head = "tensordesc<";

@@ -9,15 +9,15 @@
 #include <utility>
 #include <vector>
 
+#include "lazytriton/encode.h"
+
 namespace lt::sigtypes {
 
-enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64, kDesc };
-
-inline bool is_int(Ty t) { return t >= Ty::kI8 && t <= Ty::kU64; }
-inline bool is_float(Ty t) { return t >= Ty::kFp16 && t <= Ty::kFp64; }
-
-// A scalar type's Ty ("i32" -> kI32); false if `name` is not one.
-bool scalar_type(std::string_view name, Ty* out);
+// Scalar types (Ty, scalar_type) are encode.h's: the packing rules read them too.
+using lt::is_float;
+using lt::is_int;
+using lt::scalar_type;
+using lt::Ty;
 
 // "tensordesc<fp16[64, 64]>" (spaces optional) as Triton spells it: its element
 // type, rank, block shape and canonical spelling; false if it is not one.

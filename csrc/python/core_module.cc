@@ -185,34 +185,37 @@ struct ArgPack {
         ptrs.insert(ptrs.end(), p, p + n);
         continue;
       }
-      pack(types[i], values[i], &slots[i]);
+      pack(types[i], values[i], &slots[i], "argument #" + std::to_string(i) + ": ");
       ptrs.push_back(&slots[i]);
     }
   }
 
-  static void pack(const std::string& t, py::handle v, uint64_t* slot) {
-    auto put = [&](auto x) { std::memcpy(slot, &x, sizeof(x)); };
-    if (t[0] == '*' || t == "u64") return put(v.cast<uint64_t>());
-    if (t == "i64") return put(v.cast<int64_t>());
-    if (t == "i32") return put(v.cast<int32_t>());
-    if (t == "u32") return put(v.cast<uint32_t>());
-    if (t == "i16") return put(v.cast<int16_t>());
-    if (t == "u16") return put(v.cast<uint16_t>());
-    if (t == "i8" || t == "i1") return put(v.cast<int8_t>());
-    if (t == "u8") return put(uint8_t(v.cast<int>()));
-    if (t == "u1") return put(uint8_t(v.cast<int64_t>()));  // the low byte, as the stubs pack it
-    if (t == "fp32") return put(v.cast<float>());
-    if (t == "fp64") return put(v.cast<double>());
-    if (t == "bf16") return put(pyargs::bf16_bits(v.cast<double>()));
-    if (t == "fp16") {
-      uint16_t h;
-      if (!pyargs::fp16_bits(v.cast<double>(), &h)) {  // Triton's launcher: OverflowError too
-        PyErr_SetString(PyExc_OverflowError, "float too large to pack as fp16");
-        throw py::error_already_set();
+  // One scalar or pointer in its parameter type, by encode.h's rules (as every
+  // stub packs it): an annotated type's range, fp16 refused past its range.
+  // `what` prefixes the error ("kernel k, argument n").
+  static void pack(const std::string& t, py::handle v, uint64_t* slot, const std::string& what = "") {
+    if (t[0] == '*') return void(*slot = v.cast<uint64_t>());
+    Ty ty;
+    if (!scalar_type(t, &ty)) throw py::type_error(what + "unsupported kernel argument type " + t);
+    Fit fit;
+    if (is_float(ty)) {
+      fit = encode_float(ty, v.cast<double>(), slot);
+    } else {
+      py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));  // an int, or has __index__
+      IntVal iv;
+      if (!index || !pyargs::read_int(index.ptr(), &iv)) {
+        PyErr_Clear();
+        throw py::type_error(what + py::repr(v).cast<std::string>() + " is not an integer in 64 bits (" + t + ")");
       }
-      return put(h);
+      iv.is_bool = PyBool_Check(v.ptr());
+      uint64_t bits;
+      fit = ty == Ty::kU1 ? encode_flag(true, iv, slot) : encode_int({ty, true, false, false}, iv, slot, &bits);
     }
-    throw py::type_error("unsupported kernel argument type " + t);
+    if (fit == Fit::kFp16Range) {  // Triton's launcher: OverflowError too
+      PyErr_SetString(PyExc_OverflowError, (what + "float too large to pack as fp16").c_str());
+      throw py::error_already_set();
+    }
+    if (fit != Fit::kOk) throw py::value_error(what + py::repr(v).cast<std::string>() + " does not fit " + t);
   }
 };
 
@@ -282,6 +285,18 @@ PYBIND11_MODULE(_core, m) {
       },
       "Sets this thread's stream capture mode (CUstreamCaptureMode); returns the previous one.");
   m.attr("CAPTURE_MODE_RELAXED") = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
+  // A scalar argument as its kernel parameter's bytes (little-endian, in a u64): the JAX handler's
+  // scalars (ParamSource.bits) packed by the stubs' rule.
+  m.def(
+      "scalar_bits",
+      [](py::handle value, const std::string& type, const std::string& what) {
+        uint64_t slot = 0;
+        ArgPack::pack(type, value, &slot, what.empty() ? what : what + ": ");
+        return slot;
+      },
+      py::arg("value"), py::arg("type"), py::arg("what") = "",
+      "The parameter bytes of `value` as a kernel parameter of Triton type `type` (little-endian, in a u64); "
+      "`what` names the argument in errors.");
   m.def("counters", [] {
     Counters& c = counters();
     py::dict d;

@@ -10,13 +10,21 @@
 //   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
 //   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor,
 //         6 constexpr folded from the value (takes only None, a tl.constexpr, a @jit function)
-//   int_code: IntClass (unannotated) or FixedInt (annotated), python_args.h; a descriptor's rank
+//   int_code: unannotated, the class (0 i32, 1 i64, 2 u64); annotated, the type
+//             (0 i8, 1 i16, 2 i32, 3 i64, 4 u8, 5 u16, 6 u32, 7 u64); a descriptor's rank
 //   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
+// Values are packed and keyed by encode.h, as in the generated stubs and the C++ bundles.
 // Tuple arguments (lazytriton.core.tuples): Stub(..., arg_names, paths, tuples)
 // reads slot i at paths[i] (argument index, then element indices) after
 // checking every (path, length) of `tuples` is a tuple of that length; the
 // grid callable sees the arg_names. Without them, slot i is argument i.
 // Plain CPython API (no pybind11), like the generated stubs.
+//
+// A launch allocates nothing: a call's values live on the stack in arrays of
+// fixed size (kMaxSlots, kMaxKeyWords, kMaxDescs), and Stub() refuses a table
+// that would not fit them. The stack, not buffers kept in the stub, because a
+// launch runs Python (data_ptr(), a grid callable) during which another thread
+// or a nested launch may enter the same stub.
 #include <Python.h>
 
 #include <algorithm>
@@ -33,23 +41,26 @@ using namespace lt::pyargs;
 namespace {
 
 enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4, kDesc = 5, kFolded = 6 };
-enum FloatCode { kFp16 = 0, kBf16 = 1, kFp32 = 2, kFp64 = 3 };
+
+// Bounds of one call's stack storage. 512 slots: CUDA's classic 4 KB of kernel
+// parameters holds 512 8-byte ones; a key word per slot, two for a constexpr,
+// a descriptor's rank for a descriptor.
+constexpr Py_ssize_t kMaxSlots = 512;
+constexpr size_t kMaxDescs = 16;
+constexpr size_t kMaxKeyWords = (2 * kMaxSlots + 63) / 64 + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
+
+const Ty kClassTypes[] = {Ty::kI32, Ty::kI64, Ty::kU64};  // stubgen.INT_CLASSES
+// stubgen._FIXED_CODES
+const Ty kFixedTypes[] = {Ty::kI8, Ty::kI16, Ty::kI32, Ty::kI64, Ty::kU8, Ty::kU16, Ty::kU32, Ty::kU64};
+const Ty kFloatTypes[] = {Ty::kFp16, Ty::kBf16, Ty::kFp32, Ty::kFp64};  // stubgen._FLOAT_CODES
 
 struct SlotSpec {
-  int kind, dtype, int_code;
-  bool annotated, specialize, in_key, divisibility;
-  int float_code;
+  int kind, dtype, rank;
+  bool annotated, specialize, in_key;
+  IntSpec int_spec;  // ints: how encode_int packs them
+  Ty ty;  // ints and floats: the parameter type
   size_t size;  // bytes of the kernel parameter
 };
-
-size_t fixed_size(int code) {
-  switch (code) {
-    case kFixI8: case kFixU8: return 1;
-    case kFixI16: case kFixU16: return 2;
-    case kFixI32: case kFixU32: return 4;
-    default: return 8;
-  }
-}
 
 using Path = std::vector<Py_ssize_t>;
 
@@ -85,94 +96,66 @@ bool tuples_match(const Layout& l, PyObject* args) {
   return true;
 }
 
-// One call's values: 8 bytes per argument (a parameter reads its low bytes,
-// little-endian), the descriptors (in argument order) and the key.
-struct Read {
-  std::vector<uint64_t> key;
-  std::vector<uint64_t> cell;
-  std::vector<HostTensorDesc> descs;
+// A descriptor's storage, left uninitialized until read() fills it: a call
+// zeroes only what it uses.
+union DescCell {
+  DescCell() {}
+  HostTensorDesc d;
 };
 
-// False: not this shape (no Python error set). Mirrors stubgen._arg_code.
+// One call's values, on the stack: 8 bytes per argument (a parameter reads
+// its low bytes, little-endian), the descriptors (in argument order) and the key.
+struct Read {
+  uint64_t key[kMaxKeyWords];
+  uint64_t cell[kMaxSlots];
+  DescCell descs[kMaxDescs];
+  size_t n_desc = 0;
+};
+
+// False: not this shape (no Python error set). The generated stub reads the same
+// way (stubgen._arg_code); both pack through encode.h.
 bool read(const Stub* s, PyObject* args, Read& r) {
   if (!s->slots || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != s->n_args) return false;
   if (s->layout && !tuples_match(*s->layout, args)) return false;
-  r.key.assign(s->key_words, 0);
-  r.cell.assign(size_t(s->n), 0);
-  r.descs.clear();
+  std::fill_n(r.key, s->key_words, 0);
+  std::fill_n(r.cell, s->n, 0);
+  r.n_desc = 0;
   r.key[s->key_words - 1] = s->shape_word;
   size_t vw = (2 * size_t(s->n) + 63) / 64;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
     PyObject* arg = s->layout ? item_at(args, s->layout->paths[size_t(i)]) : PyTuple_GET_ITEM(args, i);
-    uint64_t& bits = r.key[size_t(2 * i) / 64];
+    uint64_t& key_bits = r.key[size_t(2 * i) / 64];
     const int sh = int((2 * i) % 64);
-    void* cell = &r.cell[size_t(i)];
-    int64_t v = 0;
+    uint64_t* cell = &r.cell[size_t(i)];
+    IntVal iv;
     double d = 0;
-    bool b = false;
     switch (sl.kind) {
-      case kPtr: {
-        uint64_t p;
-        if (!get_pointer(arg, sl.dtype, &p)) return false;
-        std::memcpy(cell, &p, 8);
-        if (sl.specialize) bits |= uint64_t(p % 16 == 0) << sh;
+      case kPtr:
+        if (!get_pointer(arg, sl.dtype, cell)) return false;
+        key_bits |= ptr_bit(sl.specialize, *cell) << sh;
         break;
-      }
       case kInt: {
-        bool is_bool = false;
-        if (sl.annotated) {
-          if (!get_int_fixed(arg, FixedInt(sl.int_code), &v, &is_bool)) return false;
-        } else if (!get_int(arg, IntClass(sl.int_code), &v)) {
-          return false;
-        }
-        std::memcpy(cell, &v, 8);  // the low bytes: the C conversion the generated stub makes
-        uint64_t k = 0;
-        if (sl.specialize) k |= uint64_t(!is_bool && v == 1);
-        if (sl.divisibility) k |= uint64_t(!is_bool && v % 16 == 0) << 1;
-        bits |= k << sh;
-        if (sl.in_key) r.key[vw++] = uint64_t(v);
+        uint64_t bits;
+        if (!read_int(arg, &iv) || encode_int(sl.int_spec, iv, cell, &bits) != Fit::kOk) return false;
+        key_bits |= bits << sh;
+        if (sl.in_key) r.key[vw++] = iv.bits;
         break;
       }
-      case kFloat: {
-        if (!(sl.annotated ? get_real(arg, &d) : get_float(arg, &d))) return false;
-        if (sl.float_code == kFp16) {
-          uint16_t h;
-          if (!fp16_bits(d, &h)) return false;
-          std::memcpy(cell, &h, 2);
-        } else if (sl.float_code == kBf16) {
-          uint16_t h = bf16_bits(d);
-          std::memcpy(cell, &h, 2);
-        } else if (sl.float_code == kFp32) {
-          float f = float(d);
-          std::memcpy(cell, &f, 4);
-        } else {
-          std::memcpy(cell, &d, 8);
-        }
+      case kFloat:
+        if (!(sl.annotated ? get_real(arg, &d) : get_float(arg, &d)) || encode_float(sl.ty, d, cell) != Fit::kOk)
+          return false;
         if (sl.in_key) std::memcpy(&r.key[vw++], &d, 8);
         break;
-      }
-      case kBool: {
-        uint64_t k;
-        if (sl.annotated) {
-          if (!get_flag(arg, &v)) return false;
-          uint8_t u = uint8_t(v);
-          std::memcpy(cell, &u, 1);
-          k = uint64_t(v);
-        } else {
-          if (!get_bool(arg, &b)) return false;
-          uint8_t u = b;
-          std::memcpy(cell, &u, 1);
-          k = b;
-        }
-        if (sl.in_key) r.key[vw++] = k;
+      case kBool:
+        if (!read_int(arg, &iv) || encode_flag(sl.annotated, iv, cell) != Fit::kOk) return false;
+        if (sl.in_key) r.key[vw++] = iv.bits;
         break;
-      }
       case kDesc: {  // the block shape is the key: it is the kernel's type
-        HostTensorDesc d;
-        if (!get_tensor_desc(arg, sl.dtype, sl.int_code, &d)) return false;
-        for (int j = 0; j < d.rank; ++j) r.key[vw++] = uint64_t(d.block[j]);
-        r.descs.push_back(d);
+        HostTensorDesc& desc = r.descs[r.n_desc++].d;
+        desc = HostTensorDesc{};
+        if (!get_tensor_desc(arg, sl.dtype, sl.rank, &desc)) return false;
+        for (int j = 0; j < desc.rank; ++j) r.key[vw++] = uint64_t(desc.block[j]);
         break;
       }
       case kFolded:  // an array or a number here is another shape
@@ -186,9 +169,9 @@ bool read(const Stub* s, PyObject* args, Read& r) {
   return true;
 }
 
-PyObject* key_tuple(const Read& r) {
-  PyObject* t = PyTuple_New(Py_ssize_t(r.key.size()));
-  for (size_t i = 0; t && i < r.key.size(); ++i) PyTuple_SET_ITEM(t, i, PyLong_FromUnsignedLongLong(r.key[i]));
+PyObject* key_tuple(const Stub* s, const Read& r) {
+  PyObject* t = PyTuple_New(Py_ssize_t(s->key_words));
+  for (size_t i = 0; t && i < s->key_words; ++i) PyTuple_SET_ITEM(t, i, PyLong_FromUnsignedLongLong(r.key[i]));
   return t;
 }
 
@@ -205,26 +188,26 @@ PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   if (PyErr_Occurred()) return nullptr;
   Read r;
   if (!read(s, args, r)) Py_RETURN_NONE;
-  const Entry* e = kernel->find(r.key.data(), r.key.size());
-  if (!e) return key_tuple(r);
+  const Entry* e = kernel->find(r.key, s->key_words);
+  if (!e) return key_tuple(s, r);
   Dim3 g;
   if (!eval_grid(grid, *e, s->names, args, s->n_args, &g, kernel->name().c_str())) return nullptr;
   try {
-    std::vector<void*> params(size_t(s->n) + r.descs.size() * kMaxDescParams);
-    std::vector<DescParams> packed(r.descs.size());
+    void* params[kMaxSlots + kMaxDescs * kMaxDescParams];
+    DescParams packed[kMaxDescs];  // uninitialized: packing writes what it passes
     const LaunchMeta& m = e->kernel->meta();
     size_t np = 0, k = 0;
     for (Py_ssize_t i = 0; i < s->n; ++i) {
       if (!e->is_param[size_t(i)]) continue;
       if ((*s->slots)[size_t(i)].kind == kDesc) {
-        np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, r.descs[k], packed[k], &params[np], kernel->name(),
-                               (*s->slot_names)[size_t(i)].c_str());
+        np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, r.descs[k].d, packed[k], &params[np],
+                               kernel->name(), (*s->slot_names)[size_t(i)].c_str());
         ++k;
       } else {
         params[np++] = &r.cell[size_t(i)];
       }
     }
-    e->kernel->launch(stream, g, params.data(), np);
+    e->kernel->launch(stream, g, params, np);
   } catch (const std::exception& ex) {
     return raise(ex, kernel->name().c_str());
   }
@@ -232,9 +215,10 @@ PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
 }
 
 PyObject* stub_key(PyObject* self, PyObject* args) {
+  auto* s = reinterpret_cast<Stub*>(self);
   Read r;
-  if (!read(reinterpret_cast<Stub*>(self), args, r)) Py_RETURN_NONE;
-  return key_tuple(r);
+  if (!read(s, args, r)) Py_RETURN_NONE;
+  return key_tuple(s, r);
 }
 
 PyObject* stub_params(PyObject* self, PyObject* args) {
@@ -246,10 +230,10 @@ PyObject* stub_params(PyObject* self, PyObject* args) {
   size_t k = 0;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
+    const char* bytes = reinterpret_cast<const char*>(&r.cell[size_t(i)]);
     PyObject* item = sl.kind == kConstexpr || sl.kind == kFolded ? Py_NewRef(Py_None)
-                     : sl.kind == kDesc    ? desc_tuple(r.descs[k++])
-                                           : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&r.cell[size_t(i)]),
-                                                                       Py_ssize_t(sl.size));
+                     : sl.kind == kDesc ? desc_tuple(r.descs[k++].d)
+                                        : PyBytes_FromStringAndSize(bytes, Py_ssize_t(sl.size));
     if (!item) return Py_DECREF(t), nullptr;
     PyTuple_SET_ITEM(t, i, item);
   }
@@ -348,28 +332,49 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     }
   }
   PyObject* grid_names = arg_names ? arg_names : names;
-  auto slots = new std::vector<SlotSpec>(size_t(n));
+  auto slots = std::make_unique<std::vector<SlotSpec>>(size_t(n));
+  auto fail = [&](const char* why) {
+    if (why) PyErr_SetString(PyExc_ValueError, why);
+    delete layout;
+    return -1;
+  };
+  // The bounds of a launch's stack storage (see the top of this file).
+  if (n > kMaxSlots || size_t(key_words) > kMaxKeyWords) {
+    PyErr_Format(PyExc_ValueError, "Stub: %zd slots and %zd key words; the table-driven stub takes at most %zd "
+                 "and %zu (LAZYTRITON_STUB_BUILD=sync builds the generated stub, which has no such bound)",
+                 n, key_words, kMaxSlots, kMaxKeyWords);
+    return fail(nullptr);
+  }
+  size_t n_desc = 0, words = (2 * size_t(n) + 63) / 64 + 1;  // the bit words and the shape word, then per slot
   for (Py_ssize_t i = 0; i < n; ++i) {
     SlotSpec& sl = (*slots)[size_t(i)];
-    int annotated, specialize, in_key, divisibility;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &sl.kind, &sl.dtype, &sl.int_code, &annotated,
-                          &specialize, &in_key, &divisibility, &sl.float_code)) {
-      delete slots;
-      delete layout;
-      return -1;
+    int int_code, annotated, specialize, in_key, divisibility, float_code;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &sl.kind, &sl.dtype, &int_code, &annotated,
+                          &specialize, &in_key, &divisibility, &float_code))
+      return fail(nullptr);
+    sl.annotated = annotated, sl.specialize = specialize, sl.in_key = in_key;
+    sl.rank = int_code;
+    sl.ty = Ty::kPtr;
+    if (sl.kind == kInt) {
+      if (int_code < 0 || int_code >= (annotated ? 8 : 3)) return fail("Stub: bad int_code in a slot table row");
+      sl.ty = annotated ? kFixedTypes[int_code] : kClassTypes[int_code];
+      sl.int_spec = {sl.ty, sl.annotated, sl.specialize, bool(divisibility)};
+    } else if (sl.kind == kFloat) {
+      if (float_code < 0 || float_code > 3) return fail("Stub: bad float_code in a slot table row");
+      sl.ty = kFloatTypes[float_code];
+    } else if (sl.kind == kBool) {
+      sl.ty = Ty::kU1;
     }
-    sl.annotated = annotated, sl.specialize = specialize, sl.in_key = in_key, sl.divisibility = divisibility;
-    sl.size = sl.kind == kPtr ? 8
-              : sl.kind == kInt ? (sl.annotated ? fixed_size(sl.int_code) : sl.int_code == kI32 ? 4 : 8)
-              : sl.kind == kFloat ? (sl.float_code <= kBf16 ? 2 : sl.float_code == kFp32 ? 4 : 8)
-              : sl.kind == kBool ? 1 : 8;
-    if (sl.kind == kDesc && (sl.int_code < 1 || sl.int_code > kMaxDescRank)) {
-      PyErr_SetString(PyExc_ValueError, "Stub: a descriptor slot's rank is 1 to 5");
-      delete slots;
-      delete layout;
-      return -1;
+    sl.size = sl.kind == kInt || sl.kind == kFloat || sl.kind == kBool ? param_bytes(sl.ty) : 8;
+    if (sl.kind == kDesc) {
+      if (sl.rank < 1 || sl.rank > kMaxDescRank) return fail("Stub: a descriptor slot's rank is 1 to 5");
+      if (++n_desc > kMaxDescs)
+        return fail("Stub: more than 16 tensor descriptor slots "
+                    "(LAZYTRITON_STUB_BUILD=sync builds the generated stub, which has no such bound)");
     }
+    words += sl.kind == kDesc ? size_t(sl.rank) : sl.kind == kConstexpr || sl.kind == kFolded ? 2 : sl.in_key;
   }
+  if (words != size_t(key_words)) return fail("Stub: key_words does not match the slot table");  // read() relies on it
   auto* slot_names = new std::vector<std::string>;  // a descriptor's errors name its slot
   for (Py_ssize_t i = 0; i < n; ++i) {
     const char* nm = PyUnicode_Check(PyTuple_GET_ITEM(names, i)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)) : "?";
@@ -383,7 +388,7 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     if (PyUnicode_CheckExact(nm)) PyUnicode_InternInPlace(&nm);
     interned[i] = nm;
   }
-  s->slots = slots;
+  s->slots = slots.release();
   s->slot_names = slot_names;
   s->names = interned;
   s->n = n;

@@ -1,7 +1,8 @@
 // Reading kernel arguments from Python objects on the launch hot path, shared
 // by the _core module and the generated stubs. Plain CPython API: every helper
 // answers "does this object match the stub's signature?" in a few pointer
-// compares once its type and dtype have been seen.
+// compares once its type and dtype have been seen. Reading only: how a value
+// is packed and keyed is encode.h's, shared with the C++ bundles.
 #pragma once
 #include <Python.h>
 
@@ -9,8 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include "lazytriton/encode.h"
 #include "lazytriton/lazy_kernel.h"
-#include "lazytriton/scalar_bits.h"
 #include "lazytriton/tensor_desc.h"
 
 namespace lt::pyargs {
@@ -290,56 +291,22 @@ inline PyObject* desc_tuple(const HostTensorDesc& d) {
                        ints(d.block), d.nan_padding ? Py_True : Py_False, d.tf32 ? Py_True : Py_False);
 }
 
-// Integer arguments, in Triton's classes: i32, then i64, then u64.
-enum IntClass { kI32 = 0, kI64 = 1, kU64 = 2 };
-inline bool get_int(PyObject* obj, IntClass cls, int64_t* value) {
-  if (!PyLong_Check(obj) || PyBool_Check(obj)) return false;
+// An int or a bool as the encoders take it (encode.h): false (no error set)
+// for anything else, and for ints outside [-2**63, 2**64 - 1].
+inline bool read_int(PyObject* obj, IntVal* v) {
+  if (!PyLong_Check(obj)) return false;
+  v->is_bool = PyBool_Check(obj);
   int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  long long x = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  v->big = overflow > 0;
   if (overflow < 0) return false;
   if (overflow > 0) {
-    if (cls != kU64) return false;
-    unsigned long long u = PyLong_AsUnsignedLongLong(obj);
+    v->bits = PyLong_AsUnsignedLongLong(obj);
     if (PyErr_Occurred()) return PyErr_Clear(), false;
-    std::memcpy(value, &u, 8);
-    return true;
+  } else {
+    v->bits = uint64_t(x);
   }
-  bool i32 = v >= INT32_MIN && v <= INT32_MAX;
-  bool ok = cls == kI32 ? i32 : cls == kI64 ? !i32 : false;
-  *value = v;
-  return ok;
-}
-
-// Integer types fixed by a parameter's annotation (tl.int8, ..., tl.uint64).
-enum FixedInt { kFixI8, kFixI16, kFixI32, kFixI64, kFixU8, kFixU16, kFixU32, kFixU64 };
-
-// An integer for a parameter whose type is fixed by its annotation: an int in
-// the type's range (u64: stored as its bits), or a bool (Triton's launcher takes
-// it as 0 or 1, and its binder attaches no specialization to it: *is_bool).
-inline bool get_int_fixed(PyObject* obj, FixedInt type, int64_t* value, bool* is_bool) {
-  if (!PyLong_Check(obj)) return false;
-  *is_bool = PyBool_Check(obj);
-  int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-  if (overflow) {
-    if (overflow < 0 || type != kFixU64) return false;
-    unsigned long long u = PyLong_AsUnsignedLongLong(obj);
-    if (PyErr_Occurred()) return PyErr_Clear(), false;
-    std::memcpy(value, &u, 8);
-    return true;
-  }
-  *value = v;
-  switch (type) {
-    case kFixI8: return v >= INT8_MIN && v <= INT8_MAX;
-    case kFixI16: return v >= INT16_MIN && v <= INT16_MAX;
-    case kFixI32: return v >= INT32_MIN && v <= INT32_MAX;
-    case kFixI64: return true;
-    case kFixU8: return v >= 0 && v <= UINT8_MAX;
-    case kFixU16: return v >= 0 && v <= UINT16_MAX;
-    case kFixU32: return v >= 0 && v <= UINT32_MAX;
-    case kFixU64: return v >= 0;
-  }
-  return false;
+  return true;
 }
 
 // A float argument (an unannotated parameter: Python floats only).
@@ -361,26 +328,6 @@ inline bool get_real(PyObject* obj, double* value) {
   if (*value == -1.0 && PyErr_Occurred()) return PyErr_Clear(), false;  // beyond a double
   return true;
 }
-
-inline bool get_bool(PyObject* obj, bool* value) {
-  if (!PyBool_Check(obj)) return false;
-  *value = obj == Py_True;
-  return true;
-}
-
-// A bool or an int (in int64) for a parameter annotated tl.int1.
-inline bool get_flag(PyObject* obj, int64_t* value) {
-  if (!PyLong_Check(obj)) return false;
-  int overflow = 0;
-  *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
-  return !overflow;
-}
-
-// Float parameters in their kernel types, packed exactly as Triton's launcher
-// packs them (fp16: false past fp16's range, where Triton raises OverflowError;
-// bf16: truncated): one implementation for the stubs and the C++ bundles.
-using lt::bf16_bits;
-using lt::fp16_bits;
 
 // Key of a constexpr object that is not None/bool/int/float: the index of its
 // value in lazytriton.core.arrays' per-process table (equal values, one index; the

@@ -18,12 +18,17 @@ from .timing import interleaved
 from .workloads import small_workloads
 
 QUICK_FULL, FULL = ("quick", "full"), ("full",)
+# The same call served by the table-driven stub (csrc/python/generic_stub.cc) for good, as under
+# LAZYTRITON_STUB_BUILD=off, beside the generated stub that serves the rows above it.
+TABLE_DRIVEN = "lazytriton k[grid](...), table-driven stub (LAZYTRITON_STUB_BUILD=off)"
 # (row, kind, suites): the launch section's Python rows, in the order they are measured.
 LAUNCH_PATHS = [
     ("raw cuLaunchKernel loop (C++)", "floor", QUICK_FULL),
     ("lazytriton C++ core loop", "lazytriton", QUICK_FULL),
     ("lazytriton k[grid](...), torch", "lazytriton", QUICK_FULL),
     ("lazytriton k[grid](...), CuPy", "lazytriton", QUICK_FULL),
+    (TABLE_DRIVEN + ", torch", "lazytriton", QUICK_FULL),
+    (TABLE_DRIVEN + ", CuPy", "lazytriton", QUICK_FULL),
     ("lazytriton k[grid](x, y, out, n) (BLOCK from its config), torch", "lazytriton", FULL),
     ("lazytriton k[grid](...) without stream=, torch", "lazytriton", FULL),
     ("lazytriton k.run(..., grid=), torch", "lazytriton", FULL),
@@ -76,6 +81,7 @@ def _launch(progress, suite: str) -> dict:
     sync = torch.cuda.synchronize
     k, kt = lazytriton.kernel(add), lazytriton.kernel(add_tuned)
     k[grid](x, y, out, n, BLOCK=block, stream=stream)
+    kg = _table_driven(lazytriton.kernel(add), lambda f: f[grid](x, y, out, n, BLOCK=block, stream=stream))
     kt[grid](x, y, out, n, stream=stream)
     add[grid](x, y, out, n, BLOCK=block)
     sync()
@@ -98,6 +104,7 @@ def _launch(progress, suite: str) -> dict:
         "lazytriton k.run(..., grid=), torch": loop(lambda: k.run(x, y, out, n, grid=grid, stream=stream,
                                                                   BLOCK=block)),
         "Triton's launcher kernel[grid](...)": loop(lambda: add[grid](x, y, out, n, BLOCK=block)),
+        TABLE_DRIVEN + ", torch": loop(lambda: kg[grid](x, y, out, n, BLOCK=block, stream=stream)),
     }
     notes = []
     try:
@@ -105,6 +112,8 @@ def _launch(progress, suite: str) -> dict:
 
         xc, yc, oc = (cupy.asarray(t) for t in (x, y, out))  # the same memory, read as CuPy arrays
         impl["lazytriton k[grid](...), CuPy"] = loop(lambda: k[grid](xc, yc, oc, n, BLOCK=block, stream=stream))
+        _table_driven(kg, lambda f: f[grid](xc, yc, oc, n, BLOCK=block, stream=stream))
+        impl[TABLE_DRIVEN + ", CuPy"] = loop(lambda: kg[grid](xc, yc, oc, n, BLOCK=block, stream=stream))
     except ImportError:
         notes.append("CuPy not importable: no CuPy row")
     kinds = {name: kind for name, kind, _ in LAUNCH_PATHS}
@@ -154,6 +163,21 @@ def _launch(progress, suite: str) -> dict:
                  f"(its own raw loop is its floor)")
     return {"title": LAUNCH_TITLE, "unit": "us/launch", "better": "lower",
             "ratio_to": "raw cuLaunchKernel loop (C++)", "rows": rows, "notes": notes}
+
+
+def _table_driven(k, first_call):
+    """`k` with its first call made under LAZYTRITON_STUB_BUILD=off (read per call): the table-driven
+    stub then serves that shape for good (no generated stub is built to replace it)."""
+    previous = os.environ.get("LAZYTRITON_STUB_BUILD")
+    os.environ["LAZYTRITON_STUB_BUILD"] = "off"
+    try:
+        first_call(k)
+    finally:
+        if previous is None:
+            os.environ.pop("LAZYTRITON_STUB_BUILD")
+        else:
+            os.environ["LAZYTRITON_STUB_BUILD"] = previous
+    return k
 
 
 def _cpp_measure(full: bool) -> dict:

@@ -27,12 +27,9 @@ from typing import Callable
 
 from .. import paths
 from ..cache import config, files
-from .specialize import INT_CLASSES, INT_TYPES, Shape, Slot
+from .specialize import Shape, Slot
 
 log = logging.getLogger("lazytriton.core.stubgen")
-
-# python_args.h's FixedInt enumerators, by Triton type.
-_FIXED_ENUMS = {t: "kFix" + t.upper() for t in INT_TYPES}
 
 
 def _node_var(path: tuple) -> str:
@@ -55,6 +52,10 @@ def _tuple_checks(shape: Shape) -> list[str]:
     return out
 
 
+def _cbool(b: bool) -> str:
+    return "true" if b else "false"
+
+
 def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tuple[str, list[str], int]:
     """(member declaration, statements reading slot i into a.s{i}, next value word)."""
     bit = f"a.key[{(2 * i) // 64}] |= "
@@ -64,47 +65,30 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
     if s.kind == "ptr":
         member = f"{s.ctype()} s{i};"
         out.append(f"if (!get_pointer({arg}, {s.dtype}, &a.s{i})) return false;")
-        if s.specialize:
-            out.append(f"{bit}uint64_t(a.s{i} % 16 == 0) << {sh};")
-    elif s.kind == "int":
-        ctype = s.ctype()
-        member = f"{ctype} s{i};"
-        if s.annotated:  # an int or a bool (b): Triton specializes only the int
-            read = f"get_int_fixed({arg}, {_FIXED_ENUMS[s.int_type]}, &v, &b)"
-            cond = "!b && "
-        else:
-            read = f"get_int({arg}, IntClass({INT_CLASSES.index(s.int_type)}), &v)"
-            cond = ""
-        out += [f"if (!{read}) return false;", f"a.s{i} = {ctype}(v);"]
-        bits = ([f"uint64_t({cond}v == 1)"] if s.specialize else []) + \
-            ([f"uint64_t({cond}v % 16 == 0) << 1"] if s.divisibility else [])
-        if bits:
-            out.append(f"{bit}({' | '.join(bits)}) << {sh};")
+        out.append(f"{bit}ptr_bit({_cbool(s.specialize)}, a.s{i}) << {sh};")
+    elif s.kind == "int":  # packed and keyed by encode.h's encode_int (an annotated slot takes a bool too)
+        member = f"{s.ctype()} s{i};"
+        spec = f"{{Ty::k{s.int_type.upper()}, {_cbool(s.annotated)}, {_cbool(s.specialize)}, {_cbool(s.divisibility)}}}"
+        out.append(f"if (!read_int({arg}, &iv) || encode_int({spec}, iv, &a.s{i}, &bits) != Fit::kOk) return false;")
+        if s.specialize or s.divisibility:
+            out.append(f"{bit}bits << {sh};")
         if s.in_key:
-            out.append(f"a.key[{value_word}] = uint64_t(v);")
+            out.append(f"a.key[{value_word}] = iv.bits;")
             value_word += 1
     elif s.kind == "float":
         member = f"{s.ctype()} s{i};"
-        out.append(f"if (!{'get_real' if s.annotated else 'get_float'}({arg}, &d)) return false;")
-        if s.float_type == "fp16":
-            out.append(f"if (!fp16_bits(d, &a.s{i})) return false;")
-        elif s.float_type == "bf16":
-            out.append(f"a.s{i} = bf16_bits(d);")
-        else:
-            out.append(f"a.s{i} = {s.ctype()}(d);")
+        read = f"{'get_real' if s.annotated else 'get_float'}({arg}, &d)"
+        out.append(f"if (!{read} || encode_float(Ty::k{s.float_type.capitalize()}, d, &a.s{i}) != Fit::kOk) "
+                   "return false;")
         if s.in_key:
             out.append(f"std::memcpy(&a.key[{value_word}], &d, 8);")
             value_word += 1
-    elif s.kind == "bool":
+    elif s.kind == "bool":  # tl.int1 (annotated): an int too, as its low byte (Triton's launcher)
         member = f"{s.ctype()} s{i};"
-        if s.annotated:  # tl.int1: a bool, or an int passed as its low byte (Triton's launcher; the kernel reads bit 0)
-            out += [f"if (!get_flag({arg}, &v)) return false;", f"a.s{i} = uint8_t(v);"]
-            key = "uint64_t(v)"
-        else:
-            out += [f"if (!get_bool({arg}, &b)) return false;", f"a.s{i} = b;"]
-            key = "b"
+        out.append(f"if (!read_int({arg}, &iv) || encode_flag({_cbool(s.annotated)}, iv, &a.s{i}) != Fit::kOk) "
+                   "return false;")
         if s.in_key:
-            out.append(f"a.key[{value_word}] = {key};")
+            out.append(f"a.key[{value_word}] = iv.bits;")
             value_word += 1
     elif s.kind == "constexpr":
         member = f"{s.ctype()} s{i};"
@@ -179,9 +163,9 @@ struct Args {{
 [[maybe_unused]] bool read(PyObject* args, Args& a) {{
   if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != kArgs) return false;
   a.key[kKeyWords - 1] = kShapeWord;
-  [[maybe_unused]] int64_t v;
+  [[maybe_unused]] IntVal iv;
+  [[maybe_unused]] uint64_t bits;
   [[maybe_unused]] double d;
-  [[maybe_unused]] bool b;
 {chr(10).join(body)}
   return true;
 }}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import struct
 import threading
 from typing import Any
 
@@ -282,7 +281,9 @@ class Site:
                 info = tensor_desc.read(v, f"{self.name}, argument {name}")
                 sources.append((a["buffer"], info.as_tuple(name)))
             else:
-                sources.append((a["buffer"], 0) if "buffer" in a else (-1, scalar_bits(a["scalar"], t)))
+                # a scalar: its parameter bytes, packed by the C++ rule every stub uses (encode.h)
+                bits = 0 if "buffer" in a else _core.scalar_bits(a["scalar"], t, f"{self.name}, argument {name}")
+                sources.append((a.get("buffer", -1), bits))
         n_in = d["n_inputs"]
         zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
         return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)
@@ -368,20 +369,6 @@ def _import_kernel(ident: dict) -> Any:
     except (ImportError, AttributeError) as exc:
         raise RuntimeError(f"kernel {ident['name']}: cannot import {where} to resolve this executable ({exc})") from exc
     return obj
-
-
-def scalar_bits(value: Any, t: str) -> int:
-    """A scalar argument as the kernel parameter's bytes (little-endian, in a
-    u64), packed as the stubs and Triton's launcher pack it."""
-    if t == "bf16":  # the top half of the fp32 (truncated, as Triton's launcher does)
-        return struct.unpack("<I", struct.pack("<f", value))[0] >> 16
-    if t in ("fp32", "fp16", "fp64"):
-        fmt = {"fp32": ("<f", "<I"), "fp16": ("<e", "<H"), "fp64": ("<d", "<Q")}[t]
-        return struct.unpack(fmt[1], struct.pack(fmt[0], value))[0]
-    if t in ("u1", "i1"):  # the low byte, as Triton's launcher passes it (the kernel reads bit 0)
-        return int(value) & 0xFF
-    bits = int(t.lstrip("iu"))
-    return int(value) & ((1 << bits) - 1)
 
 
 def handler_stats() -> dict:
