@@ -11,7 +11,7 @@
 #include "bundle_signature.h"
 #include "lazytriton/bundle.h"
 #include "lazytriton/encode.h"
-#include "lazytriton/lazy_kernel.h"
+#include "lazytriton/resolve_table.h"
 
 namespace lt {
 
@@ -100,7 +100,7 @@ struct BundleKernel::Impl {
   Constants options;
   std::vector<std::string> key_names;  // by key word, after the context and the bits
   size_t bit_words = 0, key_len = 0;
-  std::unique_ptr<LazyKernel> table;
+  std::unique_ptr<ResolveTable> table;
 
   std::vector<std::string> arg_names() const;  // runtime arguments, in launch order
   [[noreturn]] void fail(const std::string& why) const { throw Error(label + ": " + why); }
@@ -131,7 +131,7 @@ struct BundleKernel::Impl {
   const Entry* entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const;
   std::string call_spec(const Call& c) const;
 
-  // Resolution of a new key (once per key, see LazyKernel).
+  // Resolution of a new key (once per key, see ResolveTable).
   std::shared_ptr<const Entry> resolve(const CallKey& key, const ResolveCtx& rc);
   bool compatible(const Variant& v) const;
   bool matches(const Variant& v, const Call& c, const std::string& target) const;
@@ -340,7 +340,7 @@ BundleKernel Bundle::kernel(const std::string& name, const std::string& signatur
   k->bind(signature, constexprs);
   k->require_variant();
   BundleKernel::Impl* raw = k.get();
-  k->table = std::make_unique<LazyKernel>(rec->desc.name, [raw](const CallKey& key, void* ctx) {
+  k->table = std::make_unique<ResolveTable>(rec->desc.name, [raw](const CallKey& key, void* ctx) {
     return raw->resolve(key, *static_cast<const ResolveCtx*>(ctx));
   });
   return BundleKernel(k);

@@ -434,36 +434,28 @@ PYBIND11_MODULE(_core, m) {
                              })
       .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; });
 
-  py::class_<LazyKernel, std::shared_ptr<LazyKernel>>(m, "LazyKernel")
+  py::class_<ResolveTable, std::shared_ptr<ResolveTable>>(m, "ResolveTable")
       .def(py::init([](std::string name, py::function resolver) {
              auto fn = std::shared_ptr<py::function>(new py::function(std::move(resolver)), [](py::function* f) {
                if (!Py_IsInitialized()) return;
                py::gil_scoped_acquire gil;
                delete f;
              });
-             return std::make_shared<LazyKernel>(std::move(name), [fn](const CallKey& key, void* ctx) {
+             return std::make_shared<ResolveTable>(std::move(name), [fn](const CallKey& key, void* ctx) {
                py::gil_scoped_acquire gil;
                py::object r = (*fn)(py::tuple(py::cast(key)), py::reinterpret_borrow<py::object>(static_cast<PyObject*>(ctx)));
                return std::shared_ptr<const Entry>(r.cast<std::shared_ptr<Entry>>());
              });
            }),
            py::arg("name"), py::arg("resolver"))
-      .def_property_readonly("name", &LazyKernel::name)
-      .def_property_readonly("handle", [](LazyKernel& k) { return reinterpret_cast<uintptr_t>(&k); },
+      .def_property_readonly("name", &ResolveTable::name)
+      .def_property_readonly("handle", [](ResolveTable& k) { return reinterpret_cast<uintptr_t>(&k); },
                              "Address of the C++ object, for generated stubs (valid while this object lives).")
-      .def("resolve",
-           [](LazyKernel& k, std::vector<uint64_t> key, py::object ctx) {
-             // Without the GIL: another thread may be resolving this key in
-             // Python, and this one must wait for it, not block it.
-             without_gil([&] { return k.resolve(key.data(), key.size(), ctx.ptr()); });
-             return std::const_pointer_cast<Entry>(k.entry(key.data(), key.size()));
-           },
-           py::arg("key"), py::arg("ctx"), "Resolve `key` once (see LazyKernel::resolve); returns its Entry.")
       .def("install",
-           [](LazyKernel& k, std::vector<uint64_t> key, std::shared_ptr<Entry> e) { k.install(key, std::move(e)); })
-      .def("find", [](LazyKernel& k, std::vector<uint64_t> key) { return k.find(key.data(), key.size()) != nullptr; })
-      .def("__len__", &LazyKernel::size)
-      .def("clear", &LazyKernel::clear);
+           [](ResolveTable& k, std::vector<uint64_t> key, std::shared_ptr<Entry> e) { k.install(key, std::move(e)); })
+      .def("find", [](ResolveTable& k, std::vector<uint64_t> key) { return k.find(key.data(), key.size()) != nullptr; })
+      .def("__len__", &ResolveTable::size)
+      .def("clear", &ResolveTable::clear);
 
   py::class_<Snapshot>(m, "Snapshot")
       .def(py::init([](uint64_t stream, const std::vector<std::pair<uint64_t, size_t>>& bufs) {

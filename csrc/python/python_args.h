@@ -11,7 +11,7 @@
 #include <string>
 
 #include "lazytriton/encode.h"
-#include "lazytriton/lazy_kernel.h"
+#include "lazytriton/resolve_table.h"
 #include "lazytriton/tensor_desc.h"
 
 namespace lt::pyargs {

@@ -81,7 +81,7 @@ class LazyKernel(_core.LaunchBase):
         self._n_call = len(self.call_params)
         # The resolve-once table the stubs look winners up in (its resolver is
         # looked up per use, so that an instance may replace _resolve).
-        self._core = _core.LazyKernel(self.name, lambda key, ctx: self._resolve(key, ctx))
+        self._core = _core.ResolveTable(self.name, lambda key, ctx: self._resolve(key, ctx))
         compiler.warm_up()  # the compile server and Triton's specializer, ready by the first call that compiles
         self._handle = self._core.handle
         self._stubs: list = []

@@ -183,7 +183,7 @@ PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{
     PyErr_SetString(PyExc_TypeError, "launch(handle, grid, stream, args)");
     return nullptr;
   }}
-  auto* kernel = reinterpret_cast<LazyKernel*>(PyLong_AsVoidPtr(argv[0]));
+  auto* kernel = reinterpret_cast<ResolveTable*>(PyLong_AsVoidPtr(argv[0]));
   PyObject* grid = argv[1];
   auto stream = reinterpret_cast<cu::CUstream>(PyLong_AsVoidPtr(argv[2]));
   PyObject* args = argv[3];

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "lazytriton/lazy_kernel.h"
+#include "lazytriton/resolve_table.h"
 
 namespace lt {
 
@@ -25,12 +25,12 @@ void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const 
 
 class CallSite {
  public:
-  CallSite(std::string name, size_t n_buffers, LazyKernel::Resolver resolver)
+  CallSite(std::string name, size_t n_buffers, ResolveTable::Resolver resolver)
       : n_buffers_(n_buffers), table_(std::move(name), std::move(resolver)) {}
 
   const std::string& name() const { return table_.name(); }
   size_t n_buffers() const { return n_buffers_; }
-  LazyKernel& table() { return table_; }
+  ResolveTable& table() { return table_; }
 
   // Launches on `stream` in `ctx`. An unresolved key is resolved first, once
   // across threads, by the resolver (which gets `call_ctx`). A caller whose
@@ -40,7 +40,7 @@ class CallSite {
 
  private:
   size_t n_buffers_;
-  LazyKernel table_;
+  ResolveTable table_;
 };
 
 }  // namespace lt

@@ -4,5 +4,5 @@
 #include "lazytriton/call_site.h"
 #include "lazytriton/driver.h"
 #include "lazytriton/kernel.h"
-#include "lazytriton/lazy_kernel.h"
+#include "lazytriton/resolve_table.h"
 #include "lazytriton/tuning.h"

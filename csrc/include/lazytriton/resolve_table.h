@@ -1,7 +1,9 @@
-// A kernel whose binary is chosen on first call: calls are keyed by their
-// specialization (alignment, ==1 and divisibility of arguments, autotune key
-// values); a key seen for the first time is resolved once by a callback (which
-// compiles and tunes), and every later call with that key launches directly.
+// The resolve-once table every face shares (the Python stubs' kernel, the JAX
+// call site, the C++ bundle): calls are keyed by their specialization
+// (alignment, ==1 and divisibility of arguments, autotune key values); a key
+// seen for the first time is resolved once by a callback (which compiles and
+// tunes; concurrent callers of the same key wait for it), and every later call
+// with that key finds its Entry without a lock and launches directly.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -59,14 +61,14 @@ struct Entry {
   std::shared_ptr<void> user;
 };
 
-class LazyKernel {
+class ResolveTable {
  public:
   // Called without any lazytriton lock held; returns the entry for `key`.
   // `call_ctx` is whatever the caller passed to resolve() (its arguments).
   using Resolver = std::function<std::shared_ptr<const Entry>(const CallKey& key, void* call_ctx)>;
 
-  LazyKernel(std::string name, Resolver resolver);
-  ~LazyKernel();
+  ResolveTable(std::string name, Resolver resolver);
+  ~ResolveTable();
 
   const std::string& name() const { return name_; }
 

@@ -1,4 +1,4 @@
-#include "lazytriton/lazy_kernel.h"
+#include "lazytriton/resolve_table.h"
 
 #include <algorithm>
 
@@ -9,29 +9,29 @@ bool same(const CallKey& a, const uint64_t* key, size_t n) {
 }
 }  // namespace
 
-LazyKernel::LazyKernel(std::string name, Resolver resolver)
+ResolveTable::ResolveTable(std::string name, Resolver resolver)
     : name_(std::move(name)), resolver_(std::move(resolver)) {
   tables_.push_back(std::make_unique<Table>());
   table_.store(tables_.back().get());
 }
 
-LazyKernel::~LazyKernel() = default;
+ResolveTable::~ResolveTable() = default;
 
-const Entry* LazyKernel::find(const uint64_t* key, size_t n) const noexcept {
+const Entry* ResolveTable::find(const uint64_t* key, size_t n) const noexcept {
   const Table* t = table_.load(std::memory_order_acquire);
   for (const auto& row : t->rows)
     if (same(row.first, key, n)) return row.second.get();
   return nullptr;
 }
 
-std::shared_ptr<const Entry> LazyKernel::entry(const uint64_t* key, size_t n) const {
+std::shared_ptr<const Entry> ResolveTable::entry(const uint64_t* key, size_t n) const {
   const Table* t = table_.load(std::memory_order_acquire);
   for (const auto& row : t->rows)
     if (same(row.first, key, n)) return row.second;
   return nullptr;
 }
 
-const Entry* LazyKernel::install(const CallKey& key, std::shared_ptr<const Entry> entry) {
+const Entry* ResolveTable::install(const CallKey& key, std::shared_ptr<const Entry> entry) {
   std::lock_guard<std::mutex> lock(mu_);
   // Copy-on-write: readers keep using the old table, which stays alive.
   auto next = std::make_unique<Table>(*table_.load());
@@ -47,7 +47,7 @@ const Entry* LazyKernel::install(const CallKey& key, std::shared_ptr<const Entry
   return out;
 }
 
-const Entry* LazyKernel::resolve(const uint64_t* key_ptr, size_t n, void* call_ctx) {
+const Entry* ResolveTable::resolve(const uint64_t* key_ptr, size_t n, void* call_ctx) {
   CallKey key(key_ptr, key_ptr + n);
   std::shared_ptr<InFlight> job;
   bool owner = false;
@@ -89,9 +89,9 @@ const Entry* LazyKernel::resolve(const uint64_t* key_ptr, size_t n, void* call_c
   return installed;
 }
 
-size_t LazyKernel::size() const { return table_.load()->rows.size(); }
+size_t ResolveTable::size() const { return table_.load()->rows.size(); }
 
-void LazyKernel::clear() {
+void ResolveTable::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   tables_.push_back(std::make_unique<Table>());
   table_.store(tables_.back().get(), std::memory_order_release);
