@@ -310,7 +310,7 @@ void BundleKernel::Impl::require_variant() const {
   std::string cx;
   for (const auto& [k, c] : constexprs) cx += " " + k + "=" + c.repr();
   fail("bundle " + bundle->dir + " has no winner for signature " + signature + cx + "; its winners are:" +
-       variant_list() + "\nTune it from Python (lazytriton.cpp.bundle.Bundle(dir).add(...)) or turn on lazy mode "
+       variant_list() + "\nTune it from Python (lazytriton.cpp.Bundle(dir).add(...)) or turn on lazy mode "
        "(lt::enable_lazy from lazytriton::embed)");
 }
 
@@ -692,7 +692,7 @@ std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, con
       std::lock_guard<std::mutex> lock(bundle->mu);
       fail(other_vendor(dev) + "no tuned winner in bundle " + bundle->dir + " for " + describe_call(*rc.call, target) +
            "; its winners are:" + variant_list() +
-           "\nTune this call from Python (lazytriton.cpp.bundle.Bundle(dir).add(...)) or turn on lazy mode "
+           "\nTune this call from Python (lazytriton.cpp.Bundle(dir).add(...)) or turn on lazy mode "
            "(lt::enable_lazy from lazytriton::embed)");
     }
     v = resolve_lazily(rc, target, *resolver);

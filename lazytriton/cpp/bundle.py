@@ -13,7 +13,7 @@ specialization of each (16-byte alignment, == 1, % 16), the constexprs, the
 autotune-key (and heuristic-read) values, which arguments are kernel
 parameters, the winner's meta-parameters and its launch metadata.
 
-    b = lazytriton.cpp.bundle.Bundle("/srv/model/kernels")
+    b = lazytriton.cpp.Bundle("/srv/model/kernels")
     b.add(my_kernel, x, y, out, n, grid=lambda m: (triton.cdiv(n, m["BLOCK"]),))
 """
 from __future__ import annotations
@@ -341,7 +341,7 @@ class Bundle:
         self.path = Path(path) if path is not None else default_dir()
 
     def __repr__(self) -> str:
-        return f"lazytriton.cpp.bundle.Bundle({str(self.path)!r})"
+        return f"lazytriton.cpp.Bundle({str(self.path)!r})"
 
     def add(self, kernel: Any, *args, grid: Any = None, stream: Any = None, source: str | None = None,
             **kwargs) -> dict:
