@@ -20,7 +20,7 @@ from lazytriton import _core
 from lazytriton.core.arrays import DeviceArray
 from lazytriton.cache import Cache
 from lazytriton.compile.compiler import AllCandidatesFailed, Binder, Candidate, compile_all
-from lazytriton.core.kernel import Resolution
+from lazytriton.core.resolve import Resolution
 from lazytriton.core.spec import describe
 
 from kernels import basic

@@ -100,7 +100,7 @@ def compile_variant(kernel, source: str, args: tuple, kwargs: dict, *, meta: dic
     a GPU (the first config's binary, untimed): what a tuned call would write."""
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target
-    from lazytriton.core.kernel import Resolved
+    from lazytriton.core.resolve import Resolved
     from lazytriton.core.spec import describe
 
     spec, desc, target = describe(kernel), bundle.describe(kernel, source), default_target()

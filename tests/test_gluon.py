@@ -18,7 +18,7 @@ from lazytriton.cache import keys
 from lazytriton.core.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import ast_source
-from lazytriton.core.kernel import Resolution
+from lazytriton.core.resolve import Resolution
 from lazytriton.core.spec import describe
 
 from kernels import basic, gluonk

@@ -322,7 +322,8 @@ def test_unresolved_kernel_never_tunes_under_capture(cache_dir):
     jax): the resolver is told the stream is capturing and refuses to tune."""
     cupy = pytest.importorskip("cupy")
     from lazytriton.core.arrays import DeviceArray
-    from lazytriton.core.kernel import CaptureError, LazyKernel
+    from lazytriton.core.kernel import LazyKernel
+    from lazytriton.core.resolve import CaptureError
 
     n = 4096
     x = cupy.arange(n, dtype=cupy.float32)

@@ -295,7 +295,7 @@ def test_first_execution_already_under_capture(cache_dir, monkeypatch, fallback)
 
     from lazytriton import jax as ltj
     from lazytriton.jax import ffi as jax_ffi
-    from lazytriton.core.kernel import CaptureError
+    from lazytriton.core.resolve import CaptureError
 
     if fallback:
         monkeypatch.setenv("LAZYTRITON_CAPTURE_FALLBACK", fallback)

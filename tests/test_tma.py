@@ -23,7 +23,7 @@ from lazytriton import _core
 from lazytriton.core import pre_hooks, stubgen, tensor_desc
 from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_all, compile_one
-from lazytriton.core.kernel import Resolution
+from lazytriton.core.resolve import Resolution
 from lazytriton.core.spec import KernelSpecError, describe
 
 from kernels import tma

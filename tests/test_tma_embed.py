@@ -16,7 +16,7 @@ from lazytriton.core import tensor_desc, tuples
 from lazytriton.core.arrays import DeviceArray, PointerArg
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import default_target
-from lazytriton.core.kernel import Resolved
+from lazytriton.core.resolve import Resolved
 from lazytriton.core.spec import describe
 
 from kernels import tma

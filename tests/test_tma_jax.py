@@ -18,7 +18,7 @@ import lazytriton  # noqa: E402
 from lazytriton import jax as ltj  # noqa: E402
 from lazytriton.jax import ffi as jax_ffi  # noqa: E402
 from lazytriton.core import stubgen
-from lazytriton.core.kernel import Resolution  # noqa: E402
+from lazytriton.core.resolve import Resolution  # noqa: E402
 
 from kernels import tma  # noqa: E402
 from test_tma import hooked, _writes_nargs  # noqa: E402

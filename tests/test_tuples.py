@@ -420,7 +420,7 @@ def compiled_tuple_variant(kernel, source, args: tuple, kwargs: dict, meta: dict
     """(description, variant, cubin) of a call compiled for sm_90 without a GPU: what tuning would write."""
     from lazytriton.cpp import bundle
     from lazytriton.compile.compiler import Candidate, compile_all
-    from lazytriton.core.kernel import Resolved
+    from lazytriton.core.resolve import Resolved
     from lazytriton.core.spec import describe
 
     spec, desc = describe(kernel), bundle.describe(kernel, source)

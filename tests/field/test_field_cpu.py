@@ -16,7 +16,7 @@ from triton.backends.compiler import GPUTarget
 import lazytriton
 from lazytriton.core.arrays import DeviceArray
 from lazytriton.compile.compiler import compile_all
-from lazytriton.core.kernel import Resolution
+from lazytriton.core.resolve import Resolution
 
 from field import upstream
 

@@ -58,7 +58,7 @@ from lazytriton import _core  # noqa: E402
 from lazytriton.core import stubgen
 from lazytriton.core.arrays import DeviceArray  # noqa: E402
 from lazytriton.compile.compiler import compile_all  # noqa: E402
-from lazytriton.core.kernel import Resolution  # noqa: E402
+from lazytriton.core.resolve import Resolution  # noqa: E402
 
 import matrix_kernels as mk  # noqa: E402
 
