@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from lazytriton.core import stubgen
+from lazytriton.core import native
 
 SOURCE = r"""
 #include <pybind11/pybind11.h>
@@ -41,7 +41,7 @@ PYBIND11_MODULE(lt_test_scalar_bits, m) {
 def bits(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path_factory.mktemp("ltcache")))
-        return stubgen.load_module("lt_test_scalar_bits", lambda: SOURCE, "the scalar_bits test module")
+        return native.load_module("lt_test_scalar_bits", lambda: SOURCE, "the scalar_bits test module")
 
 
 def fp16_ref(d: float) -> int:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lazytriton import _core
-from lazytriton.core import stubgen
+from lazytriton.core import native, stubgen
 from lazytriton.core.arrays import DTYPE_IDS, DeviceArray, constexpr_index
 from lazytriton.core.specialize import Shape, Slot
 
@@ -94,7 +94,7 @@ def stub_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAZYTRITON_CACHE_DIR", str(d))
         # Another test module may have loaded this shape's stub from its own cache.
-        mp.delitem(stubgen._loaded, f"lt_stub_{ALL_KINDS.digest()}", raising=False)
+        mp.delitem(native._loaded, f"lt_stub_{ALL_KINDS.digest()}", raising=False)
         module = stubgen.load_stub(ALL_KINDS)
     return d, module
 
@@ -233,7 +233,7 @@ def test_background_builds_run_their_compiler_niced(cache_dir, tmp_path, monkeyp
     background = Shape(("x", "n"), (Slot("ptr", dtype=DTYPE_IDS["fp32"]), Slot("int", int_type="i32")))
     waited = Shape(("y", "m"), (Slot("ptr", dtype=DTYPE_IDS["fp16"]), Slot("int", int_type="i64")))
     for shape in (background, waited):
-        monkeypatch.delitem(stubgen._loaded, f"lt_stub_{shape.digest()}", raising=False)
+        monkeypatch.delitem(native._loaded, f"lt_stub_{shape.digest()}", raising=False)
     assert stubgen.stub_now(background) is not None  # the table-driven stub, at once
     stubgen.wait_for_builds(120)
     stubgen.load_stub(waited)

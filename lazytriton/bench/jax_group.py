@@ -81,11 +81,11 @@ def _ffi_floor_module(kern):
     handler set to launch `kern` (None: only the no-launch handler works)."""
     import jax
 
-    from lazytriton.core import stubgen
+    from lazytriton.core import native
 
     src = Path(__file__).with_name("ffi_floor.cc").read_text()
     tag = "-bench" + hashlib.sha256(src.encode()).hexdigest()[:8]
-    mod = stubgen.load_module("lt_bench_ffi", lambda: src, "the FFI floor handlers",
+    mod = native.load_module("lt_bench_ffi", lambda: src, "the FFI floor handlers",
                               extra_flags=(f"-I{jax.ffi.include_dir()}",), tag=tag)
     if kern is not None:
         mod.set_cubin(kern.cubin, kern.name, 32 * kern.metadata["num_warps"], N)

@@ -168,7 +168,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     what = f" of kernel {args.kernel}" if args.kernel else ""
     stubs = ""
     if not args.kernel:
-        from ..core.stubgen import clear_stubs
+        from ..core.native import clear_stubs
 
         n = clear_stubs(cache.root)
         stubs = f" and {n} launch stub{'' if n == 1 else 's'}"

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import _core, paths
 from ..cache import keys
-from ..core import stubgen, tensor_desc
+from ..core import native, tensor_desc
 from ..core.arrays import DeviceArray
 from ..core.specialize import WIDE_FLOAT, needs_fp64
 from ..cache import config
@@ -54,8 +54,8 @@ def handler_module():
         _module, how = (_prebuilt_handler(name, src, jaxlib.__version__) if use_prebuilt else None), "prebuilt"
         if _module is None:
             tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
-            built = stubgen.is_built(name, tag)
-            _module = stubgen.load_module(name, lambda: src, "the XLA FFI handler",
+            built = native.is_built(name, tag)
+            _module = native.load_module(name, lambda: src, "the XLA FFI handler",
                                           extra_flags=(f"-I{jax.ffi.include_dir()}", f"-DLT_MODULE_NAME={name}"),
                                           tag=tag)
             how = "cached" if built else "built"
@@ -82,7 +82,7 @@ def _prebuilt_handler(name: str, src: str, jaxlib_version: str):
     so = lib / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not so.exists():
         return None
-    return stubgen.load_prebuilt(name, so)
+    return native.load_prebuilt(name, so)
 
 
 def handler_info() -> dict:
