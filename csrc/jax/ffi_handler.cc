@@ -8,7 +8,7 @@
 //   under graph capture Python is told so and never benchmarks.
 //
 // Built on first use against the installed jaxlib's FFI headers (see
-// lazytriton/jax_ffi.py); the launch path is liblazytriton's.
+// lazytriton/jax/ffi.py); the launch path is liblazytriton's.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 

@@ -6,7 +6,7 @@
 // stream, args), key(args), params(args), key_words; the generated stub stays
 // the steady-state path (straight-line code, no table walk).
 //
-// Slot table (built by stubgen.Shape.table(), one tuple per argument):
+// Slot table (built by specialize.Shape.table(), one tuple per argument):
 //   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
 //   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor,
 //         6 constexpr folded from the value (takes only None, a tl.constexpr, a @jit function)
@@ -49,10 +49,10 @@ constexpr Py_ssize_t kMaxSlots = 512;
 constexpr size_t kMaxDescs = 16;
 constexpr size_t kMaxKeyWords = (2 * kMaxSlots + 63) / 64 + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
 
-const Ty kClassTypes[] = {Ty::kI32, Ty::kI64, Ty::kU64};  // stubgen.INT_CLASSES
-// stubgen._FIXED_CODES
+const Ty kClassTypes[] = {Ty::kI32, Ty::kI64, Ty::kU64};  // specialize.INT_CLASSES
+// specialize._FIXED_CODES
 const Ty kFixedTypes[] = {Ty::kI8, Ty::kI16, Ty::kI32, Ty::kI64, Ty::kU8, Ty::kU16, Ty::kU32, Ty::kU64};
-const Ty kFloatTypes[] = {Ty::kFp16, Ty::kBf16, Ty::kFp32, Ty::kFp64};  // stubgen._FLOAT_CODES
+const Ty kFloatTypes[] = {Ty::kFp16, Ty::kBf16, Ty::kFp32, Ty::kFp64};  // specialize._FLOAT_CODES
 
 struct SlotSpec {
   int kind, dtype, rank;

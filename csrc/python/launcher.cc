@@ -1,9 +1,9 @@
 // The `k[grid](*args, stream=s)` hot path in C, with no Python frame:
 //
-//   _core.LaunchBase  the base class of lazytriton.ResolveTable. `k[grid]` is its
+//   _core.LaunchBase  the base class of lazytriton.LazyKernel. `k[grid]` is its
 //                     mp_subscript; the fields the hot path reads (_stubs,
 //                     _handle, _n_call, _python_heuristics, _needs_probe) are
-//                     C slots that ResolveTable's own attribute assignments write.
+//                     C slots that LazyKernel's own attribute assignments write.
 //   _core.Launch      what `k[grid]` returns (cached per kernel while the same
 //                     int / tuple-of-ints grid object comes back). Its vectorcall
 //                     binds the call, converts stream= and calls the stubs of
@@ -11,15 +11,15 @@
 //                     argument shape", a tuple a call key with no winner yet.
 //
 // A call key with no winner is resolved here, once, through the kernel's
-// resolve-once table (lazy_kernel.h), whose resolver is ResolveTable._resolve:
+// resolve-once table (resolve_table.h), whose resolver is LazyKernel._resolve:
 // the first call of a specialization crosses into Python once (to compile and
 // tune) and comes back once (with the winner), then launches through the same
-// stub. A call no stub takes asks Python for its stub (ResolveTable._add_stub:
+// stub. A call no stub takes asks Python for its stub (LazyKernel._add_stub:
 // no compiler, the table-driven stub serves at once) and is dispatched again.
-// Python binds what this file cannot (ResolveTable._run: heuristics evaluated in
+// Python binds what this file cannot (LazyKernel._run: heuristics evaluated in
 // Python, keywords it has not bound yet); keyword calls are bound by plans that
 // Python hands out once per (positional count, keyword names) through
-// `ResolveTable._fast_plan`, cached here by the identity of the interpreter's
+// `LazyKernel._fast_plan`, cached here by the identity of the interpreter's
 // kwnames tuple (a constant per call site), then by its contents.
 //
 // Only the public C API (3.10 and later) on the hot path; every object it
@@ -38,7 +38,7 @@ namespace {
 
 constexpr int kMaxPlans = 16;
 
-// How the call tuple of a keyword call is made (see ResolveTable._fast_plan).
+// How the call tuple of a keyword call is made (see LazyKernel._fast_plan).
 struct Plan {
   PyObject* kwnames = nullptr;  // owned; nullptr: a call without keywords
   Py_ssize_t nargs = 0;
@@ -131,7 +131,7 @@ int cupy_imported() {
 }
 
 // The int CUstream the stubs take: `stream if type(stream) is int else
-// stream_handle(stream)`, exactly as ResolveTable._run computes it. `stream` is
+// stream_handle(stream)`, exactly as LazyKernel._run computes it. `stream` is
 // borrowed, nullptr when not passed (None). A new reference, or nullptr.
 PyObject* stream_int(PyObject* stream) {
   if (stream && PyLong_CheckExact(stream)) return Py_NewRef(stream);
@@ -154,7 +154,7 @@ PyObject* stream_int(PyObject* stream) {
 }
 
 // A bad stream= (stream_handle's TypeError): the same error, naming the kernel as
-// ResolveTable._run's does. Other errors are left as they are.
+// LazyKernel._run's does. Other errors are left as they are.
 void name_stream_error(PyObject* kernel) {
   if (!PyErr_ExceptionMatches(PyExc_TypeError)) return;
   PyObject *type, *value, *tb;
@@ -274,7 +274,7 @@ PyObject* bind(const Plan* p, PyObject* const* args) {
 // -- the call ---------------------------------------------------------------------------
 
 // Resolves a call key a stub answered with, once, through the kernel's table
-// (k._handle): its resolver is ResolveTable._resolve(key, (args, stream, grid,
+// (k._handle): its resolver is LazyKernel._resolve(key, (args, stream, grid,
 // stub)). Without the GIL, so that a thread resolving the same key in Python is
 // waited for, not blocked. 0, or -1 with a Python error set.
 int resolve_key(PyObject* handle, PyObject* stub, PyObject* key, PyObject* grid, PyObject* stream,
@@ -342,7 +342,7 @@ int call_stubs(LaunchBase* k, PyObject* grid, PyObject* stream, PyObject* args) 
 }
 
 // Launches a bound call: through k's stubs; when none takes it, Python adds the
-// stub of its argument shape (ResolveTable._add_stub) and it is dispatched again.
+// stub of its argument shape (LazyKernel._add_stub) and it is dispatched again.
 PyObject* dispatch(LaunchBase* k, PyObject* kernel, PyObject* grid, PyObject* stream, PyObject* args) {
   int r = call_stubs(k, grid, stream, args);
   if (r == 0) {
@@ -472,7 +472,7 @@ PyObject* launch_get_grid(PyObject* o, void*) {
 }
 
 PyGetSetDef launch_getset[] = {
-    {"kernel", launch_get_kernel, nullptr, "The ResolveTable this launches.", nullptr},
+    {"kernel", launch_get_kernel, nullptr, "The LazyKernel this launches.", nullptr},
     {"grid", launch_get_grid, nullptr, "The grid: an int, a tuple of up to 3 ints or a callable of the meta dict.",
      nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
@@ -643,7 +643,7 @@ PyMethodDef base_methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-// Object fields, read and written as attributes by ResolveTable's Python code.
+// Object fields, read and written as attributes by LazyKernel's Python code.
 template <size_t Offset>
 PyObject* get_field(PyObject* o, void* name) {
   PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + Offset);
@@ -710,7 +710,7 @@ bool ready_types() {
   b->tp_name = "lazytriton._core.LaunchBase";
   b->tp_basicsize = sizeof(LaunchBase);
   b->tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
-  b->tp_doc = "Base class of lazytriton.ResolveTable: `k[grid]` and the launch hot path, in C.";
+  b->tp_doc = "Base class of lazytriton.LazyKernel: `k[grid]` and the launch hot path, in C.";
   b->tp_new = base_new;
   b->tp_dealloc = base_dealloc;
   b->tp_traverse = base_traverse;
@@ -737,7 +737,7 @@ bool ready_types() {
 
 }  // namespace
 
-// lazytriton.core.kernel.stream_handle as runtime.py defines it, so that the
+// lazytriton.core.kernel.stream_handle as core/kernel.py defines it, so that the
 // launcher can tell it from a replacement (monkeypatching), which it then calls.
 static PyObject* register_stream_handle(PyObject*, PyObject* fn) {
   PyObject* old = g_stream_handle;

@@ -214,7 +214,7 @@ inline bool is_tensor_desc_type(PyObject* obj) {
 // A value Triton's binder folds into a constexpr when it is passed for a
 // parameter not declared tl.constexpr: None, a tl.constexpr, a @triton.jit
 // function (decided once per type by lazytriton.core.arrays.is_folded_constexpr).
-// A slot made from such a value takes only such values (stubgen.Slot.folded).
+// A slot made from such a value takes only such values (specialize.Slot.folded).
 inline bool is_folded_constexpr(PyObject* obj) {
   if (obj == Py_None) return true;
   static IdentityCache<16> cache;
