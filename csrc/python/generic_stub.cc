@@ -177,15 +177,10 @@ PyObject* key_tuple(const Stub* s, const Read& r) {
 
 PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
   auto* s = reinterpret_cast<Stub*>(self);
-  if (argc != 4) {
-    PyErr_SetString(PyExc_TypeError, "launch(handle, grid, stream, args)");
-    return nullptr;
-  }
-  auto* kernel = reinterpret_cast<ResolveTable*>(PyLong_AsVoidPtr(argv[0]));
-  PyObject* grid = argv[1];
-  auto stream = reinterpret_cast<cu::CUstream>(PyLong_AsVoidPtr(argv[2]));
-  PyObject* args = argv[3];
-  if (PyErr_Occurred()) return nullptr;
+  ResolveTable* kernel;
+  cu::CUstream stream;
+  if (!stub_call(argv, argc, &kernel, &stream)) return nullptr;
+  PyObject *grid = argv[1], *args = argv[3];
   Read r;
   if (!read(s, args, r)) Py_RETURN_NONE;
   const Entry* e = kernel->find(r.key, s->key_words);

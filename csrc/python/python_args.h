@@ -86,18 +86,23 @@ inline int ask_python(const char* fn, PyObject* arg) {
   return int(v);
 }
 
+// lazytriton.core.arrays.<fn>(obj), asked once per type of `obj` and kept in
+// `cache`; -1 (no Python error left set) if Python could not answer.
+template <int N>
+inline int answer_per_type(IdentityCache<N>& cache, const char* fn, PyObject* obj) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  int v;
+  if (cache.get(type, &v)) return v;
+  v = ask_python(fn, obj);
+  if (v < 0) return PyErr_Clear(), -1;
+  cache.put(type, v);
+  return v;
+}
+
 inline int strategy_of(PyObject* obj) {
   static IdentityCache<32> cache;
-  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
-  int s;
-  if (cache.get(type, &s)) return s;
-  s = ask_python("pointer_strategy", obj);
-  if (s < 0) {
-    PyErr_Clear();
-    return kNotArray;
-  }
-  cache.put(type, s);
-  return s;
+  int s = answer_per_type(cache, "pointer_strategy", obj);
+  return s < 0 ? kNotArray : s;
 }
 
 // Triton dtype id (lazytriton.core.arrays.DTYPE_IDS) of a dtype object.
@@ -202,13 +207,7 @@ inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
 // type by lazytriton.core.arrays.is_tensor_descriptor).
 inline bool is_tensor_desc_type(PyObject* obj) {
   static IdentityCache<16> cache;
-  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
-  int v;
-  if (cache.get(type, &v)) return v == 1;
-  v = ask_python("is_tensor_descriptor", obj);
-  if (v < 0) return PyErr_Clear(), false;
-  cache.put(type, v);
-  return v == 1;
+  return answer_per_type(cache, "is_tensor_descriptor", obj) == 1;
 }
 
 // A value Triton's binder folds into a constexpr when it is passed for a
@@ -218,13 +217,7 @@ inline bool is_tensor_desc_type(PyObject* obj) {
 inline bool is_folded_constexpr(PyObject* obj) {
   if (obj == Py_None) return true;
   static IdentityCache<16> cache;
-  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
-  int v;
-  if (cache.get(type, &v)) return v == 1;
-  v = ask_python("is_folded_constexpr", obj);
-  if (v < 0) return PyErr_Clear(), false;
-  cache.put(type, v);
-  return v == 1;
+  return answer_per_type(cache, "is_folded_constexpr", obj) == 1;
 }
 
 // `n` ints from a sequence attribute (list, tuple, torch.Size; items with __index__).
@@ -436,6 +429,18 @@ inline bool eval_grid(PyObject* grid, const Entry& e, PyObject* const* names, Py
   bool ok = read_grid(g, out, kernel, grid);
   Py_DECREF(g);
   return ok;
+}
+
+// A stub's launch(handle, grid, stream, args): the kernel's resolve-once table
+// and the stream; false with a Python error set if the call is malformed.
+inline bool stub_call(PyObject* const* argv, Py_ssize_t argc, ResolveTable** table, cu::CUstream* stream) {
+  if (argc != 4) {
+    PyErr_SetString(PyExc_TypeError, "launch(handle, grid, stream, args)");
+    return false;
+  }
+  *table = reinterpret_cast<ResolveTable*>(PyLong_AsVoidPtr(argv[0]));
+  *stream = reinterpret_cast<cu::CUstream>(PyLong_AsVoidPtr(argv[2]));
+  return !PyErr_Occurred();
 }
 
 // lazytriton.RuntimeFailure (registered by lazytriton._core for lt::Error),

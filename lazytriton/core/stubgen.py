@@ -164,15 +164,10 @@ PyObject* key_tuple(const Args& a) {{
 // launch(kernel_handle, grid, stream, args) -> True (launched), a key tuple
 // (unresolved: resolve it and call again) or None (not this stub's shape).
 PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{
-  if (argc != 4) {{
-    PyErr_SetString(PyExc_TypeError, "launch(handle, grid, stream, args)");
-    return nullptr;
-  }}
-  auto* kernel = reinterpret_cast<ResolveTable*>(PyLong_AsVoidPtr(argv[0]));
-  PyObject* grid = argv[1];
-  auto stream = reinterpret_cast<cu::CUstream>(PyLong_AsVoidPtr(argv[2]));
-  PyObject* args = argv[3];
-  if (PyErr_Occurred()) return nullptr;
+  ResolveTable* kernel;
+  cu::CUstream stream;
+  if (!stub_call(argv, argc, &kernel, &stream)) return nullptr;
+  PyObject *grid = argv[1], *args = argv[3];
   Args a;
   if (!read(args, a)) Py_RETURN_NONE;
   const Entry* e = kernel->find(a.key, kKeyWords);
