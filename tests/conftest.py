@@ -71,13 +71,32 @@ def jax_gpu():
     return jax
 
 
-@pytest.fixture(scope="session")
-def fake_driver(tmp_path_factory):
-    """A directory holding fake_cuda/fake_cuda.c built as libcuda.so.1 (a recording stand-in for the driver)."""
+def build_c(tmp_path_factory, source: str, output: str, *flags: str) -> Path:
+    """tests/<source> built as a shared object tmp/<output> (the test skips without a C compiler)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("needs a C compiler")
-    d = tmp_path_factory.mktemp("fake-cuda")
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda.so.1"),
-                    str(Path(__file__).parent / "fake_cuda" / "fake_cuda.c")], check=True)
-    return d
+    out = tmp_path_factory.mktemp(Path(output).stem.replace(".", "-")) / output
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", *flags, "-o", str(out), str(Path(__file__).parent / source)],
+                   check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def native_arrays(tmp_path_factory):
+    """tests/native/arrays.c built and imported: array types written in C (C getters, slots, methods)."""
+    import importlib.util
+    import sysconfig
+
+    so = build_c(tmp_path_factory, "native/arrays.c", f"native_arrays{sysconfig.get_config_var('EXT_SUFFIX')}",
+                 f"-I{sysconfig.get_paths()['include']}")
+    spec = importlib.util.spec_from_file_location("native_arrays", so)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def fake_driver(tmp_path_factory):
+    """A directory holding fake_cuda/fake_cuda.c built as libcuda.so.1 (a recording stand-in for the driver)."""
+    return build_c(tmp_path_factory, "fake_cuda/fake_cuda.c", "libcuda.so.1").parent

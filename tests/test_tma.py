@@ -151,8 +151,8 @@ def test_a_built_stub_refuses_a_bad_descriptor_too(cache_dir):
     good = k._bind_call((desc((64, 64), (16, 16)), array((16, 16))), {"M": 16, "N": 16})
     shape = k._shape(good)
     stub = stubgen.load_stub(shape)
-    k._stubs = [stub.launch]
-    k._shapes[stub.launch] = shape
+    k._stubs = [stub]
+    k._shapes[stub] = shape
     bad = triton_td(array((64, 64)), (64, 64), (64, 3), (16, 16))
     assert stub.key(k._bind_call((bad, array((16, 16))), {"M": 16, "N": 16})) is None
     with pytest.raises(ValueError, match="kernel tma_copy_kernel, argument in_desc: .*contiguous"):

@@ -47,46 +47,63 @@ const Entry* ResolveTable::install(const CallKey& key, std::shared_ptr<const Ent
   return out;
 }
 
-const Entry* ResolveTable::resolve(const uint64_t* key_ptr, size_t n, void* call_ctx) {
+const Entry* ResolveTable::claim(const uint64_t* key_ptr, size_t n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (const Entry* e = find(key_ptr, n)) return e;
   CallKey key(key_ptr, key_ptr + n);
-  std::shared_ptr<InFlight> job;
-  bool owner = false;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (const Entry* e = find(key_ptr, n)) return e;
-    auto it = in_flight_.find(key);
-    if (it == in_flight_.end()) {
-      job = std::make_shared<InFlight>();
-      in_flight_[key] = job;
-      owner = true;
-    } else {
-      job = it->second;
-      cv_.wait(lock, [&] { return job->done; });
-      if (job->error) std::rethrow_exception(job->error);
-      return job->entry;
-    }
-  }
-  // Only the owner gets here; it resolves without holding the lock.
-  std::shared_ptr<const Entry> entry;
-  std::exception_ptr error;
-  try {
+  auto it = in_flight_.find(key);
+  if (it == in_flight_.end()) {
+    in_flight_[key] = std::make_shared<InFlight>();
     counters().resolves++;
-    entry = resolver_(key, call_ctx);
-    if (!entry || !entry->kernel) throw Error("kernel " + name_ + ": resolver returned no kernel");
-  } catch (...) {
-    error = std::current_exception();
+    return nullptr;  // the caller resolves it
   }
-  const Entry* installed = error ? nullptr : install(key, std::move(entry));
+  std::shared_ptr<InFlight> job = it->second;
+  cv_.wait(lock, [&] { return job->done; });
+  if (job->error) std::rethrow_exception(job->error);
+  return job->entry;
+}
+
+// Ends the resolution of `key` that claim() handed out.
+void ResolveTable::finish(const CallKey& key, const Entry* entry, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    job->done = true;
-    job->error = error;
-    job->entry = installed;
-    in_flight_.erase(key);  // a failed key is retried by the next call
+    auto it = in_flight_.find(key);
+    if (it != in_flight_.end()) {
+      it->second->done = true;
+      it->second->error = error;
+      it->second->entry = entry;
+      in_flight_.erase(it);  // a failed key is retried by the next call
+    }
   }
   cv_.notify_all();
-  if (error) std::rethrow_exception(error);
+}
+
+const Entry* ResolveTable::publish(const CallKey& key, std::shared_ptr<const Entry> entry) {
+  if (!entry || !entry->kernel) {
+    Error error("kernel " + name_ + ": resolver returned no kernel");
+    fail(key, std::make_exception_ptr(error));
+    throw error;
+  }
+  const Entry* installed = install(key, std::move(entry));
+  finish(key, installed, nullptr);
   return installed;
+}
+
+void ResolveTable::fail(const CallKey& key, std::exception_ptr error) { finish(key, nullptr, error); }
+
+const Entry* ResolveTable::resolve(const uint64_t* key_ptr, size_t n, void* call_ctx) {
+  if (const Entry* e = claim(key_ptr, n)) return e;
+  // This caller owns the resolution; it resolves without holding the lock.
+  CallKey key(key_ptr, key_ptr + n);
+  std::shared_ptr<const Entry> entry;
+  try {
+    if (!resolver_) throw Error("kernel " + name_ + ": internal error: this table has no resolver");
+    entry = resolver_(key, call_ctx);
+  } catch (...) {
+    fail(key, std::current_exception());
+    throw;
+  }
+  return publish(key, std::move(entry));
 }
 
 size_t ResolveTable::size() const { return table_.load()->rows.size(); }

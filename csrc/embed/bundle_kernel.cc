@@ -1,59 +1,19 @@
 // BundleKernel: one signature and set of constexprs of a bundle's kernel.
 // Binds the signature to the kernel's parameters, reads and packs each call's
 // arguments (Triton's specialization, tensor descriptors, tuple elements),
-// picks the variant for the call (or resolves one in lazy mode) and launches
-// it through lt::Kernel::launch.
+// finds the call's entry in its resolve-once table (a new key's variant is
+// found or resolved by bundle_resolve.cc) and launches it through
+// lt::Kernel::launch.
 #include <algorithm>
 #include <cstring>
 #include <mutex>
 
-#include "bundle_manifest.h"
-#include "bundle_signature.h"
-#include "lazytriton/bundle.h"
-#include "lazytriton/encode.h"
-#include "lazytriton/resolve_table.h"
+#include "bundle_kernel_impl.h"
 
 namespace lt {
-
-using namespace manifest;
-using namespace sigtypes;
-
 namespace {
 
-constexpr size_t kMaxArgs = 64;
-constexpr size_t kMaxDescArgs = 8;  // tensor descriptor arguments per kernel
-constexpr size_t kMaxKey = 1 + (2 * kMaxArgs + 63) / 64 + kMaxArgs;
 const char* const kOptionNames[] = {"num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl"};
-
-// One runtime argument: how to read, check and pack it.
-struct RtArg {
-  std::string name;
-  size_t call_index = 0;  // position among the kernel's call parameters
-  Ty ty = Ty::kI32;
-  std::string type;  // as in the signature ("*fp32", "i32")
-  int dtype = kNoDtype;  // pointers
-  bool annotated = false;  // type fixed by the kernel's annotation (else Triton's class of the value)
-  bool specialize = true, align = true;
-  int key_word = -1;  // index into the call key, if the value selects the binary
-  int desc_rank = 0;  // tensor descriptors: the signature's block shape (the kernel's type)
-  int64_t desc_block[kMaxDescRank] = {};
-};
-
-// A call's packed parameters and its key: [context, 2 specialization bits
-// per argument, key values]. A descriptor's slot is its index in `descs`.
-struct Call {
-  uint64_t slots[kMaxArgs];
-  uint64_t key[kMaxKey];
-  HostTensorDesc descs[kMaxDescArgs];
-  size_t n_desc = 0;
-};
-
-struct ResolveCtx {
-  const Arg* args;
-  const Call* call;
-  cu::CUstream stream;
-  const GridFn* grid;
-};
 
 const char* arg_kind_name(Arg::Kind k) {
   switch (k) {
@@ -73,12 +33,6 @@ std::string arg_value_text(const Arg& a) {
   return a.big() ? std::to_string(a.bits()) : std::to_string(a.integer());
 }
 
-std::string spec_suffix(const RtArg& r, uint64_t bits) {
-  if (r.ty == Ty::kPtr) return bits & 1 ? "16" : "";
-  if (is_int(r.ty)) return bits & 1 ? "1" : bits & 2 ? "16" : "";
-  return "";
-}
-
 bool is_option(const std::string& name) {
   for (const char* o : kOptionNames)
     if (name == o) return true;
@@ -86,63 +40,6 @@ bool is_option(const std::string& name) {
 }
 
 }  // namespace
-
-struct BundleKernel::Impl {
-  std::shared_ptr<Bundle::Impl> bundle;
-  std::shared_ptr<KernelRecord> record;
-  KernelDesc desc;
-  std::string label;  // "kernel add_kernel"
-  std::string signature;
-  std::vector<RtArg> args;
-  std::vector<std::string> call_types;  // per leaf (a call parameter, or a tuple's element), as variants spell them
-  std::vector<std::string> layout;  // per call parameter: "" or a tuple argument's nesting ("[_,[_,_]]")
-  Constants constexprs;  // sorted: call constexprs, None'd pointers, options
-  Constants options;
-  std::vector<std::string> key_names;  // by key word, after the context and the bits
-  size_t bit_words = 0, key_len = 0;
-  std::unique_ptr<ResolveTable> table;
-
-  std::vector<std::string> arg_names() const;  // runtime arguments, in launch order
-  [[noreturn]] void fail(const std::string& why) const { throw Error(label + ": " + why); }
-  [[noreturn]] void fail_arg(const RtArg& r, const std::string& why) const {
-    throw Error(label + ": argument " + r.name + ": " + why);
-  }
-
-  // Set-up (Bundle::kernel).
-  void bind(const std::string& sig, const Constants& given);
-  void bind_param(const ParamDesc& p, std::vector<std::string>& types, size_t& next, const Constants& given);
-  void check_type(RtArg& r, const ParamDesc& p);
-  void check_constexprs(const Constants& given) const;
-  void require_variant() const;
-  std::string variant_list() const;
-
-  // The call path.
-  void read(const Arg* a, size_t n, Call& c) const;
-  void pack(size_t i, const Arg& a, Call& c) const;
-  void pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const;
-  void pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const;
-  double real_of(const RtArg& r, const Arg& a) const;
-  double pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const;
-  void pack_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const;
-  // The kernel parameters of a resolved call (descriptors encoded into `dps`).
-  size_t params(const Entry& e, Call& c, void** out, DescParams* dps) const;
-  void launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const;
-  // The entry for c.key (context set): the table's, else resolved once.
-  const Entry* entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const;
-  std::string call_spec(const Call& c) const;
-
-  // Resolution of a new key (once per key, see ResolveTable).
-  std::shared_ptr<const Entry> resolve(const CallKey& key, const ResolveCtx& rc);
-  bool compatible(const Variant& v) const;
-  bool matches(const Variant& v, const Call& c, const std::string& target) const;
-  std::shared_ptr<Variant> find_variant(const Call& c, const std::string& target, const std::string& device) const;
-  std::shared_ptr<Variant> resolve_lazily(const ResolveCtx& rc, const std::string& target, Resolver& resolver);
-  ResolveRequest request(const ResolveCtx& rc) const;
-  std::shared_ptr<const Entry> make_entry(const std::shared_ptr<Variant>& v, const Call& c, const std::string& target);
-  std::shared_ptr<Kernel> kernel_of(Variant& v) const;
-  std::string describe_call(const Call& c, const std::string& target) const;
-  std::string other_vendor(const DeviceInfo& dev) const;
-};
 
 // ---- set-up -----------------------------------------------------------------
 
@@ -540,178 +437,5 @@ std::vector<std::string> BundleKernel::Impl::arg_names() const {
 }
 
 std::vector<std::string> BundleKernel::arg_names() const { return impl_->arg_names(); }
-
-// ---- resolution ---------------------------------------------------------------
-
-bool BundleKernel::Impl::matches(const Variant& v, const Call& c, const std::string& target) const {
-  if (v.target != target || !compatible(v)) return false;
-  for (size_t i = 0; i < args.size(); ++i)
-    if (v.specs[args[i].call_index] != spec_suffix(args[i], c.key[1 + (2 * i) / 64] >> ((2 * i) % 64) & 3))
-      return false;
-  for (size_t k = 0; k < key_names.size(); ++k) {
-    auto it = std::find_if(v.key_values.begin(), v.key_values.end(), [&](const auto& kv) { return kv.first == key_names[k]; });
-    if (it == v.key_values.end()) return false;
-    const json::Value& j = it->second;
-    uint64_t word = j.kind == json::Value::kUInt ? j.u : j.kind == json::Value::kBool ? uint64_t(j.b) : uint64_t(j.i);
-    if (j.kind == json::Value::kFloat) std::memcpy(&word, &j.f, 8);
-    if (word != c.key[1 + bit_words + k]) return false;
-  }
-  return true;
-}
-
-std::shared_ptr<Variant> BundleKernel::Impl::find_variant(const Call& c, const std::string& target,
-                                                          const std::string& device) const {
-  std::lock_guard<std::mutex> lock(bundle->mu);
-  std::shared_ptr<Variant> best;
-  for (const auto& v : record->variants)
-    if (matches(*v, c, target) && (!best || (v->device == device && best->device != device))) best = v;
-  return best;
-}
-
-std::string BundleKernel::Impl::describe_call(const Call& c, const std::string& target) const {
-  std::string out = target + " " + call_spec(c);
-  for (const auto& [k, v] : constexprs) out += " " + k + "=" + v.repr();
-  for (size_t k = 0; k < key_names.size(); ++k) {
-    const RtArg& r = *std::find_if(args.begin(), args.end(), [&](const RtArg& a) { return a.name == key_names[k]; });
-    uint64_t w = c.key[1 + bit_words + k];
-    double d;
-    std::memcpy(&d, &w, 8);
-    out += " " + r.name + "=" +
-           (is_float(r.ty) ? Constant(d).repr() : r.ty == Ty::kU64 ? std::to_string(w) : std::to_string(int64_t(w)));
-  }
-  return out;
-}
-
-std::shared_ptr<Kernel> BundleKernel::Impl::kernel_of(Variant& v) const {
-  std::lock_guard<std::mutex> lock(bundle->mu);
-  if (v.kernel) return v.kernel;
-  if (v.cubin.empty()) {
-    bool found = false;
-    v.cubin = read_file(bundle->dir + "/" + v.cubin_file, &found);
-    if (!found || v.cubin.empty()) fail("cannot read its cubin " + bundle->dir + "/" + v.cubin_file);
-    if (v.cubin_size >= 0 && int64_t(v.cubin.size()) != v.cubin_size) {
-      std::string got = std::to_string(v.cubin.size());
-      v.cubin.clear();
-      fail("its cubin " + bundle->dir + "/" + v.cubin_file + " is " + got + " bytes, the manifest says " +
-           std::to_string(v.cubin_size) + " (cut short?): add the kernel to the bundle again");
-    }
-  }
-  auto image = std::make_shared<KernelImage>();
-  image->cubin = v.cubin;
-  image->meta = v.launch;
-  v.kernel = std::make_shared<Kernel>(std::move(image));
-  return v.kernel;
-}
-
-std::shared_ptr<const Entry> BundleKernel::Impl::make_entry(const std::shared_ptr<Variant>& v, const Call& c,
-                                                            const std::string& target) {
-  auto e = std::make_shared<Entry>();
-  e->kernel = kernel_of(*v);
-  for (const auto& r : args) e->is_param.push_back(v->is_param[r.call_index]);
-  auto w = std::make_shared<Winner>();
-  w->kernel = e->kernel;
-  Constants meta = constexprs;
-  meta.insert(meta.end(), v->meta.begin(), v->meta.end());
-  w->meta = Meta(desc.name, std::move(meta));
-  w->specialization = describe_call(c, target);
-  w->device = v->device;
-  e->user = w;
-  return e;
-}
-
-ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
-  ResolveRequest req;
-  req.bundle_dir = bundle->dir;
-  req.source = desc.source;
-  req.options = options;
-  req.stream = rc.stream;
-  if (rc.grid) req.grid = *rc.grid;
-  if (std::any_of(layout.begin(), layout.end(), [](const auto& l) { return !l.empty(); })) req.layouts = layout;
-  size_t next = 0, leaf = 0;
-  for (size_t i = 0; i < desc.params.size(); ++i) {
-    if (call_types[leaf] == "constexpr") {
-      CallValue cv;
-      cv.name = desc.params[i].name;
-      cv.type = "constexpr";
-      cv.is_constexpr = true;
-      cv.constant = std::find_if(constexprs.begin(), constexprs.end(), [&](const auto& kv) { return kv.first == cv.name; })->second;
-      req.values.push_back(std::move(cv));
-      ++leaf;
-      continue;
-    }
-    // One runtime argument, or each element of a tuple argument (in order).
-    size_t n = layout[i].empty() ? 1 : size_t(std::count(layout[i].begin(), layout[i].end(), '_'));
-    for (size_t k = 0; k < n; ++k, ++leaf) {
-      CallValue cv;
-      cv.name = args[next].name;
-      cv.type = call_types[leaf];
-      const RtArg& r = args[next];
-      const Arg& a = rc.args[next++];
-      cv.is_pointer = a.kind() == Arg::kPointer;
-      cv.ptr = DevicePtr(static_cast<unsigned long long>(a.bits()));
-      cv.ptr.nbytes = a.nbytes();
-      cv.value = a;
-      if (r.ty == Ty::kDesc) {  // as read (and checked) for this call
-        cv.is_desc = true;
-        cv.desc = rc.call->descs[rc.call->slots[next - 1]];
-      }
-      req.values.push_back(std::move(cv));
-    }
-  }
-  return req;
-}
-
-std::shared_ptr<Variant> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc, const std::string& target,
-                                                            Resolver& resolver) {
-  if (!rc.grid) fail("no winner yet for " + describe_call(*rc.call, target) + "; lazy mode tunes on the first launch, "
-                     "which needs a grid (call launch(), or winner() with a grid)");
-  auto [text, cubin] = resolver.resolve(request(rc));
-  std::string what = label + ": the lazily resolved variant";
-  std::shared_ptr<Variant> v = variant_from(json::parse(text, what), desc, what);
-  v->cubin = std::move(cubin);
-  if (!matches(*v, *rc.call, target))
-    fail("internal error: Python resolved a variant that does not match the call (" + describe_call(*rc.call, target) +
-         "); please report it");
-  std::lock_guard<std::mutex> lock(bundle->mu);
-  record->variants.push_back(v);
-  return v;
-}
-
-std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, const ResolveCtx& rc) {
-  auto ctx = reinterpret_cast<cu::CUcontext>(key[0]);
-  const DeviceInfo& dev = device_info(context_device(ctx));
-  const std::string& target = dev.arch;  // "sm_90" or "gfx942"
-  std::shared_ptr<Variant> v = find_variant(*rc.call, target, dev.name);
-  if (!v) {
-    std::shared_ptr<Resolver> resolver;
-    {
-      std::lock_guard<std::mutex> lock(bundle->mu);
-      resolver = bundle->resolver;
-    }
-    if (!resolver) {
-      std::lock_guard<std::mutex> lock(bundle->mu);
-      fail(other_vendor(dev) + "no tuned winner in bundle " + bundle->dir + " for " + describe_call(*rc.call, target) +
-           "; its winners are:" + variant_list() +
-           "\nTune this call from Python (lazytriton.cpp.Bundle(dir).add(...)) or turn on lazy mode "
-           "(lt::enable_lazy from lazytriton::embed)");
-    }
-    v = resolve_lazily(rc, target, *resolver);
-  }
-  return make_entry(v, *rc.call, target);
-}
-
-// Where every winner of this kernel is for the other vendor's GPUs: says so
-// first (an NVIDIA bundle on an AMD device, or the reverse).
-std::string BundleKernel::Impl::other_vendor(const DeviceInfo& dev) const {
-  std::string targets;
-  for (const auto& v : record->variants) {
-    if ((v->target.rfind("gfx", 0) == 0) == dev.hip) return "";
-    if (targets.find(v->target) == std::string::npos) targets += (targets.empty() ? "" : ", ") + v->target;
-  }
-  if (targets.empty()) return "";
-  return "bundle " + bundle->dir + " holds this kernel only for " + (dev.hip ? "NVIDIA" : "AMD") + " GPUs (" +
-         targets + "); this device, " + dev.name + ", is " + (dev.hip ? "an AMD " : "an NVIDIA ") + dev.arch +
-         ": build the bundle on (or for) this device's target. ";
-}
 
 }  // namespace lt

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <utility>
 
 #include "lazytriton/bundle.h"
 #include "lazytriton/call_site.h"
@@ -16,9 +17,28 @@
 
 namespace py = pybind11;
 using namespace lt;
-void bind_launcher(py::module_& m);  // launcher.cc: _core.LaunchBase, _core.Launch (the k[grid](...) hot path)
+void bind_launcher(py::module_& m);  // launch_base.cc: _core.LaunchBase, _core.Launch (the k[grid](...) hot path)
 
 namespace {
+
+// A key's resolution handed to Python by ResolveTable.claim: Python compiles
+// and tunes, then publish(entry); `with claim:` ends it with the exception
+// that leaves the block (or, should the block end without publishing, with an
+// error saying so), so that no caller waiting for the key is left waiting.
+struct Claim {
+  std::shared_ptr<ResolveTable> table;
+  CallKey key;
+  bool open = true;
+
+  Claim(std::shared_ptr<ResolveTable> t, CallKey k) : table(std::move(t)), key(std::move(k)) {}
+  Claim(const Claim&) = delete;
+  Claim& operator=(const Claim&) = delete;
+  ~Claim() { end(std::make_exception_ptr(Error("kernel " + table->name() + ": a resolution was abandoned"))); }
+
+  void end(std::exception_ptr error) {
+    if (std::exchange(open, false)) table->fail(key, std::move(error));
+  }
+};
 
 cu::CUstream as_stream(uint64_t s) { return reinterpret_cast<cu::CUstream>(s); }
 
@@ -247,6 +267,24 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<Error>(m, "RuntimeFailure", PyExc_RuntimeError);
   bind_launcher(m);
 
+  // The process's readers built at run time (array_reads.h Readers), shared with the stubs.
+  static pyargs::Readers readers;
+  m.attr("_readers") = py::reinterpret_steal<py::object>(
+      PyCapsule_New(&readers, pyargs::kReadersCapsule, nullptr));
+  m.def(
+      "set_torch_reader",
+      [](py::object capsule) {
+        if (capsule.is_none()) {
+          readers.torch = nullptr;
+          return;
+        }
+        void* fn = PyCapsule_GetPointer(capsule.ptr(), pyargs::kTorchReaderCapsule);
+        if (!fn) throw py::error_already_set();
+        readers.torch = reinterpret_cast<pyargs::TorchRead>(fn);
+      },
+      "Install the torch tensor reader (the capsule of lazytriton.core.torch_reader's module), or None.");
+  m.def("torch_reader_installed", [] { return readers.torch != nullptr; });
+
   m.def("driver_status", [] {
     std::string why;
     bool ok = driver_available(&why);
@@ -434,23 +472,42 @@ PYBIND11_MODULE(_core, m) {
                              })
       .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; });
 
+  py::class_<Claim>(m, "Claim", "A key's resolution handed to this caller by ResolveTable.claim.")
+      .def("publish",
+           [](Claim& c, std::shared_ptr<Entry> e) {
+             if (!c.open) throw std::logic_error("lazytriton: this claim was already ended");
+             c.open = false;
+             c.table->publish(c.key, std::move(e));
+           })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](Claim& c, py::object type, py::object value, py::object) {
+        if (value.is_none()) {
+          c.end(std::make_exception_ptr(Error("kernel " + c.table->name() + ": a resolution ended without a winner")));
+        } else {  // waiters raise the resolver's own exception, as the resolver's thread does
+          PyErr_SetObject(type.ptr(), value.ptr());
+          c.end(std::make_exception_ptr(py::error_already_set()));
+        }
+        return false;
+      });
+
   py::class_<ResolveTable, std::shared_ptr<ResolveTable>>(m, "ResolveTable")
-      .def(py::init([](std::string name, py::function resolver) {
-             auto fn = std::shared_ptr<py::function>(new py::function(std::move(resolver)), [](py::function* f) {
-               if (!Py_IsInitialized()) return;
-               py::gil_scoped_acquire gil;
-               delete f;
-             });
-             return std::make_shared<ResolveTable>(std::move(name), [fn](const CallKey& key, void* ctx) {
-               py::gil_scoped_acquire gil;
-               py::object r = (*fn)(py::tuple(py::cast(key)), py::reinterpret_borrow<py::object>(static_cast<PyObject*>(ctx)));
-               return std::shared_ptr<const Entry>(r.cast<std::shared_ptr<Entry>>());
-             });
-           }),
-           py::arg("name"), py::arg("resolver"))
+      .def(py::init([](std::string name) { return std::make_shared<ResolveTable>(std::move(name)); }), py::arg("name"))
       .def_property_readonly("name", &ResolveTable::name)
       .def_property_readonly("handle", [](ResolveTable& k) { return reinterpret_cast<uintptr_t>(&k); },
                              "Address of the C++ object, for generated stubs (valid while this object lives).")
+      .def(
+          "claim",
+          [](std::shared_ptr<ResolveTable> k, std::vector<uint64_t> key) -> py::object {
+            const Entry* e;
+            {
+              py::gil_scoped_release nogil;  // a resolution in flight (another thread's) is waited for
+              e = k->claim(key.data(), key.size());
+            }
+            if (e) return py::none();
+            return py::cast(std::make_unique<Claim>(std::move(k), std::move(key)));
+          },
+          "None if `key` has a winner (waiting for a resolution in flight, whose error is raised here too), "
+          "else a Claim: this caller resolves it.")
       .def("install",
            [](ResolveTable& k, std::vector<uint64_t> key, std::shared_ptr<Entry> e) { k.install(key, std::move(e)); })
       .def("find", [](ResolveTable& k, std::vector<uint64_t> key) { return k.find(key.data(), key.size()) != nullptr; })

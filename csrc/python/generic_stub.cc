@@ -2,9 +2,10 @@
 // table at run time instead of generated and compiled per shape. It serves a
 // shape's first calls while its generated stub (lazytriton.core.stubgen) builds in
 // the background, so no compiler runs on the critical path of a first call.
-// Same interface and same bytes as a generated stub: launch(handle, grid,
-// stream, args), key(args), params(args), key_words; the generated stub stays
-// the steady-state path (straight-line code, no table walk).
+// Same interface and same bytes as a generated stub: its C entry (`entry`,
+// stub_protocol.h StubEntry), launch(handle, grid, stream, args), key(args),
+// params(args), key_words; the generated stub stays the steady-state path
+// (straight-line code, no table walk).
 //
 // Slot table (built by specialize.Shape.table(), one tuple per argument):
 //   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
@@ -33,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "python_args.h"
+#include "stub_protocol.h"
 
 using namespace lt;
 using namespace lt::pyargs;
@@ -71,6 +72,7 @@ struct Layout {  // tuple arguments: where each slot is, and the tuples to check
 
 struct Stub {
   PyObject_HEAD
+  StubEntry entry;  // {stub_launch, this}
   std::vector<SlotSpec>* slots;
   std::vector<std::string>* slot_names;  // per slot (a tuple's leaf: "xs[1]")
   PyObject** names;  // interned argument names, for grid callables
@@ -81,14 +83,14 @@ struct Stub {
   uint64_t shape_word;
 };
 
-// The object at `path` of the call tuple; its enclosing tuples were checked.
-PyObject* item_at(PyObject* args, const Path& path) {
-  PyObject* o = args;
-  for (Py_ssize_t i : path) o = PyTuple_GET_ITEM(o, i);
+// The object at `path` of the call; its enclosing tuples were checked.
+PyObject* item_at(PyObject* const* args, const Path& path) {
+  PyObject* o = args[path[0]];
+  for (size_t d = 1; d < path.size(); ++d) o = PyTuple_GET_ITEM(o, path[d]);
   return o;
 }
 
-bool tuples_match(const Layout& l, PyObject* args) {
+bool tuples_match(const Layout& l, PyObject* const* args) {
   for (const auto& [path, len] : l.tuples) {
     PyObject* t = item_at(args, path);
     if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != len) return false;
@@ -114,8 +116,8 @@ struct Read {
 
 // False: not this shape (no Python error set). The generated stub reads the same
 // way (stubgen._arg_code); both pack through encode.h.
-bool read(const Stub* s, PyObject* args, Read& r) {
-  if (!s->slots || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != s->n_args) return false;
+bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
+  if (!s->slots || n != s->n_args) return false;
   if (s->layout && !tuples_match(*s->layout, args)) return false;
   std::fill_n(r.key, s->key_words, 0);
   std::fill_n(r.cell, s->n, 0);
@@ -124,7 +126,7 @@ bool read(const Stub* s, PyObject* args, Read& r) {
   size_t vw = (2 * size_t(s->n) + 63) / 64;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
-    PyObject* arg = s->layout ? item_at(args, s->layout->paths[size_t(i)]) : PyTuple_GET_ITEM(args, i);
+    PyObject* arg = s->layout ? item_at(args, s->layout->paths[size_t(i)]) : args[i];
     uint64_t& key_bits = r.key[size_t(2 * i) / 64];
     const int sh = int((2 * i) % 64);
     uint64_t* cell = &r.cell[size_t(i)];
@@ -169,24 +171,16 @@ bool read(const Stub* s, PyObject* args, Read& r) {
   return true;
 }
 
-PyObject* key_tuple(const Stub* s, const Read& r) {
-  PyObject* t = PyTuple_New(Py_ssize_t(s->key_words));
-  for (size_t i = 0; t && i < s->key_words; ++i) PyTuple_SET_ITEM(t, i, PyLong_FromUnsignedLongLong(r.key[i]));
-  return t;
-}
-
-PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
-  auto* s = reinterpret_cast<Stub*>(self);
-  ResolveTable* kernel;
-  cu::CUstream stream;
-  if (!stub_call(argv, argc, &kernel, &stream)) return nullptr;
-  PyObject *grid = argv[1], *args = argv[3];
+// The C entry (stub_protocol.h StubEntry): what the launcher calls.
+StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, cu::CUstream stream,
+                       PyObject* const* args, Py_ssize_t n, PyObject** key) {
+  auto* s = static_cast<const Stub*>(self);
   Read r;
-  if (!read(s, args, r)) Py_RETURN_NONE;
+  if (!read(s, args, n, r)) return StubResult::kOtherShape;
   const Entry* e = kernel->find(r.key, s->key_words);
-  if (!e) return key_tuple(s, r);
+  if (!e) return (*key = key_tuple(r.key, s->key_words)) ? StubResult::kUnresolved : StubResult::kError;
   Dim3 g;
-  if (!eval_grid(grid, *e, s->names, args, s->n_args, &g, kernel->name().c_str())) return nullptr;
+  if (!eval_grid(grid, *e, s->names, args, s->n_args, &g, kernel->name().c_str())) return StubResult::kError;
   try {
     void* params[kMaxSlots + kMaxDescs * kMaxDescParams];
     DescParams packed[kMaxDescs];  // uninitialized: packing writes what it passes
@@ -204,22 +198,33 @@ PyObject* stub_launch(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
     }
     e->kernel->launch(stream, g, params, np);
   } catch (const std::exception& ex) {
-    return raise(ex, kernel->name().c_str());
+    raise(ex, kernel->name().c_str());
+    return StubResult::kError;
   }
-  Py_RETURN_TRUE;
+  return StubResult::kLaunched;
+}
+
+PyObject* stub_launch_py(PyObject* self, PyObject* const* argv, Py_ssize_t argc) {
+  return launch_from_python(reinterpret_cast<Stub*>(self)->entry, argv, argc);
 }
 
 PyObject* stub_key(PyObject* self, PyObject* args) {
   auto* s = reinterpret_cast<Stub*>(self);
+  PyObject* const* items;
+  Py_ssize_t n;
   Read r;
-  if (!read(s, args, r)) Py_RETURN_NONE;
-  return key_tuple(s, r);
+  call_items(args, &items, &n);
+  if (!read(s, items, n, r)) Py_RETURN_NONE;
+  return key_tuple(r.key, s->key_words);
 }
 
 PyObject* stub_params(PyObject* self, PyObject* args) {
   auto* s = reinterpret_cast<Stub*>(self);
+  PyObject* const* items;
+  Py_ssize_t n;
   Read r;
-  if (!read(s, args, r)) Py_RETURN_NONE;
+  call_items(args, &items, &n);
+  if (!read(s, items, n, r)) Py_RETURN_NONE;
   PyObject* t = PyTuple_New(s->n);
   if (!t) return nullptr;
   size_t k = 0;
@@ -391,6 +396,7 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   s->layout = layout;
   s->key_words = size_t(key_words);
   s->shape_word = shape_word;
+  s->entry = {stub_launch, s};
   return 0;
 }
 
@@ -407,7 +413,7 @@ void stub_dealloc(PyObject* self) {
 }
 
 PyMethodDef kMethods[] = {
-    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(stub_launch)), METH_FASTCALL,
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(stub_launch_py)), METH_FASTCALL,
      "launch(handle, grid, stream, args) -> True (launched), the call key (unresolved) or None (another shape)."},
     {"key", stub_key, METH_O, "The call key of these arguments, or None (another shape)."},
     {"params", stub_params, METH_O, "The kernel parameter bytes of these arguments, or None (another shape)."},
@@ -417,7 +423,18 @@ PyObject* stub_key_words(PyObject* self, void*) {
   return PyLong_FromSize_t(reinterpret_cast<Stub*>(self)->key_words);
 }
 
+PyObject* stub_entry(PyObject* self, void*) {
+  auto* s = reinterpret_cast<Stub*>(self);
+  if (!s->slots) {
+    PyErr_SetString(PyExc_RuntimeError, "Stub: not initialized");
+    return nullptr;
+  }
+  return PyCapsule_New(&s->entry, kStubEntryCapsule, nullptr);
+}
+
 PyGetSetDef kGetSet[] = {{"key_words", stub_key_words, nullptr, "Words in a call key.", nullptr},
+                         {"entry", stub_entry, nullptr, "The C entry the launcher calls (valid while this stub lives).",
+                          nullptr},
                          {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyTypeObject StubType = {PyVarObject_HEAD_INIT(nullptr, 0)};

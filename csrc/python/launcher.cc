@@ -1,117 +1,39 @@
-// The `k[grid](*args, stream=s)` hot path in C, with no Python frame:
+// `k[grid](*args, stream=s)`: the call of a _core.Launch, in C, with no Python
+// frame (launcher.h says how the two files of LazyKernel's C half divide).
 //
-//   _core.LaunchBase  the base class of lazytriton.LazyKernel. `k[grid]` is its
-//                     mp_subscript; the fields the hot path reads (_stubs,
-//                     _handle, _n_call, _python_heuristics, _needs_probe) are
-//                     C slots that LazyKernel's own attribute assignments write.
-//   _core.Launch      what `k[grid]` returns (cached per kernel while the same
-//                     int / tuple-of-ints grid object comes back). Its vectorcall
-//                     binds the call, converts stream= and calls the stubs of
-//                     k._stubs: True from a stub is a launch, None "not my
-//                     argument shape", a tuple a call key with no winner yet.
+// Steady state: the call is bound (positional, or by a keyword plan Python
+// handed out once per call site, cached here by the identity of the
+// interpreter's kwnames tuple), stream= is converted, and the kernel's stubs
+// are called through their C entries (stub_protocol.h StubEntry) with the bound
+// arguments as an array: the first stub of the call's argument shape reads
+// them, finds the winner of their call key and launches it.
 //
-// A call key with no winner is resolved here, once, through the kernel's
-// resolve-once table (resolve_table.h), whose resolver is LazyKernel._resolve:
-// the first call of a specialization crosses into Python once (to compile and
-// tune) and comes back once (with the winner), then launches through the same
-// stub. A call no stub takes asks Python for its stub (LazyKernel._add_stub:
-// no compiler, the table-driven stub serves at once) and is dispatched again.
-// Python binds what this file cannot (LazyKernel._run: heuristics evaluated in
-// Python, keywords it has not bound yet); keyword calls are bound by plans that
-// Python hands out once per (positional count, keyword names) through
-// `LazyKernel._fast_plan`, cached here by the identity of the interpreter's
-// kwnames tuple (a constant per call site), then by its contents.
-//
-// Only the public C API (3.10 and later) on the hot path; every object it
-// touches is owned or kept alive by a reference it holds across any call that
-// may run Python.
-#include <pybind11/pybind11.h>
-
-#include <Python.h>
+// A call no stub can launch yet crosses into Python once: LazyKernel._first_call
+// makes the stub of a new argument shape and resolves a new call key (the
+// kernel's resolve-once table de-duplicates concurrent first calls), and the
+// same stub then launches it. Python binds what this file cannot
+// (LazyKernel._run: heuristics evaluated in Python, keywords it has not bound
+// yet), and the bound call is launched the same way.
+#include "launcher.h"
 
 #include <exception>
-#include <vector>
 
-#include "lazytriton/resolve_table.h"
-
+namespace lt::launcher {
 namespace {
 
-constexpr int kMaxPlans = 16;
-
-// How the call tuple of a keyword call is made (see LazyKernel._fast_plan).
-struct Plan {
-  PyObject* kwnames = nullptr;  // owned; nullptr: a call without keywords
-  Py_ssize_t nargs = 0;
-  bool never = false;           // Python never binds such a call fast: go to _run
-  Py_ssize_t stream = -1;       // index of stream= in kwnames, -1 if absent
-  PyObject* defaults = nullptr; // owned tuple
-  // Per parameter after the positional ones: >= 0, index of its value in the
-  // vectorcall argument array; < 0, defaults[-1 - src].
-  std::vector<Py_ssize_t> src;
-
-  ~Plan() {
-    Py_XDECREF(kwnames);
-    Py_XDECREF(defaults);
-  }
-};
-
-// How k.run's keywords split: where grid= and warmup= are, and the names left
-// for the Launch. Made once per kwnames tuple (a constant per call site), so
-// the leftovers are the same tuple every call and their plan is found by identity.
-struct RunSplit {
-  PyObject* kwnames = nullptr;  // owned
-  PyObject* kept = nullptr;     // owned; nullptr when no keyword is left
-  Py_ssize_t grid = -1, warmup = -1;
-  std::vector<Py_ssize_t> kept_at;  // index in kwnames of each kept name
-
-  ~RunSplit() {
-    Py_XDECREF(kwnames);
-    Py_XDECREF(kept);
-  }
-};
-
-struct LaunchBase {
-  PyObject_HEAD
-  PyObject* stubs;              // list of generated stubs' launch functions
-  PyObject* handle;             // int: address of the C++ lt::ResolveTable
-  PyObject* python_heuristics;  // the fast path runs only while both are False
-  PyObject* needs_probe;
-  Py_ssize_t n_call;            // number of call parameters (-1: not set)
-  PyObject* cached;             // Launch for the last int / tuple-of-ints grid
-  int n_plans;                  // plans are only added, and freed with the object
-  Plan* plans[kMaxPlans];
-  RunSplit* run_split;          // k.run's last keyword split
-};
-
-struct Launch {
-  PyObject_HEAD
-  PyObject* kernel;  // a LaunchBase
-  PyObject* grid;
-  vectorcallfunc vectorcall;
-};
-
-PyTypeObject LaunchBaseType = {PyVarObject_HEAD_INIT(nullptr, 0)};
-PyTypeObject LaunchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
-
 // Interned names and lazily imported modules, kept for the life of the process.
-PyObject *s_stream, *s_run, *s_add_stub, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
+PyObject *s_stream, *s_run, *s_first_call, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
 PyObject* g_sys;
-PyObject* g_runtime;              // lazytriton.core.kernel
-PyObject* g_stream_handle;        // lazytriton.core.kernel.stream_handle as defined there
-PyObject* g_zero;
+PyObject* g_runtime;        // lazytriton.core.kernel
+PyObject* g_stream_handle;  // lazytriton.core.kernel.stream_handle as defined there
+
+constexpr Py_ssize_t kInlineArgs = 64;  // a bound call of more arguments is held on the heap
 
 inline bool is_stream(PyObject* name) {
   return name == s_stream || PyUnicode_CompareWithASCIIString(name, "stream") == 0;
 }
 
-PyObject* tuple_of(PyObject* const* items, Py_ssize_t n) {
-  PyObject* t = PyTuple_New(n);
-  if (!t) return nullptr;
-  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(items[i]));
-  return t;
-}
-
-// -- stream= ------------------------------------------------------------------------
+// -- stream= ----------------------------------------------------------------------------
 
 // sys.modules.get("cupy") is not None: 1, 0, or -1 with an error set.
 int cupy_imported() {
@@ -130,27 +52,35 @@ int cupy_imported() {
   return found;
 }
 
-// The int CUstream the stubs take: `stream if type(stream) is int else
-// stream_handle(stream)`, exactly as LazyKernel._run computes it. `stream` is
-// borrowed, nullptr when not passed (None). A new reference, or nullptr.
-PyObject* stream_int(PyObject* stream) {
-  if (stream && PyLong_CheckExact(stream)) return Py_NewRef(stream);
-  if (!g_runtime && !(g_runtime = PyImport_ImportModule("lazytriton.core.kernel"))) return nullptr;
-  PyObject* fn = PyObject_GetAttr(g_runtime, s_stream_handle);  // looked up per call, as Python does
-  if (!fn) return nullptr;
-  if (!stream) stream = Py_None;
-  if (stream == Py_None && fn == g_stream_handle) {
-    // stream_handle(None) is CuPy's current stream if CuPy is imported, else 0:
-    // the common case needs no Python call.
-    int cupy = cupy_imported();
-    if (cupy <= 0) {
-      Py_DECREF(fn);
-      return cupy < 0 ? nullptr : Py_NewRef(g_zero);
+// The CUstream of stream= (`stream`, borrowed; nullptr when not passed): an
+// int as it is, else stream_handle(stream), exactly as LazyKernel._run
+// computes it. False with an error set.
+bool stream_of(PyObject* stream, cu::CUstream* out) {
+  PyObject* s = nullptr;
+  if (stream && PyLong_CheckExact(stream)) {
+    s = Py_NewRef(stream);
+  } else {
+    if (!g_runtime && !(g_runtime = PyImport_ImportModule("lazytriton.core.kernel"))) return false;
+    PyObject* fn = PyObject_GetAttr(g_runtime, s_stream_handle);  // looked up per call, as Python does
+    if (!fn) return false;
+    if (!stream) stream = Py_None;
+    if (stream == Py_None && fn == g_stream_handle) {
+      // stream_handle(None) is CuPy's current stream if CuPy is imported, else 0:
+      // the common case needs no Python call.
+      int cupy = cupy_imported();
+      if (cupy <= 0) {
+        Py_DECREF(fn);
+        *out = nullptr;
+        return cupy == 0;
+      }
     }
+    s = PyObject_CallOneArg(fn, stream);
+    Py_DECREF(fn);
+    if (!s) return false;
   }
-  PyObject* s = PyObject_CallOneArg(fn, stream);
-  Py_DECREF(fn);
-  return s;
+  *out = static_cast<cu::CUstream>(PyLong_AsVoidPtr(s));
+  Py_DECREF(s);
+  return !PyErr_Occurred();
 }
 
 // A bad stream= (stream_handle's TypeError): the same error, naming the kernel as
@@ -173,7 +103,7 @@ void name_stream_error(PyObject* kernel) {
   Py_XDECREF(name);
 }
 
-// -- plans ----------------------------------------------------------------------------
+// -- plans ------------------------------------------------------------------------------
 
 // A new plan from Python, or nullptr: an error is set, or Python has no plan
 // for such a call yet (it makes one when it first binds one).
@@ -259,101 +189,114 @@ const Plan* find_plan(LaunchBase* k, Py_ssize_t nargs, PyObject* kwnames) {
   return p;
 }
 
-PyObject* bind(const Plan* p, PyObject* const* args) {
-  Py_ssize_t n = p->nargs, tail = Py_ssize_t(p->src.size());
-  PyObject* t = PyTuple_New(n + tail);
-  if (!t) return nullptr;
-  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
-  for (Py_ssize_t j = 0; j < tail; ++j) {
+// The bound call of plan `p` into out[0 .. p->nargs + p->src.size()), borrowed:
+// from the caller's arguments and the plan's defaults (the plan lives as long as the kernel).
+void bind(const Plan* p, PyObject* const* args, PyObject** out) {
+  Py_ssize_t n = p->nargs;
+  for (Py_ssize_t i = 0; i < n; ++i) out[i] = args[i];
+  for (size_t j = 0; j < p->src.size(); ++j) {
     Py_ssize_t s = p->src[j];
-    PyTuple_SET_ITEM(t, n + j, Py_NewRef(s >= 0 ? args[s] : PyTuple_GET_ITEM(p->defaults, -1 - s)));
+    out[n + Py_ssize_t(j)] = s >= 0 ? args[s] : PyTuple_GET_ITEM(p->defaults, -1 - s);
   }
-  return t;
 }
 
-// -- the call ---------------------------------------------------------------------------
+// -- launching a bound call ----------------------------------------------------------------
 
-// Resolves a call key a stub answered with, once, through the kernel's table
-// (k._handle): its resolver is LazyKernel._resolve(key, (args, stream, grid,
-// stub)). Without the GIL, so that a thread resolving the same key in Python is
-// waited for, not blocked. 0, or -1 with a Python error set.
-int resolve_key(PyObject* handle, PyObject* stub, PyObject* key, PyObject* grid, PyObject* stream,
-                PyObject* args) {
-  auto* table = static_cast<lt::ResolveTable*>(PyLong_AsVoidPtr(handle));
-  if (!table) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "lazytriton: this kernel has no call table");
-    return -1;
+// A bound call, and what Python is handed when it needs it.
+struct Call {
+  Launch* launch;
+  LaunchBase* k;
+  cu::CUstream stream;
+  PyObject* const* args;
+  Py_ssize_t n;
+  PyObject* tuple = nullptr;       // owned, made on first use
+  PyObject* stream_int = nullptr;  // owned, made on first use
+
+  ~Call() {
+    Py_XDECREF(tuple);
+    Py_XDECREF(stream_int);
   }
-  if (!PyTuple_Check(key)) {
-    PyErr_Format(PyExc_RuntimeError, "lazytriton: internal error: a launch stub answered %R", key);
-    return -1;
+  PyObject* args_tuple() { return tuple ? tuple : (tuple = tuple_of(args, n)); }
+  PyObject* stream_obj() { return stream_int ? stream_int : (stream_int = PyLong_FromVoidPtr(stream)); }
+};
+
+using pyargs::StubResult;
+
+// One stub's answer for the call; kUnresolved sets *key (a new reference).
+StubResult call_stub(Call& c, const StubRef& s, PyObject** key) {
+  if (s.entry.launch) {
+    if (!c.k->table) {
+      PyErr_SetString(PyExc_RuntimeError, "lazytriton: this kernel has no call table");
+      return StubResult::kError;
+    }
+    return s.entry.launch(s.entry.stub, c.k->table, c.launch->grid, c.stream, c.args, c.n, key);
   }
-  std::vector<uint64_t> words(size_t(PyTuple_GET_SIZE(key)));  // once per new specialization: not the hot path
-  for (size_t i = 0; i < words.size(); ++i) {
-    words[i] = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(key, Py_ssize_t(i)));
-    if (PyErr_Occurred()) return -1;
+  PyObject* args = c.args_tuple();
+  PyObject* stream = args ? c.stream_obj() : nullptr;
+  if (!stream) return StubResult::kError;
+  PyObject* argv[5] = {nullptr, c.k->handle ? c.k->handle : Py_None, c.launch->grid, stream, args};
+  PyObject* r = PyObject_Vectorcall(s.obj, argv + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  if (!r) return StubResult::kError;
+  if (r == Py_True || r == Py_None) {
+    Py_DECREF(r);
+    return r == Py_True ? StubResult::kLaunched : StubResult::kOtherShape;
   }
-  PyObject* ctx = PyTuple_Pack(4, args, stream, grid, stub);
-  if (!ctx) return -1;
-  int rc = 0;
-  try {
-    pybind11::gil_scoped_release nogil;
-    table->resolve(words.data(), words.size(), ctx);
-  } catch (pybind11::error_already_set& e) {  // the resolver's Python exception, as raised
-    e.restore();
-    rc = -1;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    rc = -1;
-  }
-  Py_DECREF(ctx);
-  return rc;
+  *key = r;
+  return StubResult::kUnresolved;
 }
 
-// Calls the stubs in k._stubs: 1 if one launched (resolving its call key
-// first if it has no winner yet), 0 if no stub takes these arguments, -1 on error.
-int call_stubs(LaunchBase* k, PyObject* grid, PyObject* stream, PyObject* args) {
-  PyObject* stubs = Py_NewRef(k->stubs);  // Python may replace or grow the list meanwhile
-  PyObject* handle = Py_NewRef(k->handle);
-  PyObject* argv[5] = {nullptr, handle, grid, stream, args};
-  int result = 0;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(stubs) && result == 0; ++i) {
-    PyObject* stub = Py_NewRef(PyList_GET_ITEM(stubs, i));
-    PyObject* r = PyObject_Vectorcall(stub, argv + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-    if (r && r != Py_True && r != Py_None) {  // a call key with no winner yet
-      PyObject* key = r;
-      r = resolve_key(handle, stub, key, grid, stream, args) < 0
-              ? nullptr
-              : PyObject_Vectorcall(stub, argv + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-      if (r && r != Py_True) {
+// LazyKernel._first_call(stub, key, args, stream, grid): the one crossing into
+// Python of a call no stub can launch yet. 0, or -1 with an error set.
+int first_call(Call& c, PyObject* stub, PyObject* key) {
+  PyObject* args = c.args_tuple();
+  PyObject* stream = args ? c.stream_obj() : nullptr;
+  if (!stream) return -1;
+  PyObject* argv[7] = {nullptr, c.launch->kernel, stub ? stub : Py_None, key ? key : Py_None, args, stream,
+                       c.launch->grid};
+  PyObject* r = PyObject_VectorcallMethod(s_first_call, argv + 1, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  Py_XDECREF(r);
+  return r ? 0 : -1;
+}
+
+// Tries the kernel's stubs in order: 1 if one launched (after the first call of
+// its key if it had no winner yet), 0 if none takes the call, -1 on error.
+int try_stubs(Call& c) {
+  // Held for the loop: a stub runs Python (data_ptr(), a grid callable), which may replace k._stubs.
+  PyObject* stubs = Py_NewRef(c.k->stubs);
+  PyObject* refs = Py_NewRef(c.k->stub_refs);
+  auto* table = static_cast<const std::vector<StubRef>*>(PyCapsule_GetPointer(refs, nullptr));
+  int result = table ? 0 : -1;
+  for (size_t i = 0; table && result == 0 && i < table->size(); ++i) {
+    const StubRef& s = (*table)[i];
+    PyObject* key = nullptr;
+    StubResult r = call_stub(c, s, &key);
+    if (r == StubResult::kUnresolved) {
+      PyObject* again = nullptr;
+      r = first_call(c, s.obj, key) < 0 ? StubResult::kError : call_stub(c, s, &again);
+      if (r != StubResult::kLaunched && r != StubResult::kError) {
         PyErr_Format(PyExc_RuntimeError, "lazytriton: internal error: the call key %R was resolved but its stub "
                      "did not launch it", key);
-        Py_CLEAR(r);
+        r = StubResult::kError;
       }
-      Py_DECREF(key);
+      Py_XDECREF(again);
     }
-    Py_DECREF(stub);
-    result = !r ? -1 : r == Py_True ? 1 : 0;
-    Py_XDECREF(r);
+    Py_XDECREF(key);
+    result = r == StubResult::kLaunched ? 1 : r == StubResult::kError ? -1 : 0;
   }
-  Py_DECREF(handle);
+  Py_DECREF(refs);
   Py_DECREF(stubs);
   return result;
 }
 
-// Launches a bound call: through k's stubs; when none takes it, Python adds the
-// stub of its argument shape (LazyKernel._add_stub) and it is dispatched again.
-PyObject* dispatch(LaunchBase* k, PyObject* kernel, PyObject* grid, PyObject* stream, PyObject* args) {
-  int r = call_stubs(k, grid, stream, args);
+// Launches a bound call through the kernel's stubs; when none takes it, Python
+// makes the stub of its argument shape (and resolves its key), and it is tried again.
+PyObject* dispatch(Call& c) {
+  int r = try_stubs(c);
   if (r == 0) {
-    PyObject* argv[3] = {nullptr, kernel, args};
-    PyObject* added = PyObject_VectorcallMethod(s_add_stub, argv + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-    if (!added) return nullptr;
-    Py_DECREF(added);
-    r = call_stubs(k, grid, stream, args);
+    r = first_call(c, nullptr, nullptr) < 0 ? -1 : try_stubs(c);
     if (r == 0) {
       PyErr_Format(PyExc_RuntimeError, "kernel %S: internal error: the stub made for these arguments rejected them",
-                   kernel);
+                   c.launch->kernel);
       return nullptr;
     }
   }
@@ -362,7 +305,7 @@ PyObject* dispatch(LaunchBase* k, PyObject* kernel, PyObject* grid, PyObject* st
 }
 
 // What Python binds: kernel._run(grid, stream, args, kwargs) returns the call
-// tuple and the stream as an int, then dispatched as a bound call.
+// tuple and the stream as an int, then launched as a bound call.
 PyObject* slow(Launch* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* pos = tuple_of(args, nargs);
   PyObject* kwargs = pos ? PyDict_New() : nullptr;
@@ -384,16 +327,27 @@ PyObject* slow(Launch* self, PyObject* const* args, Py_ssize_t nargs, PyObject* 
   Py_DECREF(pos);
   Py_DECREF(kwargs);
   if (!r) return nullptr;
-  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(r, 0))) {
+  PyObject* call = PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2 ? PyTuple_GET_ITEM(r, 0) : nullptr;
+  PyObject* s = call ? PyTuple_GET_ITEM(r, 1) : nullptr;
+  if (!call || !PyTuple_Check(call) || !PyLong_Check(s)) {
     PyErr_Format(PyExc_RuntimeError, "kernel %S: internal error: _run returned %R, not (call tuple, stream)",
                  self->kernel, r);
     Py_DECREF(r);
     return nullptr;
   }
-  PyObject* out = dispatch(reinterpret_cast<LaunchBase*>(self->kernel), self->kernel, self->grid,
-                           PyTuple_GET_ITEM(r, 1), PyTuple_GET_ITEM(r, 0));
+  Call c{self, reinterpret_cast<LaunchBase*>(self->kernel), static_cast<cu::CUstream>(PyLong_AsVoidPtr(s)),
+         &PyTuple_GET_ITEM(call, 0), PyTuple_GET_SIZE(call), Py_NewRef(call), Py_NewRef(s)};
   Py_DECREF(r);
-  return out;
+  return PyErr_Occurred() ? nullptr : dispatch(c);
+}
+
+}  // namespace
+
+PyObject* tuple_of(PyObject* const* items, Py_ssize_t n) {
+  PyObject* t = PyTuple_New(n);
+  if (!t) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(items[i]));
+  return t;
 }
 
 PyObject* launch_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -405,35 +359,40 @@ PyObject* launch_vectorcall(PyObject* callable, PyObject* const* args, size_t na
   }
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-  if (k->python_heuristics == Py_False && k->needs_probe == Py_False && k->stubs && PyList_CheckExact(k->stubs) &&
-      k->handle) {
-    PyObject* call = nullptr;
-    PyObject* stream = nullptr;
-    if (nargs == k->n_call && (nkw == 0 || (nkw == 1 && is_stream(PyTuple_GET_ITEM(kwnames, 0))))) {
-      call = tuple_of(args, nargs);  // what _bind_call returns: the positional arguments
-      if (nkw) stream = args[nargs];
-      if (!call) return nullptr;
-    } else {
-      const Plan* p = find_plan(k, nargs, kwnames);
-      if (!p && PyErr_Occurred()) return nullptr;
-      if (p && !p->never) {
-        if (p->stream >= 0) stream = args[nargs + p->stream];
-        if (!(call = bind(p, args))) return nullptr;
-      }
+  if (k->python_heuristics || k->needs_probe || !k->stubs) return slow(self, args, nargs, kwnames);
+  PyObject* const* call = args;
+  Py_ssize_t n = nargs;
+  PyObject* stream = nullptr;
+  PyObject* inline_bound[kInlineArgs];
+  std::vector<PyObject*> heap_bound;
+  if (nargs != k->n_call || !(nkw == 0 || (nkw == 1 && is_stream(PyTuple_GET_ITEM(kwnames, 0))))) {
+    const Plan* p = find_plan(k, nargs, kwnames);
+    if (!p && PyErr_Occurred()) return nullptr;
+    if (!p || p->never) return slow(self, args, nargs, kwnames);
+    n = p->nargs + Py_ssize_t(p->src.size());
+    PyObject** bound = inline_bound;
+    if (n > kInlineArgs) {
+      heap_bound.resize(size_t(n));
+      bound = heap_bound.data();
     }
-    if (call) {
-      PyObject* s = stream_int(stream);
-      if (!s) name_stream_error(self->kernel);
-      PyObject* r = s ? dispatch(k, self->kernel, self->grid, s, call) : nullptr;
-      Py_XDECREF(s);
-      Py_DECREF(call);
-      return r;
-    }
+    bind(p, args, bound);
+    call = bound;
+    if (p->stream >= 0) stream = args[nargs + p->stream];
+  } else if (nkw) {
+    stream = args[nargs];
   }
-  return slow(self, args, nargs, kwnames);
+  cu::CUstream s;
+  if (!stream_of(stream, &s)) {
+    name_stream_error(self->kernel);
+    return nullptr;
+  }
+  Call c{self, k, s, call, n};
+  return dispatch(c);
 }
 
 // -- Launch ------------------------------------------------------------------------------
+
+namespace {
 
 int launch_traverse(PyObject* o, visitproc visit, void* arg) {
   auto* self = reinterpret_cast<Launch*>(o);
@@ -478,6 +437,22 @@ PyGetSetDef launch_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
+// lazytriton.core.kernel.stream_handle as core/kernel.py defines it, so that the
+// launcher can tell it from a replacement (monkeypatching), which it then calls.
+PyObject* register_stream_handle(PyObject*, PyObject* fn) {
+  PyObject* old = g_stream_handle;
+  g_stream_handle = Py_NewRef(fn);
+  Py_XDECREF(old);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef register_def = {"register_stream_handle", register_stream_handle, METH_O,
+                            "Tell the launcher which function is lazytriton.core.kernel.stream_handle."};
+
+}  // namespace
+
+PyTypeObject LaunchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 Launch* new_launch(PyObject* kernel, PyObject* grid) {
   Launch* self = PyObject_GC_New(Launch, &LaunchType);
   if (!self) return nullptr;
@@ -488,238 +463,22 @@ Launch* new_launch(PyObject* kernel, PyObject* grid) {
   return self;
 }
 
-// -- LaunchBase ---------------------------------------------------------------------------
-
-PyObject* base_new(PyTypeObject* type, PyObject*, PyObject*) {
-  PyObject* o = type->tp_alloc(type, 0);  // zeroed
-  if (!o) return nullptr;
-  reinterpret_cast<LaunchBase*>(o)->n_call = -1;
-  return o;
+bool init_names() {
+  s_stream = PyUnicode_InternFromString("stream");
+  s_run = PyUnicode_InternFromString("_run");
+  s_first_call = PyUnicode_InternFromString("_first_call");
+  s_fast_plan = PyUnicode_InternFromString("_fast_plan");
+  s_modules = PyUnicode_InternFromString("modules");
+  s_cupy = PyUnicode_InternFromString("cupy");
+  s_stream_handle = PyUnicode_InternFromString("stream_handle");
+  s_get = PyUnicode_InternFromString("get");
+  g_sys = PyImport_ImportModule("sys");
+  return s_stream && s_run && s_first_call && s_fast_plan && s_modules && s_cupy && s_stream_handle && s_get && g_sys;
 }
 
-int base_traverse(PyObject* o, visitproc visit, void* arg) {
-  auto* self = reinterpret_cast<LaunchBase*>(o);
-  Py_VISIT(self->stubs);
-  Py_VISIT(self->handle);
-  Py_VISIT(self->python_heuristics);
-  Py_VISIT(self->needs_probe);
-  Py_VISIT(self->cached);
-  for (int i = 0; i < self->n_plans; ++i) {
-    Py_VISIT(self->plans[i]->kwnames);
-    Py_VISIT(self->plans[i]->defaults);
-  }
-  if (self->run_split) {
-    Py_VISIT(self->run_split->kwnames);
-    Py_VISIT(self->run_split->kept);
-  }
-  return 0;
-}
+PyObject* register_stream_handle_function() { return PyCFunction_New(&register_def, nullptr); }
 
-int base_clear(PyObject* o) {
-  auto* self = reinterpret_cast<LaunchBase*>(o);
-  Py_CLEAR(self->stubs);
-  Py_CLEAR(self->handle);
-  Py_CLEAR(self->python_heuristics);
-  Py_CLEAR(self->needs_probe);
-  Py_CLEAR(self->cached);
-  while (self->n_plans > 0) {
-    Plan* p = self->plans[--self->n_plans];
-    self->plans[self->n_plans] = nullptr;
-    delete p;
-  }
-  delete self->run_split;
-  self->run_split = nullptr;
-  return 0;
-}
-
-void base_dealloc(PyObject* o) {
-  PyObject_GC_UnTrack(o);
-  base_clear(o);
-  Py_TYPE(o)->tp_free(o);
-}
-
-// k[grid]: a Launch; the same one again while the same int / tuple-of-ints grid
-// object comes back (other grids, e.g. closures, are not kept by the kernel).
-PyObject* base_subscript(PyObject* o, PyObject* grid) {
-  auto* self = reinterpret_cast<LaunchBase*>(o);
-  auto* cached = reinterpret_cast<Launch*>(self->cached);
-  if (cached && cached->grid == grid) return Py_NewRef(self->cached);
-  Launch* launch = new_launch(o, grid);
-  if (!launch) return nullptr;
-  bool keep = PyLong_CheckExact(grid);
-  if (PyTuple_CheckExact(grid)) {
-    keep = true;
-    for (Py_ssize_t i = 0; keep && i < PyTuple_GET_SIZE(grid); ++i) keep = PyLong_CheckExact(PyTuple_GET_ITEM(grid, i));
-  }
-  if (keep) {
-    PyObject* old = self->cached;
-    self->cached = Py_NewRef(reinterpret_cast<PyObject*>(launch));
-    Py_XDECREF(old);
-  }
-  return reinterpret_cast<PyObject*>(launch);
-}
-
-PyMappingMethods base_mapping = {nullptr, base_subscript, nullptr};
-
-// k.run(*args, grid=..., stream=None, warmup=False, **kwargs), the signature of
-// Triton's JITFunction.run: k[grid](*args, stream=..., **kwargs) without the
-// Python frame. grid= and warmup= are taken out of the keywords; what is left
-// goes to the Launch's vectorcall, so both spellings share one hot path.
-RunSplit* make_split(PyObject* kwnames) {
-  auto* sp = new RunSplit;
-  sp->kwnames = Py_NewRef(kwnames);
-  std::vector<PyObject*> kept;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); ++i) {
-    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
-    if (PyUnicode_CompareWithASCIIString(name, "grid") == 0) {
-      sp->grid = i;
-    } else if (PyUnicode_CompareWithASCIIString(name, "warmup") == 0) {
-      sp->warmup = i;
-    } else {
-      sp->kept_at.push_back(i);
-      kept.push_back(name);
-    }
-  }
-  if (!kept.empty() && !(sp->kept = tuple_of(kept.data(), Py_ssize_t(kept.size())))) {
-    delete sp;
-    return nullptr;
-  }
-  return sp;
-}
-
-PyObject* base_run(PyObject* o, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  auto* self = reinterpret_cast<LaunchBase*>(o);
-  if (kwnames && (!self->run_split || self->run_split->kwnames != kwnames)) {
-    RunSplit* sp = make_split(kwnames);
-    if (!sp) return nullptr;
-    delete self->run_split;
-    self->run_split = sp;
-  }
-  if (!kwnames || self->run_split->grid < 0) {
-    PyErr_SetString(PyExc_TypeError, "run() missing required keyword argument: 'grid'");
-    return nullptr;
-  }
-  // Everything read from the split before any Python runs (which may replace it).
-  const RunSplit& sp = *self->run_split;
-  PyObject* grid = args[nargs + sp.grid];
-  PyObject* warmup = sp.warmup >= 0 ? args[nargs + sp.warmup] : nullptr;
-  PyObject* names = Py_XNewRef(sp.kept);
-  std::vector<PyObject*> heap;
-  PyObject* inline_stack[32];
-  PyObject** stack = inline_stack;
-  size_t total = size_t(nargs) + sp.kept_at.size();
-  if (total > 32) {
-    heap.resize(total);
-    stack = heap.data();
-  }
-  for (Py_ssize_t i = 0; i < nargs; ++i) stack[i] = args[i];
-  for (size_t j = 0; j < sp.kept_at.size(); ++j) stack[nargs + j] = args[nargs + sp.kept_at[j]];
-
-  if (warmup) {
-    int truth = PyObject_IsTrue(warmup);
-    if (truth != 0) {
-      if (truth > 0) {
-        PyObject* kname = PyObject_GetAttrString(o, "name");
-        if (!kname) PyErr_Clear();
-        PyErr_Format(PyExc_NotImplementedError, "kernel %S: run(warmup=True) is not supported: lazytriton "
-                     "compiles and tunes on the first real call (k.resolve(...) does it without launching)",
-                     kname ? kname : Py_None);
-        Py_XDECREF(kname);
-      }
-      Py_XDECREF(names);
-      return nullptr;
-    }
-  }
-  PyObject* launch = base_subscript(o, grid);
-  PyObject* r = launch ? launch_vectorcall(launch, stack, size_t(nargs), names) : nullptr;
-  Py_XDECREF(launch);
-  Py_XDECREF(names);
-  return r;
-}
-
-PyMethodDef base_methods[] = {
-    {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(base_run)), METH_FASTCALL | METH_KEYWORDS,
-     "run(*args, grid, stream=None, warmup=False, **kwargs): launch, as k[grid](*args, stream=stream, **kwargs)."},
-    {nullptr, nullptr, 0, nullptr},
-};
-
-// Object fields, read and written as attributes by LazyKernel's Python code.
-template <size_t Offset>
-PyObject* get_field(PyObject* o, void* name) {
-  PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + Offset);
-  if (!v) {
-    PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", Py_TYPE(o)->tp_name,
-                 static_cast<const char*>(name));
-    return nullptr;
-  }
-  return Py_NewRef(v);
-}
-
-template <size_t Offset>
-int set_field(PyObject* o, PyObject* value, void*) {
-  auto** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + Offset);
-  PyObject* old = *slot;
-  *slot = Py_XNewRef(value);  // nullptr: del
-  Py_XDECREF(old);
-  return 0;
-}
-
-PyObject* get_n_call(PyObject* o, void*) { return PyLong_FromSsize_t(reinterpret_cast<LaunchBase*>(o)->n_call); }
-
-int set_n_call(PyObject* o, PyObject* value, void*) {
-  if (!value) {
-    PyErr_SetString(PyExc_TypeError, "cannot delete _n_call");
-    return -1;
-  }
-  Py_ssize_t n = PyLong_AsSsize_t(value);
-  if (n == -1 && PyErr_Occurred()) return -1;
-  reinterpret_cast<LaunchBase*>(o)->n_call = n;
-  return 0;
-}
-
-// (positional count, keyword names or None, "fast" | "slow") for each cached plan.
-PyObject* get_plans(PyObject* o, void*) {
-  auto* self = reinterpret_cast<LaunchBase*>(o);
-  PyObject* out = PyList_New(0);
-  for (int i = 0; out && i < self->n_plans; ++i) {
-    const Plan* p = self->plans[i];
-    PyObject* row = Py_BuildValue("(nOs)", p->nargs, p->kwnames ? p->kwnames : Py_None, p->never ? "slow" : "fast");
-    if (!row || PyList_Append(out, row) < 0) Py_CLEAR(out);
-    Py_XDECREF(row);
-  }
-  return out;
-}
-
-PyGetSetDef base_getset[] = {
-    {"_stubs", get_field<offsetof(LaunchBase, stubs)>, set_field<offsetof(LaunchBase, stubs)>,
-     "The stubs' launch functions, tried in order by k[grid](...).", const_cast<char*>("_stubs")},
-    {"_handle", get_field<offsetof(LaunchBase, handle)>, set_field<offsetof(LaunchBase, handle)>,
-     "Address of the C++ lt::ResolveTable, passed to the stubs.", const_cast<char*>("_handle")},
-    {"_python_heuristics", get_field<offsetof(LaunchBase, python_heuristics)>,
-     set_field<offsetof(LaunchBase, python_heuristics)>, "Heuristics evaluated in Python on every call.",
-     const_cast<char*>("_python_heuristics")},
-    {"_needs_probe", get_field<offsetof(LaunchBase, needs_probe)>, set_field<offsetof(LaunchBase, needs_probe)>,
-     "Heuristics not probed yet.", const_cast<char*>("_needs_probe")},
-    {"_n_call", get_n_call, set_n_call, "Number of call parameters.", nullptr},
-    {"_launch_plans", get_plans, nullptr, "The keyword-call plans cached by the C launcher (for tests).", nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr},
-};
-
-bool ready_types() {
-  PyTypeObject* b = &LaunchBaseType;
-  b->tp_name = "lazytriton._core.LaunchBase";
-  b->tp_basicsize = sizeof(LaunchBase);
-  b->tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
-  b->tp_doc = "Base class of lazytriton.LazyKernel: `k[grid]` and the launch hot path, in C.";
-  b->tp_new = base_new;
-  b->tp_dealloc = base_dealloc;
-  b->tp_traverse = base_traverse;
-  b->tp_clear = base_clear;
-  b->tp_as_mapping = &base_mapping;
-  b->tp_getset = base_getset;
-  b->tp_methods = base_methods;
-  if (PyType_Ready(b) < 0) return false;
-
+bool ready_launch_type() {
   PyTypeObject* l = &LaunchType;
   l->tp_name = "lazytriton._core.Launch";
   l->tp_basicsize = sizeof(Launch);
@@ -735,35 +494,4 @@ bool ready_types() {
   return PyType_Ready(l) >= 0;
 }
 
-}  // namespace
-
-// lazytriton.core.kernel.stream_handle as core/kernel.py defines it, so that the
-// launcher can tell it from a replacement (monkeypatching), which it then calls.
-static PyObject* register_stream_handle(PyObject*, PyObject* fn) {
-  PyObject* old = g_stream_handle;
-  g_stream_handle = Py_NewRef(fn);
-  Py_XDECREF(old);
-  Py_RETURN_NONE;
-}
-
-void bind_launcher(pybind11::module_& m) {
-  s_stream = PyUnicode_InternFromString("stream");
-  s_run = PyUnicode_InternFromString("_run");
-  s_add_stub = PyUnicode_InternFromString("_add_stub");
-  s_fast_plan = PyUnicode_InternFromString("_fast_plan");
-  s_modules = PyUnicode_InternFromString("modules");
-  s_cupy = PyUnicode_InternFromString("cupy");
-  s_stream_handle = PyUnicode_InternFromString("stream_handle");
-  s_get = PyUnicode_InternFromString("get");
-  g_sys = PyImport_ImportModule("sys");
-  g_zero = PyLong_FromLong(0);
-  if (!s_stream || !s_run || !s_add_stub || !s_fast_plan || !s_modules || !s_cupy || !s_stream_handle || !s_get || !g_sys ||
-      !g_zero || !ready_types())
-    throw pybind11::error_already_set();
-  m.attr("LaunchBase") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchBaseType));
-  m.attr("Launch") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchType));
-  static PyMethodDef def = {"register_stream_handle", register_stream_handle, METH_O,
-                            "Tell the launcher which function is lazytriton.core.kernel.stream_handle."};
-  m.attr("register_stream_handle") =
-      pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&def, nullptr));
-}
+}  // namespace lt::launcher

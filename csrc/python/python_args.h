@@ -1,8 +1,9 @@
 // Reading kernel arguments from Python objects on the launch hot path, shared
-// by the _core module and the generated stubs. Plain CPython API: every helper
-// answers "does this object match the stub's signature?" in a few pointer
-// compares once its type and dtype have been seen. Reading only: how a value
-// is packed and keyed is encode.h's, shared with the C++ bundles.
+// by the _core module and the launch stubs (generated and table-driven): arrays
+// (array_reads.h), host tensor descriptors, ints, floats, constexprs and the
+// grid. Every helper answers "does this object match the stub's signature?" in
+// a few pointer compares once its type and dtype have been seen. Reading only:
+// how a value is packed and keyed is encode.h's, shared with the C++ bundles.
 #pragma once
 #include <Python.h>
 
@@ -10,198 +11,12 @@
 #include <cstring>
 #include <string>
 
+#include "array_reads.h"
 #include "lazytriton/encode.h"
 #include "lazytriton/resolve_table.h"
 #include "lazytriton/tensor_desc.h"
 
 namespace lt::pyargs {
-
-// How to read the device pointer of an array-like type; decided once per
-// Python type by lazytriton.core.arrays.pointer_strategy.
-enum Strategy : int {
-  kNotArray = 0,
-  kDataPtrMethod = 1,
-  kDataDotPtr = 2,
-  kCudaArrayInterface = 3,
-  kDLPack = 4,
-  kTorch = 5,  // data_ptr() once is_cuda is True: a host tensor has a data_ptr() too
-};
-
-// Attribute names, interned once: PyObject_GetAttrString would build a new
-// string object on every launch.
-inline PyObject* name(const char* s) { return PyUnicode_InternFromString(s); }
-struct Names {
-  PyObject* dtype = name("dtype");
-  PyObject* data_ptr = name("data_ptr");
-  PyObject* data = name("data");
-  PyObject* ptr = name("ptr");
-  PyObject* cai = name("__cuda_array_interface__");
-  PyObject* dlpack = name("__dlpack__");
-  PyObject* is_cuda = name("is_cuda");
-  // Tensor descriptors (Triton's TensorDescriptor and lazytriton's)
-  PyObject* base = name("base");
-  PyObject* shape = name("shape");
-  PyObject* strides = name("strides");
-  PyObject* block_shape = name("block_shape");
-  PyObject* padding = name("padding");
-  PyObject* tf32 = name("round_f32_to_tf32");
-};
-inline const Names& names() {
-  static Names n;
-  return n;
-}
-
-inline PyObject* arrays_module() {
-  static PyObject* mod = PyImport_ImportModule("lazytriton.core.arrays");
-  return mod;
-}
-
-// Small caches keyed by object identity; the objects are kept alive so that
-// identity stays meaningful.
-template <int N>
-struct IdentityCache {
-  PyObject* keys[N] = {};
-  int values[N] = {};
-  int n = 0;
-  bool get(PyObject* k, int* v) const {
-    for (int i = 0; i < n; ++i)
-      if (keys[i] == k) return *v = values[i], true;
-    return false;
-  }
-  void put(PyObject* k, int v) {
-    if (n == N) return;  // full: later lookups go to Python, still correct
-    Py_INCREF(k);
-    keys[n] = k;
-    values[n++] = v;
-  }
-};
-
-inline int ask_python(const char* fn, PyObject* arg) {
-  PyObject* mod = arrays_module();
-  if (!mod) return -1;
-  PyObject* r = PyObject_CallMethod(mod, fn, "(O)", arg);  // "(O)": a tuple `arg` is one argument too
-  if (!r) return -1;
-  long v = PyLong_AsLong(r);
-  Py_DECREF(r);
-  return int(v);
-}
-
-// lazytriton.core.arrays.<fn>(obj), asked once per type of `obj` and kept in
-// `cache`; -1 (no Python error left set) if Python could not answer.
-template <int N>
-inline int answer_per_type(IdentityCache<N>& cache, const char* fn, PyObject* obj) {
-  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
-  int v;
-  if (cache.get(type, &v)) return v;
-  v = ask_python(fn, obj);
-  if (v < 0) return PyErr_Clear(), -1;
-  cache.put(type, v);
-  return v;
-}
-
-inline int strategy_of(PyObject* obj) {
-  static IdentityCache<32> cache;
-  int s = answer_per_type(cache, "pointer_strategy", obj);
-  return s < 0 ? kNotArray : s;
-}
-
-// Triton dtype id (lazytriton.core.arrays.DTYPE_IDS) of a dtype object.
-inline int dtype_id(PyObject* dtype) {
-  static IdentityCache<64> cache;
-  int id;
-  if (cache.get(dtype, &id)) return id;
-  id = ask_python("dtype_id", dtype);
-  if (id < 0) {
-    PyErr_Clear();
-    return -1;
-  }
-  cache.put(dtype, id);
-  return id;
-}
-
-// PyLong_AsUnsignedLong, not ...LongLong: for an int of more than one digit
-// (any device address) CPython 3.11's LongLong reader goes through a byte-array
-// conversion that costs tens of ns per pointer; both are 64 bits here.
-static_assert(sizeof(unsigned long) == sizeof(uint64_t), "an LP64 platform");
-inline bool read_u64(PyObject* v, uint64_t* out) {
-  if (!v || !PyLong_Check(v)) return false;
-  *out = PyLong_AsUnsignedLong(v);
-  if (*out == uint64_t(-1) && PyErr_Occurred()) return PyErr_Clear(), false;
-  return true;
-}
-
-struct DLDataType_ { uint8_t code, bits; uint16_t lanes; };
-// DLPack device types a kernel can read: kDLCUDA, kDLCUDAManaged (not kDLCPU,
-// nor kDLCUDAHost); lazytriton.core.arrays.DLPACK_DEVICE_TYPES says the same.
-inline bool dlpack_device_ok(int32_t device_type) { return device_type == 2 || device_type == 13; }
-struct DLTensor_ {
-  void* data;
-  int32_t device_type, device_id;
-  int32_t ndim;
-  DLDataType_ dtype;
-  int64_t *shape, *strides;
-  uint64_t byte_offset;
-};
-
-inline bool pointer_of(PyObject* obj, int strategy, uint64_t* ptr) {
-  PyObject* v = nullptr;
-  bool ok = false;
-  switch (strategy) {
-    case kTorch: {
-      // A host tensor is "not this signature": Python's array_info then names the problem.
-      PyObject* on_gpu = PyObject_GetAttr(obj, names().is_cuda);
-      bool cuda = on_gpu == Py_True;
-      Py_XDECREF(on_gpu);
-      if (!cuda) break;
-      [[fallthrough]];
-    }
-    case kDataPtrMethod:
-      v = PyObject_CallMethodNoArgs(obj, names().data_ptr);
-      ok = read_u64(v, ptr);
-      break;
-    case kDataDotPtr: {
-      PyObject* mem = PyObject_GetAttr(obj, names().data);
-      if (mem) v = PyObject_GetAttr(mem, names().ptr);
-      Py_XDECREF(mem);
-      ok = read_u64(v, ptr);
-      break;
-    }
-    case kCudaArrayInterface: {
-      PyObject* cai = PyObject_GetAttr(obj, names().cai);
-      PyObject* data = cai && PyDict_Check(cai) ? PyDict_GetItemString(cai, "data") : nullptr;
-      ok = data && PyTuple_Check(data) && PyTuple_GET_SIZE(data) > 0 && read_u64(PyTuple_GET_ITEM(data, 0), ptr);
-      Py_XDECREF(cai);
-      break;
-    }
-    case kDLPack: {
-      v = PyObject_CallMethodNoArgs(obj, names().dlpack);
-      auto* t = v && PyCapsule_IsValid(v, "dltensor")
-                    ? static_cast<DLTensor_*>(PyCapsule_GetPointer(v, "dltensor"))
-                    : nullptr;
-      // A host array is "not this signature": Python's array_info then names the problem.
-      ok = t != nullptr && dlpack_device_ok(t->device_type);
-      if (ok) *ptr = reinterpret_cast<uint64_t>(t->data) + t->byte_offset;
-      break;
-    }
-    default:
-      break;
-  }
-  Py_XDECREF(v);
-  if (!ok) PyErr_Clear();
-  return ok;
-}
-
-// A pointer argument: the object must be an array-like whose dtype is
-// `want_dtype`. False means "not this stub's signature".
-inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
-  int s = strategy_of(obj);
-  if (s == kNotArray) return false;
-  PyObject* dt = PyObject_GetAttr(obj, names().dtype);
-  if (!dt) return PyErr_Clear(), false;
-  int id = dtype_id(dt);
-  Py_DECREF(dt);
-  return id == want_dtype && pointer_of(obj, s, ptr);
-}
 
 // Whether objects of this type are host tensor descriptors (decided once per
 // type by lazytriton.core.arrays.is_tensor_descriptor).
@@ -409,16 +224,16 @@ inline bool read_grid(PyObject* grid, Dim3* out, const char* kernel = nullptr, P
 
 // The meta dict a grid callable sees: the call's arguments by name plus the
 // winning config's meta-parameters (stored as Entry::user).
-inline PyObject* grid_meta(const Entry& e, PyObject* const* names, PyObject* args, Py_ssize_t n) {
+inline PyObject* grid_meta(const Entry& e, PyObject* const* names, PyObject* const* args, Py_ssize_t n) {
   PyObject* base = static_cast<PyObject*>(e.user.get());
   PyObject* d = base ? PyDict_Copy(base) : PyDict_New();
   if (!d) return nullptr;
   for (Py_ssize_t i = 0; i < n; ++i)
-    if (PyDict_SetItem(d, names[i], PyTuple_GET_ITEM(args, i)) < 0) return Py_DECREF(d), nullptr;
+    if (PyDict_SetItem(d, names[i], args[i]) < 0) return Py_DECREF(d), nullptr;
   return d;
 }
 
-inline bool eval_grid(PyObject* grid, const Entry& e, PyObject* const* names, PyObject* args, Py_ssize_t n,
+inline bool eval_grid(PyObject* grid, const Entry& e, PyObject* const* names, PyObject* const* args, Py_ssize_t n,
                       Dim3* out, const char* kernel = nullptr) {
   if (!PyCallable_Check(grid)) return read_grid(grid, out, kernel);
   PyObject* meta = grid_meta(e, names, args, n);
@@ -429,50 +244,6 @@ inline bool eval_grid(PyObject* grid, const Entry& e, PyObject* const* names, Py
   bool ok = read_grid(g, out, kernel, grid);
   Py_DECREF(g);
   return ok;
-}
-
-// A stub's launch(handle, grid, stream, args): the kernel's resolve-once table
-// and the stream; false with a Python error set if the call is malformed.
-inline bool stub_call(PyObject* const* argv, Py_ssize_t argc, ResolveTable** table, cu::CUstream* stream) {
-  if (argc != 4) {
-    PyErr_SetString(PyExc_TypeError, "launch(handle, grid, stream, args)");
-    return false;
-  }
-  *table = reinterpret_cast<ResolveTable*>(PyLong_AsVoidPtr(argv[0]));
-  *stream = reinterpret_cast<cu::CUstream>(PyLong_AsVoidPtr(argv[2]));
-  return !PyErr_Occurred();
-}
-
-// lazytriton.RuntimeFailure (registered by lazytriton._core for lt::Error),
-// looked up once; RuntimeError should that fail.
-inline PyObject* runtime_failure() {
-  static PyObject* type = nullptr;  // set under the GIL; kept for the life of the process
-  if (!type) {
-    PyObject* core = PyImport_ImportModule("lazytriton._core");
-    PyObject* t = core ? PyObject_GetAttrString(core, "RuntimeFailure") : nullptr;
-    Py_XDECREF(core);
-    if (!t || !PyExceptionClass_Check(t)) {
-      PyErr_Clear();
-      Py_XDECREF(t);
-      t = Py_NewRef(PyExc_RuntimeError);
-    }
-    if (type) Py_DECREF(t);  // another thread got there first (the import can switch threads)
-    else type = t;
-  }
-  return type;
-}
-
-// Raises a C++ error of a launch as a Python exception whose message names the
-// kernel: lazytriton.RuntimeFailure for lazytriton's own errors (lt::Error), else
-// RuntimeError.
-inline PyObject* raise(const std::exception& e, const char* kernel = nullptr) {
-  PyObject* type = dynamic_cast<const Error*>(&e) ? runtime_failure() : PyExc_RuntimeError;
-  std::string prefix = std::string("kernel ") + (kernel ? kernel : "");
-  if (kernel && std::strncmp(e.what(), prefix.c_str(), prefix.size()) != 0)
-    PyErr_Format(type, "kernel %s: %s", kernel, e.what());
-  else
-    PyErr_SetString(type, e.what());
-  return nullptr;
 }
 
 }  // namespace lt::pyargs

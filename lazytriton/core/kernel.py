@@ -18,7 +18,7 @@ from .. import _core
 from ..cache import Cache, TuningRecord
 from ..compile import compiler
 from ..compile.compiler import Binder
-from . import resolve, specialize, stubgen, tuples
+from . import resolve, specialize, stubgen, torch_reader, tuples
 from .resolve import Resolution, Resolved
 from .spec import KernelSpec, ReadRecorder, describe
 from .specialize import OPTION_NAMES, Shape, Slot
@@ -79,13 +79,12 @@ class LazyKernel(_core.LaunchBase):
         self._supplied = supplied
         self.call_params = [p for p in self.spec.params if p.name not in supplied]
         self._n_call = len(self.call_params)
-        # The resolve-once table the stubs look winners up in (its resolver is
-        # looked up per use, so that an instance may replace _resolve).
-        self._core = _core.ResolveTable(self.name, lambda key, ctx: self._resolve(key, ctx))
+        # The resolve-once table the stubs look winners up in; _first_call resolves its keys.
+        self._core = _core.ResolveTable(self.name)
         compiler.warm_up()  # the compile server and Triton's specializer, ready by the first call that compiles
         self._handle = self._core.handle
-        self._stubs: list = []
-        self._shapes: dict[str, Any] = {}
+        self._stubs = ()  # the stub objects, tried in order by the C launcher
+        self._shapes: dict[Any, Shape] = {}  # stub -> the argument shape it reads
         self._heuristic_reads: set[str] | None = None  # None: heuristics run in Python per call
         self._python_heuristics = False
         self._needs_probe = bool(self.spec.heuristics)
@@ -194,9 +193,28 @@ class LazyKernel(_core.LaunchBase):
         cannot bind itself; it then launches the call through the stubs."""
         return self._bind_call(args, kwargs), stream if type(stream) is int else self._stream(stream)
 
-    def _add_stub(self, args: tuple) -> None:
-        """For the C launcher: no stub takes this bound call; add its shape's."""
-        self._stub_for(args)
+    def _first_call(self, stub: Any, key: tuple | None, args: tuple, stream: int, grid: Any) -> None:
+        """For the C launcher: the one call into Python of a call it cannot launch yet.
+        A new argument shape (stub None): its stub is made. A call key with no winner
+        (the key `stub` answered, or the new stub's): resolved once, by this caller or
+        by one it waits for (the kernel's table de-duplicates), and installed. The
+        launcher then launches the call through that stub."""
+        torch_reader.request(args)  # the stubs' fast reads of CUDA tensors, once per process
+        if stub is None:
+            stub = self._add_stub(args)
+            key = stub.key(args)
+            if key is None:
+                raise RuntimeError(f"kernel {self.name}: internal error: the stub made for these arguments "
+                                   "rejected them")
+        claim = self._core.claim(key)
+        if claim is None:  # resolved meanwhile (or resolved by the thread this one waited for)
+            return
+        with claim:
+            claim.publish(self._resolve(key, (args, stream, grid, stub)))
+
+    def _add_stub(self, args: tuple) -> Any:
+        """The stub of this call's argument shape, added to the kernel's stubs."""
+        return self._stub_for(args)
 
     def _bind_slow(self, args: tuple, kwargs: dict) -> tuple:
         """Binds by name; remembers a fast plan when the call names only parameters."""
@@ -261,17 +279,17 @@ class LazyKernel(_core.LaunchBase):
         with self._lock:
             # No compiler on this path: the table-driven stub serves until the
             # generated one is built in the background (stubgen.stub_now).
-            module = stubgen.stub_now(shape, lambda built: self._use_built_stub(shape, built), self.name)
-            self._shapes[module.launch] = shape
-            if module.launch not in self._stubs:
-                self._stubs = [module.launch, *self._stubs]
-        return module.launch
+            stub = stubgen.stub_now(shape, lambda built: self._use_built_stub(shape, built), self.name)
+            self._shapes[stub] = shape
+            if stub not in self._stubs:
+                self._stubs = (stub, *self._stubs)
+        return stub
 
     def _use_built_stub(self, shape: Shape, built) -> None:
         """The generated stub replaces the table-driven one of its shape."""
         with self._lock:
-            self._shapes[built.launch] = shape
-            self._stubs = [built.launch if self._shapes.get(launch) == shape else launch for launch in self._stubs]
+            self._shapes[built] = shape
+            self._stubs = tuple(built if self._shapes.get(s) == shape else s for s in self._stubs)
 
     def _record_heuristic_reads(self, args: tuple) -> None:
         self._needs_probe = False
@@ -372,8 +390,8 @@ class LazyKernel(_core.LaunchBase):
         return b
 
     def _resolve(self, key: tuple, ctx: tuple):
-        """The resolver of this kernel's call table: the C launcher calls it once
-        per new call key, with ctx = (call tuple, stream, grid, the stub that keyed it)."""
+        """The winner of a new call key (once per key: see _first_call), with
+        ctx = (call tuple, stream, grid, the stub that keyed it)."""
         args, stream, grid, stub = ctx
         return self._resolution(key, args, stream, grid, self._shapes[stub], "tune")
 

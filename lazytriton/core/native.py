@@ -37,7 +37,7 @@ def _toolchain_tag() -> str:
     h = hashlib.sha256((here / "stubgen.py").read_bytes())  # the stub generator
     h.update((here / "specialize.py").read_bytes())  # the slot types it generates from
     h.update(Path(__file__).read_bytes())  # how modules are built
-    for f in [*sorted(paths.include_dir().rglob("*.h")), paths.stub_source_dir() / "python_args.h"]:
+    for f in [*sorted(paths.include_dir().rglob("*.h")), *sorted(paths.stub_source_dir().glob("*.h"))]:
         h.update(f.read_bytes())
     h.update(sys.version.encode())
     h.update(pybind11.__version__.encode())
@@ -57,7 +57,8 @@ def compile_command(source: Path, output: Path, extra_flags: tuple[str, ...] = (
     return [*shlex.split(cxx), "-O2", "-shared", "-fPIC", "-std=c++17", "-fvisibility=hidden",
             f"-I{paths.include_dir()}", f"-I{paths.stub_source_dir()}", f"-I{pybind11.get_include()}",
             f"-I{sysconfig.get_paths()['include']}",
-            *extra_flags, str(source), "-o", str(output), f"-L{libdir}", "-llazytriton", f"-Wl,-rpath,{libdir}"]
+            # extra_flags after the source: their libraries must follow what uses them (--as-needed).
+            str(source), "-o", str(output), *extra_flags, f"-L{libdir}", "-llazytriton", f"-Wl,-rpath,{libdir}"]
 
 
 # -- the on-disk stub cache ---------------------------------------------------------

@@ -22,9 +22,10 @@ def _node_var(path: tuple) -> str:
 
 
 def _item_expr(path: tuple) -> str:
-    """The C expression of the object at `path` of the call tuple (its tuples checked first)."""
-    parent = "args" if len(path) == 1 else _node_var(path[:-1])
-    return f"PyTuple_GET_ITEM({parent}, {path[-1]})"
+    """The C expression of the object at `path` of the call (its tuples checked first)."""
+    if len(path) == 1:
+        return f"args[{path[0]}]"
+    return f"PyTuple_GET_ITEM({_node_var(path[:-1])}, {path[-1]})"
 
 
 def _tuple_checks(shape: Shape) -> list[str]:
@@ -125,7 +126,7 @@ def generate(shape: Shape, module_name: str) -> str:
 
 #include <cstring>
 
-#include "python_args.h"
+#include "stub_protocol.h"
 
 using namespace lt;
 using namespace lt::pyargs;
@@ -145,8 +146,8 @@ struct Args {{
 }};
 
 // False: not this stub's shape (no Python error set).
-[[maybe_unused]] bool read(PyObject* args, Args& a) {{
-  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != kArgs) return false;
+[[maybe_unused]] bool read(PyObject* const* args, Py_ssize_t n, Args& a) {{
+  if (n != kArgs) return false;
   a.key[kKeyWords - 1] = kShapeWord;
   [[maybe_unused]] IntVal iv;
   [[maybe_unused]] uint64_t bits;
@@ -155,48 +156,51 @@ struct Args {{
   return true;
 }}
 
-PyObject* key_tuple(const Args& a) {{
-  PyObject* t = PyTuple_New(kKeyWords);
-  for (size_t i = 0; t && i < kKeyWords; ++i) PyTuple_SET_ITEM(t, i, PyLong_FromUnsignedLongLong(a.key[i]));
-  return t;
-}}
-
-// launch(kernel_handle, grid, stream, args) -> True (launched), a key tuple
-// (unresolved: resolve it and call again) or None (not this stub's shape).
-PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{
-  ResolveTable* kernel;
-  cu::CUstream stream;
-  if (!stub_call(argv, argc, &kernel, &stream)) return nullptr;
-  PyObject *grid = argv[1], *args = argv[3];
+// The C entry (stub_protocol.h StubEntry): what the launcher calls.
+StubResult launch_c(const void*, ResolveTable* kernel, PyObject* grid, cu::CUstream stream, PyObject* const* args,
+                    Py_ssize_t n, PyObject** key) {{
   Args a;
-  if (!read(args, a)) Py_RETURN_NONE;
+  if (!read(args, n, a)) return StubResult::kOtherShape;
   const Entry* e = kernel->find(a.key, kKeyWords);
-  if (!e) return key_tuple(a);
+  if (!e) return (*key = key_tuple(a.key, kKeyWords)) ? StubResult::kUnresolved : StubResult::kError;
   Dim3 g;
-  if (!eval_grid(grid, *e, g_names, args, kArgs, &g, kernel->name().c_str())) return nullptr;
+  if (!eval_grid(grid, *e, g_names, args, kArgs, &g, kernel->name().c_str())) return StubResult::kError;
   try {{
     void* params[{n_params}];
     size_t np = 0;
 {chr(10).join(pack)}
     e->kernel->launch(stream, g, params, np);
   }} catch (const std::exception& ex) {{
-    return raise(ex, kernel->name().c_str());
+    raise(ex, kernel->name().c_str());
+    return StubResult::kError;
   }}
-  Py_RETURN_TRUE;
+  return StubResult::kLaunched;
 }}
+
+const StubEntry kEntry = {{launch_c, nullptr}};
+
+// launch(handle, grid, stream, args) -> True (launched), a key tuple
+// (unresolved: resolve it and call again) or None (not this stub's shape).
+PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{ return launch_from_python(kEntry, argv, argc); }}
 
 // key(args) -> the call key tuple, or None (not this stub's shape).
 PyObject* key(PyObject*, PyObject* args) {{
+  PyObject* const* items;
+  Py_ssize_t n;
   Args a;
-  if (!read(args, a)) Py_RETURN_NONE;
-  return key_tuple(a);
+  call_items(args, &items, &n);
+  if (!read(items, n, a)) Py_RETURN_NONE;
+  return key_tuple(a.key, kKeyWords);
 }}
 
 // params(args) -> per slot (leaf), the bytes the stub passes to the kernel (None for
 // a constexpr slot), or None (not this stub's shape). For tests: no GPU needed.
 PyObject* params(PyObject*, PyObject* args) {{
+  PyObject* const* items;
+  Py_ssize_t n;
   Args a;
-  if (!read(args, a)) Py_RETURN_NONE;
+  call_items(args, &items, &n);
+  if (!read(items, n, a)) Py_RETURN_NONE;
   PyObject* t = PyTuple_New(kSlots);
   if (!t) return nullptr;
 {chr(10).join(packed)}
@@ -226,6 +230,7 @@ PyMODINIT_FUNC PyInit_{module_name}() {{
   if (!m) return nullptr;
   if (!add(m, "launch", PyCFunction_New(&kLaunchDef, nullptr)) || !add(m, "key", PyCFunction_New(&kKeyDef, nullptr)) ||
       !add(m, "params", PyCFunction_New(&kParamsDef, nullptr)) ||
+      !add(m, "entry", PyCapsule_New(const_cast<StubEntry*>(&kEntry), kStubEntryCapsule, nullptr)) ||
       PyModule_AddIntConstant(m, "key_words", long(kKeyWords)) < 0) {{
     Py_DECREF(m);
     return nullptr;

@@ -11,6 +11,8 @@
 //     KPARAM_INFO records: what the GPU would read), else from $FAKE_CUDA_PARAM_SIZES
 //     ("kernel:8,128,4;other:8"); "image" is a hash of the cubin the function came
 //     from, so a test can tell which compiled specialization was launched.
+//     $FAKE_CUDA_LOG=discard records nothing (each launch only succeeds): for
+//     timing the host path on a machine with no GPU (benchmarks/launch_path_cpu.py).
 // Device: one sm_90 GPU ("FAKE sm_90"; $FAKE_CUDA_CC=80 makes it sm_80). Memory calls hand out
 // addresses nothing reads.
 #include <stdarg.h>
@@ -266,6 +268,9 @@ static int param_sizes(const char* name, int* sizes, int max) {
 
 static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
                        unsigned nattrs, void* f, void** params) {
+  static int discard = -1;  // read once: getenv per launch would dominate a timed loop
+  if (discard < 0) discard = getenv("FAKE_CUDA_LOG") && strcmp(getenv("FAKE_CUDA_LOG"), "discard") == 0;
+  if (discard) OK;
   const char* path = getenv("FAKE_CUDA_LOG");
   const FakeFunction* fn = (const FakeFunction*)f;
   const char* name = fn->name;

@@ -1,9 +1,12 @@
 // The resolve-once table every face shares (the Python stubs' kernel, the JAX
 // call site, the C++ bundle): calls are keyed by their specialization
 // (alignment, ==1 and divisibility of arguments, autotune key values); a key
-// seen for the first time is resolved once by a callback (which compiles and
-// tunes; concurrent callers of the same key wait for it), and every later call
-// with that key finds its Entry without a lock and launches directly.
+// seen for the first time is resolved once (compiled and tuned; concurrent
+// callers of the same key wait for it), and every later call with that key
+// finds its Entry without a lock and launches directly. A key is resolved by
+// the table's resolver (resolve()), or by a caller that resolves it itself
+// (claim(), then publish() or fail(): the Python launcher, which already runs
+// in Python when it resolves); both are de-duplicated alike.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -67,7 +70,8 @@ class ResolveTable {
   // `call_ctx` is whatever the caller passed to resolve() (its arguments).
   using Resolver = std::function<std::shared_ptr<const Entry>(const CallKey& key, void* call_ctx)>;
 
-  ResolveTable(std::string name, Resolver resolver);
+  // A table whose keys are resolved by `resolver`; with none, only through claim().
+  ResolveTable(std::string name, Resolver resolver = nullptr);
   ~ResolveTable();
 
   const std::string& name() const { return name_; }
@@ -80,6 +84,15 @@ class ResolveTable {
   // must not hold locks the resolver needs (for Python: release the GIL).
   const Entry* resolve(const uint64_t* key, size_t n, void* call_ctx);
 
+  // For a caller that resolves `key` itself: its entry (installed, or installed
+  // by the resolution in flight, which is waited for; its error is rethrown),
+  // or nullptr: the caller now owns the key's resolution and must end it with
+  // publish() or fail(), which wake the callers waiting for it. The caller
+  // must not hold locks the owner of a resolution in flight needs.
+  const Entry* claim(const uint64_t* key, size_t n);
+  const Entry* publish(const CallKey& key, std::shared_ptr<const Entry> entry);
+  void fail(const CallKey& key, std::exception_ptr error);  // the next call of `key` resolves it again
+
   // The entry for `key` as an owning pointer (nullptr if unresolved).
   std::shared_ptr<const Entry> entry(const uint64_t* key, size_t n) const;
 
@@ -90,6 +103,8 @@ class ResolveTable {
   void clear();
 
  private:
+  void finish(const CallKey& key, const Entry* entry, std::exception_ptr error);
+
   struct Table {
     std::vector<std::pair<CallKey, std::shared_ptr<const Entry>>> rows;
   };

@@ -1,0 +1,107 @@
+"""How the launch stubs read an array argument's attributes (array_reads.h
+read_attr): once per type they look the attribute's descriptor up and then call
+it directly (a C getter, a C slot, a C method taking no arguments), as the
+array libraries' own C types are read; anything else (a Python property or
+method, an instance attribute) is read through getattr. These tests check that
+both stubs read the same values as getattr does, that the attribute is really
+read on every call (a value is never kept), and that a plan is dropped when the
+type changes (its version tag) or an instance attribute may shadow a method.
+Runs on the CPU: the arrays sit at made-up addresses; nothing launches."""
+import struct
+import types
+
+import pytest
+
+import lazytriton
+from lazytriton.core import stubgen
+
+from kernels import basic
+
+BASE = 0x7F0000000000
+
+
+@pytest.fixture(params=["table-driven", "generated"])
+def stub_of(request, cache_dir):
+    """stub_of(k, args): the stub of `args`' argument shape, of either kind."""
+    def make(k, args):
+        shape = k._shape(args)
+        return stubgen.generic_stub(shape) if request.param == "table-driven" else stubgen.load_stub(shape)
+    return make
+
+
+def pointers(stub, args) -> list[int] | None:
+    params = stub.params(args)
+    return None if params is None else [struct.unpack("<Q", p)[0] for p in params[:3]]
+
+
+def call(kind, dtype="float32", n=16):
+    arrays = tuple(kind(BASE + i * 0x10000, dtype) for i in range(3))
+    return (*arrays, n, 1024)
+
+
+@pytest.mark.parametrize("kind, reads_per_array", [("GetSetArray", 3), ("MemberArray", 1), ("MethodArray", 2)])
+def test_c_attributes_are_read_on_every_call(native_arrays, stub_of, kind, reads_per_array):
+    cls = getattr(native_arrays, kind)
+    k = lazytriton.kernel(basic.add_kernel)
+    args = call(cls)
+    stub = stub_of(k, args)
+    pointers(stub, args)  # the first read of each attribute plans it (Python classifies the type too)
+    for _ in range(3):  # later reads call the attribute's descriptor directly
+        before = native_arrays.reads()
+        assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+        # Every C getter and method ran (a C slot counts no read): nothing was kept from an earlier call.
+        assert native_arrays.reads() - before == 3 * reads_per_array
+    assert stub.key(call(cls, "float16")) is None  # another dtype: another shape
+    other = call(cls)
+    assert pointers(stub, other) == [BASE, BASE + 0x10000, BASE + 0x20000] and stub.key(other) == stub.key(args)
+
+
+def test_a_changed_type_is_read_afresh(native_arrays, stub_of):
+    class Sub(native_arrays.GetSetArray):
+        pass
+
+    k = lazytriton.kernel(basic.add_kernel)
+    args = call(Sub)
+    stub = stub_of(k, args)
+    assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+    Sub.dtype = property(lambda self: "float16")  # the type changes: its plans go stale
+    assert stub.key(args) is None and stub.params(args) is None
+    del Sub.dtype
+    assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+    Sub.data = property(lambda self: types.SimpleNamespace(ptr=self.__class__.moved))
+    Sub.moved = 0x7E0000000000
+    assert pointers(stub, args) == [0x7E0000000000] * 3
+    Sub.moved = 0x7D0000000000  # a Python property is read every call too
+    assert pointers(stub, args) == [0x7D0000000000] * 3
+    del Sub.data
+    assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+
+
+def test_an_instance_attribute_shadows_a_c_method(native_arrays, stub_of):
+    class Sub(native_arrays.MethodArray):  # instances have a __dict__
+        pass
+
+    k = lazytriton.kernel(basic.add_kernel)
+    args = call(Sub)
+    stub = stub_of(k, args)
+    assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+    args[1].data_ptr = lambda: 0x7C0000000000  # as getattr would find it
+    assert pointers(stub, args) == [BASE, 0x7C0000000000, BASE + 0x20000]
+
+
+def test_slots_of_a_python_class(stub_of):
+    class Slotted:  # __slots__ are C slots (member descriptors) of a Python class
+        __slots__ = ("dtype", "data", "__cuda_array_interface__")
+
+        def __init__(self, ptr, dtype):
+            self.dtype, self.data, self.__cuda_array_interface__ = dtype, types.SimpleNamespace(ptr=ptr), {}
+
+    k = lazytriton.kernel(basic.add_kernel)
+    args = call(Slotted)
+    stub = stub_of(k, args)
+    for _ in range(2):
+        assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+    args[0].dtype = "float16"
+    assert stub.key(args) is None
+    del args[0].dtype  # an empty slot: AttributeError, as getattr raises: not this shape
+    assert stub.key(args) is None
