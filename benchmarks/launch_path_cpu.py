@@ -102,7 +102,9 @@ NATIVE_C = r"""
 static PyObject* noop(PyObject* self, PyObject* const* args, Py_ssize_t n, PyObject* kw) { Py_RETURN_NONE; }
 
 // Array(ptr, dtype): an array read as CuPy's is (dtype, then .data.ptr), through C getters as CuPy's
-// Cython attributes are; Array.data is a Mem whose getter `ptr` makes a new int each read.
+// Cython attributes are; Array.data is a Mem whose getter `ptr` makes a new int each read. Both
+// look attributes up as Cython's classes do (their own copy of the generic lookup, installed after
+// the type is ready).
 typedef struct { PyObject_HEAD unsigned long long ptr; } Mem;
 typedef struct { PyObject_HEAD PyObject* dtype; PyObject* data; } Array;
 static PyObject* mem_ptr(PyObject* o, void* c) { return PyLong_FromUnsignedLongLong(((Mem*)o)->ptr); }
@@ -124,6 +126,7 @@ static PyObject* array_new(PyTypeObject* t, PyObject* args, PyObject* kw) {
 }
 static void array_dealloc(PyObject* o) { Py_XDECREF(((Array*)o)->dtype); Py_XDECREF(((Array*)o)->data); Py_TYPE(o)->tp_free(o); }
 static PyTypeObject ArrayType = {PyVarObject_HEAD_INIT(NULL, 0) "lt_native.Array", sizeof(Array)};
+static PyObject* cython_getattro(PyObject* o, PyObject* name) { return PyObject_GenericGetAttr(o, name); }
 
 static PyMethodDef methods[] = {{"noop", (PyCFunction)(void (*)(void))noop, METH_FASTCALL | METH_KEYWORDS, ""},
                                 {NULL, NULL, 0, NULL}};
@@ -133,6 +136,7 @@ PyMODINIT_FUNC PyInit_lt_native(void) {
   ArrayType.tp_flags = Py_TPFLAGS_DEFAULT; ArrayType.tp_getset = array_getset; ArrayType.tp_new = array_new;
   ArrayType.tp_dealloc = array_dealloc;
   if (PyType_Ready(&MemType) < 0 || PyType_Ready(&ArrayType) < 0) return NULL;
+  MemType.tp_getattro = ArrayType.tp_getattro = cython_getattro;
   PyObject* m = PyModule_Create(&def);
   if (m) PyModule_AddObjectRef(m, "Array", (PyObject*)&ArrayType);
   return m;

@@ -39,7 +39,8 @@ def call(kind, dtype="float32", n=16):
     return (*arrays, n, 1024)
 
 
-@pytest.mark.parametrize("kind, reads_per_array", [("GetSetArray", 3), ("MemberArray", 1), ("MethodArray", 2)])
+@pytest.mark.parametrize("kind, reads_per_array", [("GetSetArray", 3), ("MemberArray", 1), ("MethodArray", 2),
+                                                   ("CythonArray", 3)])
 def test_c_attributes_are_read_on_every_call(native_arrays, stub_of, kind, reads_per_array):
     cls = getattr(native_arrays, kind)
     k = lazytriton.kernel(basic.add_kernel)
@@ -54,6 +55,22 @@ def test_c_attributes_are_read_on_every_call(native_arrays, stub_of, kind, reads
     assert stub.key(call(cls, "float16")) is None  # another dtype: another shape
     other = call(cls)
     assert pointers(stub, other) == [BASE, BASE + 0x10000, BASE + 0x20000] and stub.key(other) == stub.key(args)
+
+
+def test_a_type_with_its_own_lookup_is_read_through_it(native_arrays, stub_of):
+    """OverridingArray's C tp_getattro answers float16 for dtype, whatever the getter says: getattr's
+    answer, so no fp32 stub takes it."""
+    cls = native_arrays.OverridingArray
+    assert cls.__getattribute__ is not object.__getattribute__
+    assert native_arrays.CythonArray.__getattribute__ is object.__getattribute__  # as for CuPy's classes
+    k = lazytriton.kernel(basic.add_kernel)
+    args = call(cls)
+    assert args[0].dtype == "float16"
+    stub = stub_of(k, args)  # the shape of what getattr reads: float16 pointers
+    fp32 = stub_of(k, call(native_arrays.GetSetArray))
+    for _ in range(3):
+        assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+        assert fp32.key(args) is None
 
 
 def test_a_changed_type_is_read_afresh(native_arrays, stub_of):

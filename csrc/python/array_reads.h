@@ -95,12 +95,6 @@ inline int answer_per_type(IdentityCache<N>& cache, const char* fn, PyObject* ob
   return v;
 }
 
-inline int strategy_of(PyObject* obj) {
-  static IdentityCache<32> cache;
-  int s = answer_per_type(cache, "pointer_strategy", obj);
-  return s < 0 ? kNotArray : s;
-}
-
 // Triton dtype id (lazytriton.core.arrays.DTYPE_IDS) of a dtype object.
 inline int dtype_id(PyObject* dtype) {
   static IdentityCache<64> cache;
@@ -121,22 +115,17 @@ inline int dtype_id(PyObject* dtype) {
 // CPython's own specialized attribute loads do: a C getter (getset), a C slot
 // (member) or a C method taking no arguments (when instances have no __dict__ to
 // shadow it). That skips the generic lookup, most of an attribute read's cost for
-// CuPy's and torch's C getters (measured: 85 -> 28 ns for CuPy's three reads, H200
-// host). A plan holds while the type's version tag is unchanged: any change to the
-// type or its bases changes the tag. Anything else (a Python property or method, an
-// instance attribute, a type with its own __getattribute__) is read through
-// PyObject_GetAttr, as before.
+// CuPy's C getters (measured from C on an H200 host: 85 -> 28 ns for the three reads
+// of an array). A plan holds while the type's version tag is unchanged (any change
+// to the type or its bases changes it) and only for types that look attributes up
+// as Python's generic lookup does (generic_lookup). Anything else (a Python property
+// or method, an instance attribute, a type with its own __getattribute__) is read
+// through getattr, as before.
 struct AttrPlan {
   PyTypeObject* type = nullptr;  // a reference: identity stays meaningful
   unsigned int version = 0;
   PyObject* descr = nullptr;  // a reference; nullptr: read generically
   enum Kind : uint8_t { kGeneric, kGetSet, kMember, kMethod } kind = kGeneric;
-};
-
-template <int N>
-struct AttrPlans {
-  AttrPlan rows[N];
-  int n = 0;
 };
 
 inline bool version_is(PyTypeObject* t, unsigned int v) {
@@ -151,22 +140,56 @@ inline PyObject* type_dict(PyTypeObject* t) {  // a new reference, or nullptr
 #endif
 }
 
+// What `name` is on t's MRO: the first entry the generic lookup finds (a new
+// reference), or nullptr (absent; *unknown: a base's dict could not be read).
+inline PyObject* lookup_on_mro(PyTypeObject* t, PyObject* name, bool* unknown) {
+  *unknown = false;
+  PyObject* mro = t->tp_mro;
+  if (!mro || !PyTuple_Check(mro)) return *unknown = true, nullptr;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+    PyObject* dict = type_dict(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i)));
+    if (!dict) return PyErr_Clear(), *unknown = true, nullptr;
+    PyObject* found = Py_XNewRef(PyDict_GetItemWithError(dict, name));
+    Py_DECREF(dict);
+    if (found) return found;
+    if (PyErr_Occurred()) return PyErr_Clear(), *unknown = true, nullptr;
+  }
+  return nullptr;
+}
+
+// Whether objects of type t look their attributes up as Python's generic lookup
+// does: t's tp_getattro is PyObject_GenericGetAttr, or t's __getattribute__ is
+// still object's and it has no __getattr__. The second form covers Cython's
+// classes (CuPy's), whose tp_getattro is an equivalent of the generic lookup
+// installed after the type is made; a type whose own C tp_getattro differs has
+// its own __getattribute__ (PyType_Ready puts it in the type's dict).
+inline bool generic_lookup(PyTypeObject* t) {
+  if (t->tp_getattro == PyObject_GenericGetAttr) return true;
+  static PyObject* const s_getattribute = name("__getattribute__");
+  static PyObject* const s_getattr = name("__getattr__");
+  bool unknown;
+  PyObject* object_dict = type_dict(&PyBaseObject_Type);
+  PyObject* generic = object_dict ? PyDict_GetItemWithError(object_dict, s_getattribute) : nullptr;  // borrowed
+  Py_XDECREF(object_dict);  // object's dict lives as long as the interpreter
+  PyObject* own = generic ? lookup_on_mro(t, s_getattribute, &unknown) : nullptr;
+  bool ok = own && own == generic;
+  Py_XDECREF(own);
+  PyObject* getattr = ok ? lookup_on_mro(t, s_getattr, &unknown) : nullptr;
+  ok = ok && !getattr && !unknown;
+  Py_XDECREF(getattr);
+  PyErr_Clear();
+  return ok;
+}
+
 // The plan for obj.<name> on objects of type t: the descriptor the generic lookup
 // finds first on t's MRO, kept if it is one that may be called directly.
 inline AttrPlan plan_attr(PyTypeObject* t, PyObject* name, bool method) {
   AttrPlan p;
   p.type = t;
   p.version = t->tp_version_tag;
-  if (t->tp_getattro != PyObject_GenericGetAttr || !(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return p;
-  PyObject* mro = t->tp_mro;
-  PyObject* found = nullptr;
-  for (Py_ssize_t i = 0; mro && PyTuple_Check(mro) && !found && i < PyTuple_GET_SIZE(mro); ++i) {
-    PyObject* dict = type_dict(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i)));
-    if (!dict) return PyErr_Clear(), p;  // cannot see this base: read generically
-    found = Py_XNewRef(PyDict_GetItemWithError(dict, name));
-    Py_DECREF(dict);
-    if (!found && PyErr_Occurred()) return PyErr_Clear(), p;
-  }
+  if (!(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || !generic_lookup(t)) return p;
+  bool unknown;
+  PyObject* found = lookup_on_mro(t, name, &unknown);
   if (!found) return p;
   if (Py_IS_TYPE(found, &PyGetSetDescr_Type) && reinterpret_cast<PyGetSetDescrObject*>(found)->d_getset->get) {
     p.kind = AttrPlan::kGetSet;
@@ -185,58 +208,75 @@ inline PyObject* read_generic(PyObject* obj, PyObject* name, bool method) {
   return method ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
 }
 
-// A read whose type has no plan yet, or whose plan went stale: the generic
-// read, then a plan made after it (the read gave the type a version tag). A
-// full table leaves new types to the generic read: still correct. Out of line:
-// the hot path stays small.
-[[gnu::noinline]] inline PyObject* read_and_plan(PyObject* obj, PyObject* name, bool method, AttrPlan* rows, int* n,
-                                                 int capacity) {
+// A read whose plan is for another type, or went stale: the generic read, then
+// the plan made again after it (the read gave the type a version tag). Out of
+// line: the hot path stays small.
+[[gnu::noinline]] inline PyObject* read_and_plan(PyObject* obj, PyObject* name, bool method, AttrPlan* plan) {
   PyObject* v = read_generic(obj, name, method);
   if (!v) return nullptr;
-  PyTypeObject* t = Py_TYPE(obj);
-  int row = 0;
-  while (row < *n && rows[row].type != t) ++row;
-  if (row == capacity) return v;
-  AttrPlan p = plan_attr(t, name, method);
-  if (row < *n) {
-    std::swap(rows[row], p);  // the row keeps its reference to t; the old descriptor is dropped below
-  } else {
-    Py_INCREF(t);
-    rows[(*n)++] = p;
-    p = AttrPlan();
-  }
+  AttrPlan p = plan_attr(Py_TYPE(obj), name, method);
+  Py_INCREF(p.type);
+  std::swap(*plan, p);
+  Py_XDECREF(p.type);  // the old plan's references
   Py_XDECREF(p.descr);
   return v;
 }
 
-// obj.<name> (method: obj.<name>()), a new reference or nullptr with an error set.
-template <int N>
-inline PyObject* read_attr(PyObject* obj, PyObject* name, AttrPlans<N>& plans, bool method = false) {
+// obj.<name> (method: obj.<name>()) through `plan`, a new reference or nullptr
+// with an error set.
+inline PyObject* read_attr(PyObject* obj, PyObject* name, AttrPlan& plan, bool method = false) {
   PyTypeObject* t = Py_TYPE(obj);
-  for (int i = 0; i < plans.n; ++i) {
-    const AttrPlan& p = plans.rows[i];
-    if (p.type != t) continue;
-    if (!version_is(t, p.version)) break;
-    switch (p.kind) {
-      case AttrPlan::kGetSet: {
-        PyGetSetDef* g = reinterpret_cast<PyGetSetDescrObject*>(p.descr)->d_getset;
-        return g->get(obj, g->closure);
-      }
-      case AttrPlan::kMember:
-        return PyMember_GetOne(reinterpret_cast<const char*>(obj),
-                               reinterpret_cast<PyMemberDescrObject*>(p.descr)->d_member);
-      case AttrPlan::kMethod: {
-        // Held for the call: the method may run Python, which may replace this plan.
-        PyObject* d = Py_NewRef(p.descr);
-        PyObject* v = PyObject_Vectorcall(d, &obj, 1, nullptr);
-        Py_DECREF(d);
-        return v;
-      }
-      default:
-        return read_generic(obj, name, method);
+  if (plan.type != t || !version_is(t, plan.version)) return read_and_plan(obj, name, method, &plan);
+  switch (plan.kind) {
+    case AttrPlan::kGetSet: {
+      PyGetSetDef* g = reinterpret_cast<PyGetSetDescrObject*>(plan.descr)->d_getset;
+      return g->get(obj, g->closure);
     }
+    case AttrPlan::kMember:
+      return PyMember_GetOne(reinterpret_cast<const char*>(obj),
+                             reinterpret_cast<PyMemberDescrObject*>(plan.descr)->d_member);
+    case AttrPlan::kMethod: {
+      // Held for the call: the method may run Python, which may replace this plan.
+      PyObject* d = Py_NewRef(plan.descr);
+      PyObject* v = PyObject_Vectorcall(d, &obj, 1, nullptr);
+      Py_DECREF(d);
+      return v;
+    }
+    default:
+      return read_generic(obj, name, method);
   }
-  return read_and_plan(obj, name, method, plans.rows, &plans.n, N);
+}
+
+// How arrays of one Python type are read: where their pointer is (`strategy`,
+// decided by lazytriton.core.arrays.pointer_strategy) and a plan for each
+// attribute read: dtype, then `first` (is_cuda, data_ptr(), data,
+// __cuda_array_interface__ or __dlpack__(), by strategy) and `second` (data.ptr,
+// planned for the type of `data`).
+struct ArrayReader {
+  PyTypeObject* type = nullptr;  // a reference
+  int strategy = kNotArray;
+  AttrPlan dtype, first, second;
+};
+
+// The reader of obj's type, made on first sight (kept for the process), or
+// nullptr if Python could not classify the type (no error left set).
+inline ArrayReader* reader_of(PyObject* obj) {
+  static ArrayReader rows[32];
+  static int n = 0;
+  PyTypeObject* t = Py_TYPE(obj);
+  for (int i = 0; i < n; ++i)
+    if (rows[i].type == t) return &rows[i];
+  int strategy = ask_python("pointer_strategy", obj);
+  if (strategy < 0) return PyErr_Clear(), nullptr;
+  for (int i = 0; i < n; ++i)  // Python may have run another launch meanwhile
+    if (rows[i].type == t) return &rows[i];
+  static ArrayReader spare;  // the 33rd type and later share it: still correct, replanned as types alternate
+  ArrayReader* r = n < 32 ? &rows[n++] : &spare;
+  Py_INCREF(t);
+  Py_XDECREF(r->type);
+  r->type = t;
+  r->strategy = strategy;
+  return r;
 }
 
 // PyLong_AsUnsignedLong, not ...LongLong: for an int of more than one digit
@@ -263,40 +303,41 @@ struct DLTensor_ {
   uint64_t byte_offset;
 };
 
-inline bool pointer_of(PyObject* obj, int strategy, uint64_t* ptr) {
-  static AttrPlans<8> is_cuda, data_ptr, data, dptr, cai, dlpack;
+inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr) {
   const Names& n = names();
   PyObject* v = nullptr;
   bool ok = false;
-  switch (strategy) {
+  switch (r.strategy) {
     case kTorch: {
       // A host tensor is "not this signature": Python's array_info then names the problem.
-      PyObject* on_gpu = read_attr(obj, n.is_cuda, is_cuda);
+      PyObject* on_gpu = read_attr(obj, n.is_cuda, r.first);
       bool cuda = on_gpu == Py_True;
       Py_XDECREF(on_gpu);
       if (!cuda) break;
-      [[fallthrough]];
+      v = read_attr(obj, n.data_ptr, r.second, /*method=*/true);
+      ok = read_u64(v, ptr);
+      break;
     }
     case kDataPtrMethod:
-      v = read_attr(obj, n.data_ptr, data_ptr, /*method=*/true);
+      v = read_attr(obj, n.data_ptr, r.first, /*method=*/true);
       ok = read_u64(v, ptr);
       break;
     case kDataDotPtr: {
-      PyObject* mem = read_attr(obj, n.data, data);
-      if (mem) v = read_attr(mem, n.ptr, dptr);
+      PyObject* mem = read_attr(obj, n.data, r.first);
+      if (mem) v = read_attr(mem, n.ptr, r.second);
       Py_XDECREF(mem);
       ok = read_u64(v, ptr);
       break;
     }
     case kCudaArrayInterface: {
-      PyObject* iface = read_attr(obj, n.cai, cai);
+      PyObject* iface = read_attr(obj, n.cai, r.first);
       PyObject* d = iface && PyDict_Check(iface) ? PyDict_GetItemString(iface, "data") : nullptr;
       ok = d && PyTuple_Check(d) && PyTuple_GET_SIZE(d) > 0 && read_u64(PyTuple_GET_ITEM(d, 0), ptr);
       Py_XDECREF(iface);
       break;
     }
     case kDLPack: {
-      v = read_attr(obj, n.dlpack, dlpack, /*method=*/true);
+      v = read_attr(obj, n.dlpack, r.first, /*method=*/true);
       auto* t = v && PyCapsule_IsValid(v, "dltensor")
                     ? static_cast<DLTensor_*>(PyCapsule_GetPointer(v, "dltensor"))
                     : nullptr;
@@ -344,21 +385,20 @@ inline const Readers& readers() {
 // A pointer argument: the object must be an array-like whose dtype is
 // `want_dtype`. False means "not this stub's signature".
 inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
-  static AttrPlans<8> dtype;
-  int s = strategy_of(obj);
-  if (s == kNotArray) return false;
-  if (s == kTorch) {
+  ArrayReader* r = reader_of(obj);
+  if (!r || r->strategy == kNotArray) return false;
+  if (r->strategy == kTorch) {
     if (TorchRead torch = readers().torch) {
       PyObject* dt = nullptr;
-      int r = torch(obj, &dt, ptr);
-      if (r != kDeclined) return r == kDeviceTensor && dtype_id(dt) == want_dtype;
+      int answer = torch(obj, &dt, ptr);
+      if (answer != kDeclined) return answer == kDeviceTensor && dtype_id(dt) == want_dtype;
     }
   }
-  PyObject* dt = read_attr(obj, names().dtype, dtype);
+  PyObject* dt = read_attr(obj, names().dtype, r->dtype);
   if (!dt) return PyErr_Clear(), false;
   int id = dtype_id(dt);
   Py_DECREF(dt);
-  return id == want_dtype && pointer_of(obj, s, ptr);
+  return id == want_dtype && pointer_of(obj, *r, ptr);
 }
 
 }  // namespace lt::pyargs

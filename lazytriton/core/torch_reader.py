@@ -39,12 +39,12 @@ def request(args: tuple) -> None:
     if _requested or "torch" not in sys.modules or not _holds_cuda_tensor(args):
         return
     mode = config.stub_build()
+    if mode == "off":  # no compiler now; a later first call under another setting may build it
+        return
     with _lock:
         if _requested:
             return
         _requested = True
-        if mode == "off":
-            return
         if mode == "sync" or native.built_and_intact(module_name()):
             _load(background=False)
             return

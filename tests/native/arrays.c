@@ -5,7 +5,11 @@
 //   GetSetArray(ptr, dtype): dtype and data through C getters (getset), data.ptr
 //     a getter making a new int on every read (CuPy's MemoryPointer.ptr);
 //   MemberArray(ptr, dtype): dtype and data in C slots (members);
-//   MethodArray(ptr, dtype): dtype a getter, data_ptr() a C method (METH_NOARGS).
+//   MethodArray(ptr, dtype): dtype a getter, data_ptr() a C method (METH_NOARGS);
+//   CythonArray(ptr, dtype): GetSetArray whose tp_getattro is an equivalent of the
+//     generic lookup installed after PyType_Ready, as Cython does (CuPy's classes);
+//   OverridingArray(ptr, dtype): GetSetArray with a C tp_getattro of its own that
+//     answers "float16" for dtype, whatever its getter says.
 // Each counts the reads of its attributes (reads()), so that a test can tell a
 // read happened. All are subclassable: a Python subclass can override them.
 #include <Python.h>
@@ -95,6 +99,20 @@ static PyMethodDef method_methods[] = {{"data_ptr", array_data_ptr, METH_NOARGS,
 static PyTypeObject GetSetArrayType = {PyVarObject_HEAD_INIT(NULL, 0) "native_arrays.GetSetArray", sizeof(Array)};
 static PyTypeObject MemberArrayType = {PyVarObject_HEAD_INIT(NULL, 0) "native_arrays.MemberArray", sizeof(Array)};
 static PyTypeObject MethodArrayType = {PyVarObject_HEAD_INIT(NULL, 0) "native_arrays.MethodArray", sizeof(Array)};
+static PyTypeObject CythonArrayType = {PyVarObject_HEAD_INIT(NULL, 0) "native_arrays.CythonArray", sizeof(Array)};
+static PyTypeObject OverridingArrayType = {PyVarObject_HEAD_INIT(NULL, 0) "native_arrays.OverridingArray",
+                                           sizeof(Array)};
+
+// What Cython installs for a class without a __dict__: the generic lookup, its own copy.
+static PyObject* cython_getattro(PyObject* o, PyObject* name) { return PyObject_GenericGetAttr(o, name); }
+
+static PyObject* overriding_getattro(PyObject* o, PyObject* name) {
+  if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "dtype") == 0) {
+    ++g_reads;
+    return PyUnicode_FromString("float16");
+  }
+  return PyObject_GenericGetAttr(o, name);
+}
 
 static PyObject* reads(PyObject* m, PyObject* unused) {
   (void)m, (void)unused;
@@ -121,11 +139,17 @@ PyMODINIT_FUNC PyInit_native_arrays(void) {
       ready(&MemberArrayType, member_getset, member_members, NULL) < 0 ||
       ready(&MethodArrayType, method_getset, NULL, method_methods) < 0)
     return NULL;
+  OverridingArrayType.tp_getattro = overriding_getattro;  // before PyType_Ready: its own __getattribute__
+  if (ready(&OverridingArrayType, getset_getset, NULL, NULL) < 0 || ready(&CythonArrayType, getset_getset, NULL, NULL) < 0)
+    return NULL;
+  CythonArrayType.tp_getattro = cython_getattro;  // after PyType_Ready, as Cython does
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return NULL;
   if (PyModule_AddObjectRef(m, "GetSetArray", (PyObject*)&GetSetArrayType) < 0 ||
       PyModule_AddObjectRef(m, "MemberArray", (PyObject*)&MemberArrayType) < 0 ||
-      PyModule_AddObjectRef(m, "MethodArray", (PyObject*)&MethodArrayType) < 0) {
+      PyModule_AddObjectRef(m, "MethodArray", (PyObject*)&MethodArrayType) < 0 ||
+      PyModule_AddObjectRef(m, "CythonArray", (PyObject*)&CythonArrayType) < 0 ||
+      PyModule_AddObjectRef(m, "OverridingArray", (PyObject*)&OverridingArrayType) < 0) {
     Py_DECREF(m);
     return NULL;
   }
