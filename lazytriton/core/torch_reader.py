@@ -11,8 +11,9 @@ read tensors through the Python getters: the answers are the same.
 
 It is requested by the first call that is resolved with a CUDA tensor among its arguments, so that a
 process that never launches on torch tensors never compiles it, and it builds like a launch stub: in
-the background (LAZYTRITON_STUB_BUILD=background, the default), before that call (=sync), or never
-(=off: no C++ compiler is run)."""
+the background (LAZYTRITON_STUB_BUILD=background, the default; loading a reader already on disk
+happens there too, off the first call's path), before that call (=sync), or not at all (=off: no C++
+compiler is run; a later first call under another setting may still build it)."""
 from __future__ import annotations
 
 import hashlib
@@ -45,9 +46,11 @@ def request(args: tuple) -> None:
         if _requested:
             return
         _requested = True
-        if mode == "sync" or native.built_and_intact(module_name()):
+        if mode == "sync":
             _load(background=False)
             return
+        # Loaded (checked, and built if need be) off the first call's path even when it is on disk:
+        # until then the getters serve, with the same answers.
         _thread = threading.Thread(target=_load, kwargs={"background": True}, name="lazytriton-torch-reader",
                                    daemon=True)
         _thread.start()
