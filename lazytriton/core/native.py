@@ -10,10 +10,12 @@ import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -159,13 +161,16 @@ def _writable(d: Path) -> Path:
 
 
 def load_module(name: str, source: Callable[[], str], what: str, extra_flags: tuple[str, ...] = (),
-                tag: str = "", background: bool = False):
+                tag: str = "", background: bool = False, outlive: bool = False):
     """A Python extension module built from `source()` against lazytriton's
     headers and library, cached on disk per toolchain (and `tag`). Builds of
     different modules run concurrently; one module is built once. A
     `background` build (a launch stub while the table-driven one serves the
     calls) runs its compiler niced: it must not slow the candidates' compile
-    that the first call waits for."""
+    that the first call waits for. A build that may `outlive` this process (one
+    that takes longer than a short script runs: the torch reader) runs in a
+    builder process of its own, which publishes the module even if this
+    process has ended meanwhile; other builds stop when the process ends."""
     with _lock:
         if name in _loaded:
             return _loaded[name]
@@ -177,12 +182,13 @@ def load_module(name: str, source: Callable[[], str], what: str, extra_flags: tu
         so = _built_path(name, tag)
         if _verified(so) is not None:  # a read-only cache holding a good build is fine
             so = _writable(so.parent) / so.name
-            _build(name, source, so, what, extra_flags, background)
+            (_build_detached if outlive else _build)(name, source, so, what, extra_flags, background)
         try:
             module = _import(name, so)
         except ImportError as exc:  # matches its checksum but does not load: rebuild it once
             so = _writable(so.parent) / so.name
-            _build(name, source, so, what, extra_flags, background, broken=f"it does not load ({exc})")
+            (_build_detached if outlive else _build)(name, source, so, what, extra_flags, background,
+                                                     broken=f"it does not load ({exc})")
             try:
                 module = _import(name, so)
             except ImportError as again:
@@ -223,8 +229,10 @@ def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flag
             with _lock:
                 if _exiting:
                     raise RuntimeError(f"{what}: not built, the process is exiting")
+                # A session of its own: stopping the build stops the compiler's children too.
                 _in_flight[str(tmp)] = proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                                               stderr=subprocess.PIPE, text=True)
+                                                               stderr=subprocess.PIPE, text=True,
+                                                               start_new_session=True)
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise RuntimeError(f"building {what} failed:\n{' '.join(cmd)}\n{err[-4000:]}")
@@ -237,6 +245,40 @@ def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flag
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         log.info("built %s in %.2fs", what, time.perf_counter() - t0)
+
+
+def _build_detached(name: str, source: Callable[[], str], so: Path, what: str, extra_flags: tuple[str, ...],
+                    background: bool = False, broken: str | None = None) -> None:
+    """_build in a builder process of its own (`python -m lazytriton.core.native`), in a session of its
+    own: this process waits for it, but does not stop it when it exits, and the builder publishes the
+    module for the next process."""
+    so.parent.mkdir(parents=True, exist_ok=True)
+    src = so.parent / f"{name}.cc"
+    files.atomic_write(src, source().encode())
+    job = {"name": name, "so": str(so), "what": what, "flags": list(extra_flags), "background": background,
+           "broken": broken}
+    with _lock:
+        if _exiting:
+            raise RuntimeError(f"{what}: not built, the process is exiting")
+    proc = subprocess.Popen([sys.executable, "-m", "lazytriton.core.native", json.dumps(job)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=str(so.parent))  # not this process's: its directory may be a package's checkout
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(err.strip().splitlines()[-1] if err.strip() else f"{what}: the builder failed "
+                           f"(exit status {proc.returncode})")
+
+
+def _builder_main(job: dict) -> int:
+    """The builder process of _build_detached."""
+    so = Path(job["so"])
+    text = (so.parent / f"{job['name']}.cc").read_text()
+    try:
+        _build(job["name"], lambda: text, so, job["what"], tuple(job["flags"]), job["background"], job["broken"])
+    except Exception as exc:  # noqa: BLE001  (the parent raises it, by its last line)
+        print(f"{exc}".replace("\n", " "), file=sys.stderr)
+        return 1
+    return 0
 
 
 def _sweep(so: Path) -> None:
@@ -265,7 +307,8 @@ def _stop_builds() -> None:
         pending = list(_in_flight.items())
     for tmp, proc in pending:
         if proc is not None and proc.poll() is None:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the driver and cc1plus, as, ld under it
             proc.wait()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -307,3 +350,8 @@ def built_and_intact(name: str, tag: str = "") -> bool:
 def exiting() -> bool:
     """Whether the process is exiting (builds are being stopped)."""
     return _exiting
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(_builder_main(json.loads(sys.argv[1])))

@@ -77,8 +77,9 @@ def _holds_cuda_tensor(args: tuple) -> bool:
 
 def _load(background: bool):
     try:
+        # outlive: a build of 15-30 s finishes even when the process that started it ends sooner.
         module = native.load_module(module_name(), _source, "the torch tensor reader", _flags(),
-                                    background=background)
+                                    background=background, outlive=True)
     except Exception as exc:  # the Python getters go on serving: slower, same answers
         if not native.exiting():
             log.warning("%s; torch tensors are read through torch's Python getters", exc)
