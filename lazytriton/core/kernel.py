@@ -199,18 +199,19 @@ class LazyKernel(_core.LaunchBase):
         (the key `stub` answered, or the new stub's): resolved once, by this caller or
         by one it waits for (the kernel's table de-duplicates), and installed. The
         launcher then launches the call through that stub."""
-        torch_reader.request(args)  # the stubs' fast reads of CUDA tensors, once per process
         if stub is None:
             stub = self._add_stub(args)
             key = stub.key(args)
             if key is None:
                 raise RuntimeError(f"kernel {self.name}: internal error: the stub made for these arguments "
                                    "rejected them")
-        claim = self._core.claim(key)
-        if claim is None:  # resolved meanwhile (or resolved by the thread this one waited for)
-            return
-        with claim:
-            claim.publish(self._resolve(key, (args, stream, grid, stub)))
+        claim = self._core.claim(key)  # None: resolved meanwhile (or by the thread this one waited for)
+        if claim is not None:
+            with claim:
+                claim.publish(self._resolve(key, (args, stream, grid, stub)))
+        # The stubs' fast reads of CUDA tensors, requested once per process, after the resolution: its
+        # loading (or build) on another thread then competes with neither the compile nor the GIL.
+        torch_reader.request(args)
 
     def _add_stub(self, args: tuple) -> Any:
         """The stub of this call's argument shape, added to the kernel's stubs."""
