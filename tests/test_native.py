@@ -33,7 +33,9 @@ def start_build_then_exit(cache: Path, name: str, outlive: bool) -> subprocess.C
         time.sleep(1.0)  # the compiler is running
     """)
     env = dict(os.environ, LAZYTRITON_CACHE_DIR=str(cache))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    # cwd outside the checkout: the process imports the installed package.
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=str(cache.parent))
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -79,6 +79,7 @@ def test_one_build_per_torch_and_toolchain(reader, tmp_path):
     code = ("import lazytriton.core.torch_reader as r, lazytriton.core.native as n, lazytriton._core as c; "
             "assert n.built_and_intact(r.module_name()); r.load(); assert c.torch_reader_installed(); "
             "print(r.module_name())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    # cwd outside the checkout: the process imports the installed package.
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == name

@@ -1,22 +1,17 @@
 // lazytriton._core: the Python face of the C++ runtime. Python decides (what
-// to compile, which config wins); this module loads, launches and times.
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-
-#include <chrono>
+// to compile, which config wins); this module loads and launches, and
+// timing_bindings.cc times (core_module.h holds what the two share).
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <utility>
 
+#include "core_module.h"
 #include "lazytriton/bundle.h"
 #include "lazytriton/call_site.h"
-#include "python_args.h"
-#include "lazytriton/runtime.h"
 
-namespace py = pybind11;
 using namespace lt;
+using namespace lt::bindings;
 void bind_launcher(py::module_& m);  // launch_base.cc: _core.LaunchBase, _core.Launch (the k[grid](...) hot path)
 
 namespace {
@@ -40,31 +35,11 @@ struct Claim {
   }
 };
 
-cu::CUstream as_stream(uint64_t s) { return reinterpret_cast<cu::CUstream>(s); }
-
 int dict_int(const py::dict& d, const char* k, int dflt) {
   return d.contains(k) && !d[k].is_none() ? d[k].cast<int>() : dflt;
 }
 uint64_t dict_u64(const py::dict& d, const char* k, uint64_t dflt) {
   return d.contains(k) && !d[k].is_none() ? d[k].cast<uint64_t>() : dflt;
-}
-
-BenchOptions bench_options(const py::dict& opt) {
-  BenchOptions o;
-  o.warmup = dict_int(opt, "warmup", o.warmup);
-  o.min_reps = dict_int(opt, "min_reps", o.min_reps);
-  o.max_reps = dict_int(opt, "max_reps", o.max_reps);
-  if (opt.contains("target_ms")) o.target_ms = opt["target_ms"].cast<double>();
-  if (opt.contains("flush_l2")) o.flush_l2 = opt["flush_l2"].cast<bool>();
-  return o;
-}
-
-py::dict bench_dict(const BenchResult& r) {
-  py::dict d;
-  d["median_ms"] = r.median_ms;
-  d["min_ms"] = r.min_ms;
-  d["reps"] = r.reps;
-  return d;
 }
 
 // One entry of Triton's tensordesc_meta.
@@ -83,27 +58,6 @@ TmaMeta tma_meta_from(const py::dict& d) {
   return t;
 }
 
-// A descriptor argument as Python hands it over (lazytriton.core.tensor_desc.DescInfo.as_tuple):
-// (base, dtype id, shape, strides, block_shape, nan padding, round_f32_to_tf32[, argument name]).
-HostTensorDesc host_desc_from(py::handle h, std::string* name = nullptr) {
-  auto t = h.cast<py::tuple>();
-  if (t.size() != 7 && t.size() != 8)
-    throw py::value_error("a tensor descriptor argument is (base, dtype, shape, strides, block, nan, tf32[, name])");
-  if (name && t.size() == 8) *name = t[7].cast<std::string>();
-  HostTensorDesc d;
-  d.base = t[0].cast<uint64_t>();
-  d.dtype = t[1].cast<int>();
-  auto shape = t[2].cast<std::vector<int64_t>>(), strides = t[3].cast<std::vector<int64_t>>(),
-       block = t[4].cast<std::vector<int64_t>>();
-  if (shape.empty() || shape.size() > size_t(kMaxDescRank) || strides.size() != shape.size() ||
-      block.size() != shape.size())
-    throw py::value_error("a tensor descriptor has 1 to 5 dimensions, with as many strides and block dimensions");
-  d.rank = int(shape.size());
-  for (int i = 0; i < d.rank; ++i) d.shape[i] = shape[size_t(i)], d.strides[i] = strides[size_t(i)], d.block[i] = block[size_t(i)];
-  d.nan_padding = t[5].cast<bool>();
-  d.tf32 = t[6].cast<bool>();
-  return d;
-}
 
 // Triton launch metadata, read by field name so any 3.x layout works.
 LaunchMeta meta_from(const py::dict& d) {
@@ -180,71 +134,6 @@ py::dict meta_to_dict(const LaunchMeta& m) {
   return d;
 }
 
-// Runtime arguments packed as the kernel's parameters, in the C types Triton's
-// launcher uses for each signature type: scalars and pointers in 8-byte slots,
-// a host tensor descriptor ("tensordesc<...>") expanded into its parameters
-// for the kernel `meta` (tensor_desc.h).
-struct ArgPack {
-  std::vector<uint64_t> slots;
-  std::deque<DescParams> descs;  // stable addresses
-  std::vector<void*> ptrs;
-
-  ArgPack(const std::vector<std::string>& types, const py::sequence& values, const LaunchMeta* meta = nullptr) {
-    if (types.size() != size_t(py::len(values)))
-      throw py::value_error("argument count does not match the signature");
-    slots.assign(types.size(), 0);
-    size_t n_desc = 0;
-    for (size_t i = 0; i < types.size(); ++i) {
-      if (types[i].rfind("tensordesc", 0) == 0) {
-        if (!meta) throw py::type_error("a tensor descriptor argument needs the kernel's metadata");
-        void* p[kMaxDescParams];
-        std::string name = "#" + std::to_string(i);
-        HostTensorDesc d = host_desc_from(values[i], &name);
-        size_t n = pack_tensor_desc(meta->tensordesc, meta->tensordesc_abi, n_desc++, d, descs.emplace_back(), p,
-                                    meta->name, name.c_str());
-        ptrs.insert(ptrs.end(), p, p + n);
-        continue;
-      }
-      pack(types[i], values[i], &slots[i], "argument #" + std::to_string(i) + ": ");
-      ptrs.push_back(&slots[i]);
-    }
-  }
-
-  // One scalar or pointer in its parameter type, by encode.h's rules (as every
-  // stub packs it): an annotated type's range, fp16 refused past its range.
-  // `what` prefixes the error ("kernel k, argument n").
-  static void pack(const std::string& t, py::handle v, uint64_t* slot, const std::string& what = "") {
-    if (t[0] == '*') return void(*slot = v.cast<uint64_t>());
-    Ty ty;
-    if (!scalar_type(t, &ty)) throw py::type_error(what + "unsupported kernel argument type " + t);
-    Fit fit;
-    if (is_float(ty)) {
-      fit = encode_float(ty, v.cast<double>(), slot);
-    } else {
-      py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));  // an int, or has __index__
-      IntVal iv;
-      if (!index || !pyargs::read_int(index.ptr(), &iv)) {
-        PyErr_Clear();
-        throw py::type_error(what + py::repr(v).cast<std::string>() + " is not an integer in 64 bits (" + t + ")");
-      }
-      iv.is_bool = PyBool_Check(v.ptr());
-      uint64_t bits;
-      fit = ty == Ty::kU1 ? encode_flag(true, iv, slot) : encode_int({ty, true, false, false}, iv, slot, &bits);
-    }
-    if (fit == Fit::kFp16Range) {  // Triton's launcher: OverflowError too
-      PyErr_SetString(PyExc_OverflowError, (what + "float too large to pack as fp16").c_str());
-      throw py::error_already_set();
-    }
-    if (fit != Fit::kOk) throw py::value_error(what + py::repr(v).cast<std::string>() + " does not fit " + t);
-  }
-};
-
-Dim3 dim3_from(const py::handle& g) {
-  Dim3 d;
-  if (!pyargs::read_grid(g.ptr(), &d)) throw py::error_already_set();
-  return d;
-}
-
 std::shared_ptr<void> hold(py::object obj) {
   if (obj.is_none()) return nullptr;
   return std::shared_ptr<void>(obj.release().ptr(), [](void* p) {
@@ -254,13 +143,29 @@ std::shared_ptr<void> hold(py::object obj) {
   });
 }
 
-template <class F>
-auto without_gil(F&& f) {
-  py::gil_scoped_release nogil;
-  return f();
-}
-
 }  // namespace
+
+// A descriptor argument as Python hands it over (lazytriton.core.tensor_desc.DescInfo.as_tuple):
+// (base, dtype id, shape, strides, block_shape, nan padding, round_f32_to_tf32[, argument name]).
+HostTensorDesc lt::bindings::host_desc_from(py::handle h, std::string* name) {
+  auto t = h.cast<py::tuple>();
+  if (t.size() != 7 && t.size() != 8)
+    throw py::value_error("a tensor descriptor argument is (base, dtype, shape, strides, block, nan, tf32[, name])");
+  if (name && t.size() == 8) *name = t[7].cast<std::string>();
+  HostTensorDesc d;
+  d.base = t[0].cast<uint64_t>();
+  d.dtype = t[1].cast<int>();
+  auto shape = t[2].cast<std::vector<int64_t>>(), strides = t[3].cast<std::vector<int64_t>>(),
+       block = t[4].cast<std::vector<int64_t>>();
+  if (shape.empty() || shape.size() > size_t(kMaxDescRank) || strides.size() != shape.size() ||
+      block.size() != shape.size())
+    throw py::value_error("a tensor descriptor has 1 to 5 dimensions, with as many strides and block dimensions");
+  d.rank = int(shape.size());
+  for (int i = 0; i < d.rank; ++i) d.shape[i] = shape[size_t(i)], d.strides[i] = strides[size_t(i)], d.block[i] = block[size_t(i)];
+  d.nan_padding = t[5].cast<bool>();
+  d.tf32 = t[6].cast<bool>();
+  return d;
+}
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "lazytriton C++ runtime core";
@@ -514,109 +419,5 @@ PYBIND11_MODULE(_core, m) {
       .def("__len__", &ResolveTable::size)
       .def("clear", &ResolveTable::clear);
 
-  py::class_<Snapshot>(m, "Snapshot")
-      .def(py::init([](uint64_t stream, const std::vector<std::pair<uint64_t, size_t>>& bufs) {
-             std::vector<DeviceBuffer> b;
-             for (auto& [p, n] : bufs) b.push_back({p, n});
-             return std::make_unique<Snapshot>(as_stream(stream), std::move(b));
-           }),
-           py::arg("stream"), py::arg("buffers"))
-      .def("restore", [](const Snapshot& s, uint64_t stream) { s.restore(as_stream(stream)); })
-      .def_property_readonly("device_bytes", &Snapshot::device_bytes)
-      .def_property_readonly("host_bytes", &Snapshot::host_bytes);
-
-  // The floor the benchmarks compare against: plain cuLaunchKernel from a C++
-  // loop (no Python, no lazytriton bookkeeping). Returns seconds for n launches.
-  m.def("raw_launch_loop", [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types,
-                              py::sequence args, int n) {
-    ArgPack pack(types, args);
-    pack.slots.push_back(0);  // the two hidden scratch pointers
-    pack.slots.push_back(0);
-    std::vector<void*> ptrs;
-    for (auto& s : pack.slots) ptrs.push_back(&s);
-    Dim3 g = dim3_from(grid);
-    const LaunchMeta& m = k.meta();
-    cu::CUfunction fn = k.function(current_context());
-    const Driver& d = driver();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i)
-      check(d.cuLaunchKernel(fn, g.x, g.y, g.z, m.warp_size * m.num_warps, 1, 1, m.shared, as_stream(stream), ptrs.data(), nullptr),
-            "cuLaunchKernel");
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  });
-  // Same loop through lazytriton's own C++ launch path (Kernel::launch).
-  m.def("core_launch_loop", [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types,
-                               py::sequence args, int n) {
-    ArgPack pack(types, args, &k.meta());
-    Dim3 g = dim3_from(grid);
-    cu::CUcontext ctx = current_context();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i) k.launch(ctx, as_stream(stream), g, pack.ptrs.data(), pack.ptrs.size());
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  });
-
-  m.def("zero", [](uint64_t stream, uint64_t ptr, size_t nbytes) { zero_buffer(as_stream(stream), {ptr, nbytes}); });
-  m.def("allocation_extent", [](uint64_t ptr) { return allocation_extent(ptr); });
-  m.def("flush_l2", [](uint64_t stream) { flush_l2(as_stream(stream)); });
-  m.def("reserve_l2_flush", [] { return reserve_l2_flush(); });
-
-  m.def(
-      "bench",
-      [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args,
-         const Snapshot* snapshot, const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
-        ArgPack pack(types, args, &k.meta());
-        Dim3 g = dim3_from(grid);
-        BenchOptions o = bench_options(opt);
-        cu::CUstream s = as_stream(stream);
-        cu::CUcontext ctx = current_context();
-        BenchResult r = without_gil([&] {
-          return lt::bench(
-              s, [&] { k.launch(ctx, s, g, pack.ptrs.data(), pack.ptrs.size()); },
-              [&] {
-                if (snapshot) snapshot->restore(s);
-                for (auto& [p, n] : zero) zero_buffer(s, {p, n});
-              },
-              o);
-        });
-        return bench_dict(r);
-      },
-      py::arg("kernel"), py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"),
-      py::arg("snapshot"), py::arg("zero"), py::arg("options"));
-
-  // Several candidates timed against each other, their launches interleaved one by one.
-  m.def(
-      "bench_interleaved",
-      [](const std::vector<Kernel*>& kernels, py::sequence grids, uint64_t stream,
-         const std::vector<std::vector<std::string>>& types, py::sequence args, const Snapshot* snapshot,
-         const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
-        size_t n = kernels.size();
-        if (py::len(grids) != n || types.size() != n || py::len(args) != n)
-          throw std::invalid_argument("bench_interleaved: one grid, type list and argument list per kernel");
-        std::vector<std::unique_ptr<ArgPack>> packs;
-        std::vector<Dim3> dims;
-        for (size_t i = 0; i < n; ++i) {
-          packs.push_back(std::make_unique<ArgPack>(types[i], py::sequence(args[i]), &kernels[i]->meta()));
-          dims.push_back(dim3_from(grids[i]));
-        }
-        BenchOptions o = bench_options(opt);
-        cu::CUstream s = as_stream(stream);
-        cu::CUcontext ctx = current_context();
-        std::vector<std::function<void()>> launches;
-        for (size_t i = 0; i < n; ++i)
-          launches.push_back([&, i] { kernels[i]->launch(ctx, s, dims[i], packs[i]->ptrs.data(), packs[i]->ptrs.size()); });
-        std::vector<BenchResult> rs = without_gil([&] {
-          return lt::bench_interleaved(
-              s, launches,
-              [&] {
-                if (snapshot) snapshot->restore(s);
-                for (auto& [p, nb] : zero) zero_buffer(s, {p, nb});
-              },
-              o);
-        });
-        py::list out;
-        for (const auto& r : rs) out.append(bench_dict(r));
-        return out;
-      },
-      py::arg("kernels"), py::arg("grids"), py::arg("stream"), py::arg("types"), py::arg("args"),
-      py::arg("snapshot"), py::arg("zero"), py::arg("options"));
+  bind_timing(m);
 }
