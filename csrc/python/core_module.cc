@@ -35,12 +35,6 @@ struct Claim {
   }
 };
 
-int dict_int(const py::dict& d, const char* k, int dflt) {
-  return d.contains(k) && !d[k].is_none() ? d[k].cast<int>() : dflt;
-}
-uint64_t dict_u64(const py::dict& d, const char* k, uint64_t dflt) {
-  return d.contains(k) && !d[k].is_none() ? d[k].cast<uint64_t>() : dflt;
-}
 
 // One entry of Triton's tensordesc_meta.
 TmaMeta tma_meta_from(const py::dict& d) {

@@ -12,10 +12,6 @@
 namespace lt::bindings {
 namespace {
 
-int dict_int(const py::dict& d, const char* k, int dflt) {
-  return d.contains(k) && !d[k].is_none() ? d[k].cast<int>() : dflt;
-}
-
 BenchOptions bench_options(const py::dict& opt) {
   BenchOptions o;
   o.warmup = dict_int(opt, "warmup", o.warmup);
