@@ -460,6 +460,19 @@ def _refcounts(objs):
     return [sys.getrefcount(o) for o in objs]
 
 
+def _same_refcounts(objs, work):
+    """Counts after `work` equal those before it. Garbage left by earlier tests is collected first and the
+    collector stays off meanwhile: freed mid-count it would read as a fall, and garbage made per launch as a rise."""
+    gc.collect()
+    gc.disable()
+    try:
+        before = _refcounts(objs)
+        work()
+        assert _refcounts(objs) == before
+    finally:
+        gc.enable()
+
+
 def test_reference_counts_exact(entry):
     k = lazytriton.kernel(axpy_kernel)
     k._stubs = [Stub()]
@@ -498,9 +511,7 @@ def test_reference_counts_exact(entry):
 
     def check():
         run(10)
-        before = _refcounts(objs)
-        run(1000)
-        assert _refcounts(objs) == before
+        _same_refcounts(objs, lambda: run(1000))
 
     check()
     k._stubs = [not_mine, unresolved]  # a call key: resolved through the table (the resolver once)
