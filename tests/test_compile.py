@@ -131,8 +131,14 @@ def test_failing_config_is_skipped_with_its_reason(caplog):
     assert good.binary is not None and good.error is None
     for c in bad:
         assert c.binary is None and c.error
-        assert re.search(rf"partly_bad_kernel: config {c.index} \(.*BLOCK: {c.config.kwargs['BLOCK']}.*\) skipped: "
-                         rf"\w+Error", caplog.text), caplog.text
+    # Triton's whole message (the source line, the caret, the cause), once for configs that fail alike.
+    text = caplog.text
+    assert re.search(r"partly_bad_kernel: config 1 \(.*BLOCK: 3.*\) skipped: CompilationError: at 3:38:\n"
+                     r"def partly_bad_kernel.*\n.*\n.*tl.arange\(0, BLOCK\)\n *\^\n"
+                     r"arange's range must be a power of 2", text), text
+    assert re.search(r"partly_bad_kernel: config 2 \(.*BLOCK: 5.*\) skipped: the same error as config 1$", text,
+                     re.M), text
+    assert text.count("must be a power of 2") == 1
 
 
 def test_all_configs_failing_raises_all_candidates_failed(cache_dir, caplog):
@@ -151,7 +157,17 @@ def test_all_configs_failing_raises_all_candidates_failed(cache_dir, caplog):
     with pytest.raises(AllCandidatesFailed) as info:
         res._tune(Cache(cache_dir), "test-key", res._candidates(), True)
     text = str(info.value)
-    assert text.startswith("kernel all_bad: every candidate config failed")
-    for c in info.value.candidates:
-        assert f"config {c.index} (" in text and c.error in text
-    assert len(info.value.candidates) == 2
+    # Both fail alike: Triton's whole message once (source line, caret, cause).
+    assert text.startswith("kernel all_bad: every candidate config (2) failed with:\nCompilationError: at 2:")
+    assert "offs = tl.arange(0, BLOCK)\n" in text and "^\n" in text and text.count("power of 2") == 1
+    assert len(info.value.candidates) == 2 and all(c.error for c in info.value.candidates)
+
+
+def test_all_candidates_failed_differently_lists_each(cache_dir):
+    from lazytriton.compile.compiler import Candidate
+
+    cands = [Candidate(0, triton.Config({"BLOCK": 3}), None, error="CompilationError: at 1:2:\nx\n^\ncause A"),
+             Candidate(1, triton.Config({"BLOCK": 5}), None, error="PTXASError: ptxas failed\nline 2")]
+    text = str(AllCandidatesFailed("k", cands))
+    assert text.startswith("kernel k: every candidate config failed:\n  config 0 (")
+    assert "cause A" in text and "    line 2" in text and "config 1 (" in text

@@ -1,7 +1,8 @@
 """Candidates compile in worker processes (lazytriton.compile.pool), really in
-parallel, with Triton on the CPU (sm_90 needs no GPU). Kernels a worker cannot
-import by name compile in the caller's process; a worker that crashes fails its
-candidate with an error naming the kernel and the config, and nothing hangs."""
+parallel, with Triton on the CPU (sm_90 needs no GPU): Triton's front end in the
+caller, the rest in the workers, which never import the kernel's module. A
+worker that crashes fails its candidate with an error naming the kernel and the
+config, and nothing hangs."""
 import logging
 import os
 import signal
@@ -84,7 +85,9 @@ def test_stream_yields_each_candidate_once(fresh_triton_cache):
     assert sorted(seen) == [0, 1, 2]
 
 
-def test_kernel_defined_in_a_function_compiles_in_process(fresh_triton_cache, caplog):
+def test_kernel_defined_in_a_function_compiles_in_workers(fresh_triton_cache, caplog):
+    """No worker imports the kernel: one defined in a function (no module
+    path at all) compiles in the workers too, from its TTIR."""
     @triton.autotune(configs=[triton.Config({"B": 64}), triton.Config({"B": 128})], key=["n"])
     @triton.jit
     def local_kernel(x, n, B: tl.constexpr):
@@ -92,13 +95,56 @@ def test_kernel_defined_in_a_function_compiles_in_process(fresh_triton_cache, ca
         tl.store(x + o, tl.load(x + o, mask=o < n) * 2, mask=o < n)
 
     spec = describe(local_kernel)
-    assert compile_pool.kernel_address(spec.fn) is None
     binder = Binder(spec, TARGET)
     cands = [Candidate(i, c, binder.bind((P, 4096), c.all_kwargs())) for i, c in enumerate(spec.configs)]
     with caplog.at_level(logging.INFO, logger="lazytriton"):
         compile_all(spec, TARGET, cands)
-    assert all(c.binary is not None for c in cands)
-    assert "in this process (defined in __main__ or in a function" in caplog.text
+    assert all(c.binary is not None for c in cands), [c.error for c in cands]
+    assert "back end in 2 worker process(es)" in caplog.text
+    assert "in this process" not in caplog.text
+
+
+HEAVY_MODULE = """
+import os, time
+with open(os.environ["LT_TEST_IMPORT_LOG"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+time.sleep(float(os.environ.get("LT_TEST_IMPORT_SLEEP", "0")))
+import triton
+import triton.language as tl
+
+@triton.autotune(configs=[triton.Config({"B": b}, num_warps=w) for b in (64, 128) for w in (2, 4)], key=["n"])
+@triton.jit
+def heavy_kernel(x, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(x + o, tl.load(x + o, mask=o < n) * 3, mask=o < n)
+"""
+
+
+def test_no_worker_imports_the_kernels_module(fresh_triton_cache, tmp_path, monkeypatch):
+    """The kernel's module is imported once, by the caller: compiling its
+    candidates costs no import per candidate (before: each forked worker
+    imported it, seconds for a module of a real package)."""
+    import importlib
+    import sys
+
+    pkg = tmp_path / "lt_heavy_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernels.py").write_text(HEAVY_MODULE)
+    log_file = tmp_path / "imports.log"
+    monkeypatch.setenv("LT_TEST_IMPORT_LOG", str(log_file))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("lt_heavy_pkg.kernels")
+    try:
+        spec = describe(mod.heavy_kernel)
+        binder = Binder(spec, TARGET)
+        cands = [Candidate(i, c, binder.bind((P, 4096), c.all_kwargs())) for i, c in enumerate(spec.configs)]
+        compile_all(spec, TARGET, cands)
+        assert all(c.binary is not None for c in cands), [c.error for c in cands]
+        assert log_file.read_text().split() == [str(os.getpid())]  # this process, once; no worker
+    finally:
+        sys.modules.pop("lt_heavy_pkg.kernels", None)
+        sys.modules.pop("lt_heavy_pkg", None)
 
 
 def test_compile_errors_are_per_candidate(fresh_triton_cache):
@@ -112,21 +158,28 @@ def test_compile_errors_are_per_candidate(fresh_triton_cache):
     assert cands[1].error and cands[2].error and cands[1].binary is None
 
 
+def first_job(spec, bound):
+    from lazytriton.compile.ir_text import front_end
+
+    b = bound
+    return compile_pool.worker_job(front_end(spec.fn, TARGET, b.signature, b.constexprs, b.attrs,
+                                             b.options.__dict__), TARGET)
+
+
 def test_a_crashing_worker_fails_its_candidate_only(fresh_triton_cache, monkeypatch):
     """A worker killed mid-compile (as a segfault in the compiler would) names
     the kernel's config in the error; the others compile; nothing hangs."""
     pool = compile_pool.CompilePool(2)
     spec, cands = demo_candidates(DEMO_CONFIGS[:2])
-    job = compile_pool.worker_job(spec, TARGET, cands[0].bound)
-    crash = dict(job, module="os", qualname="abort")  # importing it works; it is not a kernel
-    fut = pool.submit(crash)
+    job = first_job(spec, cands[0].bound)
+    fut = pool.submit(dict(job, ir={"text": "not a job"}))  # a job it cannot read: the caller compiles it
     with pytest.raises(compile_pool.WorkerUnavailable):
         fut.result(timeout=120)
-    # A real process death: the child for candidate 0 is SIGKILLed before compiling.
+    # A real process death: the child for candidate 0 (the first job submitted) is SIGKILLed before compiling.
     monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
-    orig = compile_pool.worker_job
+    orig, made = compile_pool.worker_job, []
     monkeypatch.setattr(compile_pool, "worker_job",
-                        lambda s, t, b: dict(orig(s, t, b), crash_for_test=b is cands[0].bound))
+                        lambda ir, t: made.append(1) or dict(orig(ir, t), crash_for_test=len(made) == 1))
     compile_all(spec, TARGET, cands)
     assert cands[0].binary is None and "compile worker process killed by SIGKILL" in cands[0].error
     assert cands[1].binary is not None
@@ -138,13 +191,13 @@ def test_dead_server_fails_pending_jobs_and_restarts(fresh_triton_cache):
     spec, cands = demo_candidates(DEMO_CONFIGS[:1])
     pool.start()
     os.kill(pool._proc.pid, signal.SIGKILL)
-    fut = pool.submit(compile_pool.worker_job(spec, TARGET, cands[0].bound))
+    fut = pool.submit(first_job(spec, cands[0].bound))
     # Either it went to the dead server (an error) or to a restarted one (a binary): never a hang.
     try:
         binary, _ = fut.result(timeout=120)
         assert binary.cubin
     except compile_pool.WorkerCrashed as exc:
         assert "compile server" in str(exc)
-    binary, _ = pool.submit(compile_pool.worker_job(spec, TARGET, cands[0].bound)).result(timeout=120)
+    binary, _ = pool.submit(first_job(spec, cands[0].bound)).result(timeout=120)
     assert binary.cubin
     pool.close()

@@ -104,6 +104,11 @@ def canonical(value: Any) -> Any:
         return canonical(value.value)
     if isinstance(value, enum.Enum):
         return {"enum": f"{type(value).__qualname__}.{value.name}", "value": canonical(value.value)}
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        # A Python function a kernel reads (a tl.constexpr-wrapped combine function, say): its
+        # name and its code, never its address.
+        return {"function": f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}",
+                "code": _code_digest(value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {"type": type(value).__qualname__, "fields": fields}
@@ -117,6 +122,30 @@ def canonical(value: Any) -> Any:
 
 def canonical_json(parts: Any) -> str:
     return json.dumps(canonical(parts), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _code_digest(fn: Any) -> str:
+    """sha256 of a Python function's source (its bytecode and constants where
+    the source cannot be read), and of the functions it closes over."""
+    import inspect
+
+    fn = getattr(fn, "__func__", fn)
+    try:
+        text = inspect.getsource(fn)
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        text = repr((code.co_code, code.co_consts, code.co_names)) if code is not None else repr(fn)
+    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _cell_filled(c)]
+    extra = [_code_digest(c) for c in cells if isinstance(c, types.FunctionType)]
+    return hashlib.sha256("\0".join([text, *extra]).encode()).hexdigest()
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def hash_parts(parts: Any) -> str:
@@ -195,17 +224,42 @@ def _used_globals(fn: Any) -> list:
     return items
 
 
+def _has_address(value: Any) -> bool:
+    return " at 0x" in repr(value)
+
+
+def _stable_code_key(fn: Any, seen: frozenset = frozenset()) -> list:
+    """What Triton's cache_key hashes (the source, its first line, the noinline
+    flag, every called JIT function's key), with no address in it: the values
+    read are in the fingerprint's "globals", rendered by `canonical`."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+    if id(fn) in seen:  # recursion
+        return ["recursion", name]
+    seen = seen | {id(fn)}
+    callees = sorted((_stable_code_key(c, seen) for c in _referenced_jit(fn)), key=json.dumps)
+    return [name, getattr(fn, "src", ""), getattr(fn, "starting_line_number", None),
+            bool(getattr(fn, "noinline", False)), callees]
+
+
 def kernel_fingerprint(fn: Any) -> str:
-    """Identity of a @triton.jit function's code.
+    """Identity of a @triton.jit function's code, the same in every process.
 
     Triton's ``fn.cache_key`` (3.5+) hashes the dedented source, the start
     line, the cache_key of every transitively called JIT function (plus its
-    noinline flag) and the constexpr globals read.  We add the live values of
-    all used globals on top (see _used_globals), and the language of a Gluon kernel.
+    noinline flag) and the constexpr globals read, by their repr.  We add the
+    live values of all used globals on top (see _used_globals), and the
+    language of a Gluon kernel.  A constexpr global whose repr holds an
+    address (a wrapped Python function) makes Triton's key differ in every
+    process: then the same parts are hashed without it (_stable_code_key), so
+    that a new process finds the winner a former one persisted.
     """
     fn = _unwrap_jit(fn)
     triton_key = fn.cache_key  # computing it also fills fn.used_global_vals
-    parts = {"cache_key": triton_key, "globals": _used_globals(fn)}
+    used = _all_used_global_vals(fn)
+    if any(_has_address(v[0] if isinstance(v, tuple) else v) for v in used.values()):
+        parts = {"code": _stable_code_key(fn), "globals": _used_globals(fn)}
+    else:
+        parts = {"cache_key": triton_key, "globals": _used_globals(fn)}
     check = getattr(fn, "is_gluon", None)
     if callable(check) and check():
         # Triton's cache_key hashes the source alone: a @gluon.jit function and a

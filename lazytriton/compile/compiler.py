@@ -1,7 +1,8 @@
 """Specialization and compilation of candidate configs, exactly as Triton does
-it: Triton's own binder specializes the arguments, triton.compile builds each
-candidate for the device's target, in parallel worker processes
-(compile_pool), skipping those that fail."""
+it: Triton's own binder specializes the arguments, Triton's front end makes
+each candidate's TTIR here and triton.compile finishes it for the device's
+target in parallel worker processes (compile_pool, ir_text), skipping those
+that fail."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -19,7 +20,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import pool as compile_pool
+from . import ir_text, pool as compile_pool
+from .server import reason
 from .targets import ast_source, target_label
 from ..core import tuples
 from ..cache import CompiledBinary
@@ -211,12 +213,6 @@ def compile_one(spec: KernelSpec, target: GPUTarget, bound: Bound) -> CompiledBi
     return CompiledBinary.from_triton(kernel)
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(exc).__name__}: {first[:300]}"
-
-
 def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
                 max_workers: int | None = None) -> None:
     """Fills each candidate's binary or error. `load(c)`/`store(c, binary)` consult
@@ -227,10 +223,13 @@ def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate]
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
                    max_workers: int | None = None) -> Iterator[Candidate]:
-    """Compiles the candidates that `load` does not find, in parallel (worker
-    processes: compile_pool; else threads), and yields every candidate as soon
-    as it has its binary or its error, so that tuning can start on the first.
-    max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles on threads."""
+    """Compiles the candidates that `load` does not find and yields every
+    candidate as soon as it has its binary or its error, so that tuning can
+    start on the first. With the compile server (compile_pool), Triton's front
+    end runs here, one candidate after another on a thread, and each
+    candidate's back end in a worker process as soon as its TTIR is ready
+    (ir_text); max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles whole
+    candidates on threads of this process."""
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -245,45 +244,78 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         return
     t0 = time.perf_counter()
     pool = compile_pool.get_pool() if max_workers is None else None
-    jobs = {id(c): compile_pool.worker_job(spec, target, c.bound) for c in todo} if pool else {}
-    remote = [c for c in todo if jobs.get(id(c)) is not None]
-    local = [c for c in todo if jobs.get(id(c)) is None]
-    if remote:
-        log.info("kernel %s: compiling %d candidate(s) for %s in %d worker process(es)", spec.name, len(remote),
-                 target_label(target), min(pool.workers, len(remote)))
-    if local:
-        addr = compile_pool.kernel_address(spec.fn)
-        why = "" if not pool else (" (defined in __main__ or in a function: not importable by a worker process)"
-                                   if addr is None else " (arguments not picklable)")
-        log.info("kernel %s: compiling %d candidate(s) for %s in this process%s", spec.name, len(local),
-                 target_label(target), why)
-    futures: dict[cf.Future, Candidate] = {pool.submit(jobs[id(c)]): c for c in remote}
+    futures: dict[cf.Future, Candidate] = {}
     threads = None
-    if local:
-        workers = max_workers or min(len(local), os.cpu_count() or 1)
+    stop = threading.Event()
+    if pool is not None:
+        log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end in %d worker process(es)",
+                 spec.name, len(todo), target_label(target), min(pool.workers, len(todo)))
+        outer = {id(c): cf.Future() for c in todo}
+        futures.update({outer[id(c)]: c for c in todo})
+        threading.Thread(target=_front_ends, args=(spec, target, pool, todo, outer, stop),
+                         name="lazytriton-front-end", daemon=True).start()
+    else:
+        log.info("kernel %s: compiling %d candidate(s) for %s in this process", spec.name, len(todo),
+                 target_label(target))
+        workers = max_workers or min(len(todo), os.cpu_count() or 1)
         threads = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lazytriton-compile")
-        futures.update({threads.submit(_compile_here, spec, target, c): c for c in local})
+        futures.update({threads.submit(_compile_here, spec, target, c): c for c in todo})
+    seen: dict[str, str] = {}  # an error's text -> the first candidate that failed with it
     try:
         pending = set(futures)
         while pending:
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for fut in done:
                 c = futures[fut]
-                retry = _settle(spec, target, c, fut)
-                if retry:  # the worker could not import it: compile here
+                if _settle(spec, c, fut):  # the worker could not read the job: compile it here
                     threads = threads or cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytriton-compile")
                     nf = threads.submit(_compile_here, spec, target, c)
                     futures[nf] = c
                     pending.add(nf)
                     continue
-                _report(spec, c, store)
+                _report(spec, c, store, seen)
                 c.extra["ready_s"] = time.perf_counter() - t0
                 yield c
     finally:
+        stop.set()
         if threads is not None:
             threads.shutdown(wait=True, cancel_futures=True)
     ok = sum(c.binary is not None for c in todo)
     log.info("kernel %s: %d of %d candidate(s) compiled in %.2fs", spec.name, ok, len(todo), time.perf_counter() - t0)
+
+
+def _front_ends(spec: KernelSpec, target: GPUTarget, pool, todo: list[Candidate], outer: dict,
+                stop: threading.Event) -> None:
+    """Runs on one thread: each candidate's front end in turn (it holds the
+    GIL: more threads would not run them faster), handing each to the compile
+    server as soon as its TTIR is ready; `outer[id(c)]` gets the result."""
+    for c in todo:
+        fut: cf.Future = outer[id(c)]
+        if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
+            fut.cancel()
+            continue
+        t0 = time.perf_counter()
+        try:
+            b = c.bound
+            ir = ir_text.front_end(spec.fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+        except Exception as exc:  # CompilationError and the like: Triton's whole message
+            fut.set_exception(compile_pool.CompileFailed(reason(exc)))
+            continue
+        c.extra["front_end_s"] = time.perf_counter() - t0
+        job = compile_pool.worker_job(ir, target)
+        if job is None:
+            fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
+            continue
+        pool.submit(job).add_done_callback(functools.partial(_forward, fut, c.extra["front_end_s"]))
+
+
+def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:
+    exc = inner.exception()
+    if exc is not None:
+        outer.set_exception(exc)
+    else:
+        binary, seconds = inner.result()
+        outer.set_result((binary, front_s + seconds))
 
 
 def _compile_here(spec: KernelSpec, target: GPUTarget, c: Candidate):
@@ -291,25 +323,29 @@ def _compile_here(spec: KernelSpec, target: GPUTarget, c: Candidate):
     return compile_one(spec, target, c.bound), time.perf_counter() - t0
 
 
-def _settle(spec: KernelSpec, target: GPUTarget, c: Candidate, fut: cf.Future) -> bool:
+def _settle(spec: KernelSpec, c: Candidate, fut: cf.Future) -> bool:
     """Records a finished compile on `c`; True: compile it in this process instead."""
     try:
         c.binary, c.compile_s = fut.result()
     except compile_pool.WorkerUnavailable as exc:
         log.info("kernel %s: %s: %s; compiling it in this process", spec.name, c.label, exc)
         return True
-    except compile_pool.WorkerCrashed as exc:
-        c.error = f"{exc}"
-    except compile_pool.CompileFailed as exc:
+    except (compile_pool.WorkerCrashed, compile_pool.CompileFailed) as exc:
         c.error = str(exc)
     except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
-        c.error = _reason(exc)
+        c.error = reason(exc)
     return False
 
 
-def _report(spec: KernelSpec, c: Candidate, store) -> None:
+def _report(spec: KernelSpec, c: Candidate, store, seen: dict) -> None:
     if c.error:
-        log.warning("kernel %s: %s skipped: %s", spec.name, c.label, c.error)
+        # Triton's whole message, once: candidates that fail alike point at the first.
+        short = f"config {c.index}" if c.config is not None else "the default config"
+        first = seen.setdefault(c.error, short)
+        if first is short:
+            log.warning("kernel %s: %s skipped: %s", spec.name, c.label, c.error)
+        else:
+            log.warning("kernel %s: %s skipped: the same error as %s", spec.name, c.label, first)
         return
     log.info("kernel %s: compiled %s in %.2fs (shared=%s B, num_warps=%s)", spec.name, c.label, c.compile_s,
              c.binary.metadata.get("shared"), c.binary.metadata.get("num_warps"))
@@ -318,8 +354,15 @@ def _report(spec: KernelSpec, c: Candidate, store) -> None:
 
 
 class AllCandidatesFailed(RuntimeError):
+    """Every candidate failed: Triton's whole message, once when they all failed
+    alike, else per candidate."""
+
     def __init__(self, kernel: str, candidates: list[Candidate]):
-        lines = [f"kernel {kernel}: every candidate config failed:"]
-        lines += [f"  {c.label}: {c.error}" for c in candidates]
+        errors = [c.error or "no binary" for c in candidates]
+        if len(candidates) > 1 and len(set(errors)) == 1:
+            lines = [f"kernel {kernel}: every candidate config ({len(candidates)}) failed with:", errors[0]]
+        else:
+            lines = [f"kernel {kernel}: every candidate config failed:"]
+            lines += [f"  {c.label}: " + e.replace("\n", "\n    ") for c, e in zip(candidates, errors)]
         super().__init__("\n".join(lines))
         self.candidates = candidates

@@ -3,9 +3,9 @@
 The caller's side: a handle on the compile server (lazytriton.compile.server),
 started when a kernel is wrapped so that it is warm by the first call that
 compiles; a process that never calls a kernel only pays for one idle process.
-Jobs are Futures. Kernels that cannot be imported by name in another process
-(defined in ``__main__``, inside a function) are compiled in the caller's
-process instead (``worker_job`` returns None).
+Jobs are Futures. A job is a candidate's TTIR text (lazytriton.compile.ir_text:
+the caller runs Triton's front end), so any kernel compiles there, wherever it
+is defined, and no worker imports the user's code.
 
 A child that dies (a crash in the compiler) is reported for its candidate
 alone, naming the kernel and config; a server that dies fails every pending
@@ -53,33 +53,14 @@ def default_workers() -> int:
 
 # -- what a job is -------------------------------------------------------------------
 
-def kernel_address(fn) -> tuple[str, str] | None:
-    """(module, qualified name) a worker can import `fn` (a JITFunction) by, or None."""
-    py = getattr(fn, "fn", None)
-    module = getattr(py, "__module__", None)
-    qualname = getattr(py, "__qualname__", None)
-    if not module or not qualname or module == "__main__" or "<locals>" in qualname:
-        return None
-    mod = sys.modules.get(module)
-    if mod is None or getattr(mod, "__spec__", None) is None:  # e.g. exec'd code, a script run as __main__
-        return None
-    return module, qualname
-
-
-def worker_job(spec, target, bound) -> dict | None:
-    """What a worker needs to compile one bound candidate, or None when the
-    kernel cannot be compiled by name in another process."""
-    addr = kernel_address(spec.fn)
-    if addr is None:
-        return None
-    job = {"module": addr[0], "qualname": addr[1], "cache_key": spec.fn.cache_key, "gluon": spec.gluon,
-           "signature": bound.signature, "constexprs": bound.constexprs, "attrs": bound.attrs,
-           "options": dict(bound.options.__dict__), "target": target, "sys_path": list(sys.path),
-           "env": _triton_env()}
+def worker_job(ir: dict, target) -> dict | None:
+    """What a worker needs to compile one candidate whose front end ran here
+    (`ir`: compile.ir_text.front_end's output), or None when it does not pickle."""
+    job = {"ir": ir, "target": target, "env": _triton_env()}
     try:
         pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # a constexpr value that does not pickle
-        log.debug("kernel %s: compiled in-process (%s)", spec.name, exc)
+    except Exception as exc:  # an option value that does not pickle
+        log.debug("kernel %s: compiled in-process (%s)", ir.get("name"), exc)
         return None
     return job
 

@@ -9,17 +9,16 @@ pays for backend set-up), then forks a child per candidate, at most one per
 core at a time. When it forks it runs no other thread, so forking it is safe,
 and it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``).
 
-A child compiles ``triton.compile(ASTSource(fn, ...), target=...)`` (a Gluon
-kernel: ``GluonASTSource``) for a kernel it imports by module and qualified
-name, and returns the CompiledBinary (Triton's own cache is filled as a side
-effect). It checks that the function it imported has the caller's
-``cache_key``, so a source file edited since the caller imported it is never
-compiled in its place.
+A child compiles one candidate from its TTIR text (``compile.ir_text``: the
+caller ran Triton's front end, where the kernel's module is imported) with
+``triton.compile``, and returns the CompiledBinary (Triton's own cache is
+filled as a side effect). It never imports user code: what a candidate costs
+does not grow with the package its kernel lives in.
 
 Protocol: length-prefixed pickles. The caller writes ``(job id, job)``; the
 server answers ``(job id, status, value, seconds)`` with status ``ok`` (value:
 the CompiledBinary), ``unavailable`` (compile it in the caller's process),
-``error`` (Triton refused it: the reason) or ``crashed`` (the child died).
+``error`` (Triton refused it: its whole message) or ``crashed`` (the child died).
 Once warm it sends ``(READY, "ready", {when}, 0.0)``. The server exits when
 its stdin closes, killing its children.
 """
@@ -54,8 +53,7 @@ READY = -1  # the job id of the frame the server sends once, when it is ready to
 
 
 class WorkerUnavailable(Exception):
-    """The worker could not compile this kernel by name (import failed, or its
-    source differs from the caller's): compile it in the caller's process."""
+    """The worker could not read this job: compile it in the caller's process."""
 
 
 # -- framing: length-prefixed pickles ------------------------------------------------
@@ -100,55 +98,29 @@ def shadows(entry: str, here: str) -> bool:
 
 # -- compiling one job (in a forked child) -----------------------------------------------
 
-def _import_kernel(module: str, qualname: str, cache_key: str, gluon: bool = False):
-    import importlib
-
-    from triton.runtime.jit import JITFunction
-
-    from ..core.spec import is_gluon
-
-    try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:
-        raise WorkerUnavailable(f"cannot import {module}.{qualname} in the worker: {type(exc).__name__}: {exc}")
-    seen = 0
-    while not isinstance(obj, JITFunction) and hasattr(obj, "fn") and seen < 8:  # autotune/heuristics wrappers
-        obj, seen = obj.fn, seen + 1
-    if not isinstance(obj, JITFunction):
-        raise WorkerUnavailable(f"{module}.{qualname} is not a Triton kernel in the worker")
-    if is_gluon(obj) != gluon:
-        raise WorkerUnavailable(f"{module}.{qualname} is {'not ' if gluon else ''}a Gluon kernel in the worker, unlike "
-                                "the caller's")
-    if obj.cache_key != cache_key:
-        raise WorkerUnavailable(f"{module}.{qualname} differs from the caller's (source edited since it was imported?)")
-    return obj
-
-
 def _compile(job: dict):
     import triton
 
     from ..cache import CompiledBinary
-    from .targets import ast_source
+    from .ir_text import TextSource
 
-    if job["sys_path"] != sys.path:  # where the caller finds its kernels' modules
-        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds lazytriton/
-        sys.path[:] = [here] + [p for p in job["sys_path"] if not shadows(p or ".", here)]
     env = job.get("env")
     if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
         for k in [k for k in os.environ if is_triton_setting(k) and k not in env]:
             del os.environ[k]
         os.environ.update(env)
-    fn = _import_kernel(job["module"], job["qualname"], job["cache_key"], job.get("gluon", False))
-    src = ast_source(fn, job["signature"], job["constexprs"], job["attrs"])  # Gluon kernels: GluonASTSource
-    return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["options"]))
+    try:
+        src = TextSource(job["ir"])
+    except Exception as exc:  # a job this lazytriton cannot read: the caller compiles it itself
+        raise WorkerUnavailable(f"unreadable job: {type(exc).__name__}: {exc}") from None
+    return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["ir"]["options"]))
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(exc).__name__}: {first[:300]}"
+def reason(exc: BaseException) -> str:
+    """Triton's whole message (a CompilationError's source line, caret and
+    cause; ptxas's log), after the exception's type."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _child(job: dict, wfd: int) -> None:
@@ -163,7 +135,7 @@ def _child(job: dict, wfd: int) -> None:
         except WorkerUnavailable as exc:
             result = ("unavailable", str(exc))
         except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
-            result = ("error", _reason(exc))
+            result = ("error", reason(exc))
         with os.fdopen(wfd, "wb") as out:
             write_frame(out, (*result, time.perf_counter() - t0))
     except BaseException:
@@ -184,7 +156,7 @@ def _warm_up(key: threading.Thread) -> float:
     from triton.runtime import cache as triton_cache
 
     from .. import cache  # noqa: F401  (what the children use)
-    from . import targets
+    from . import ir_text, targets  # noqa: F401
 
     @triton.jit
     def _lt_warm_up(x, n, B: tl.constexpr):
@@ -228,7 +200,7 @@ def serve(workers: int, key: threading.Thread) -> None:
         waited_s = _warm_up(key)
     except Exception as exc:  # the children will report real errors
         waited_s = 0.0
-        print(f"lazytriton compile server: warm-up failed: {_reason(exc)}", file=sys.stderr)
+        print(f"lazytriton compile server: warm-up failed: {reason(exc)}", file=sys.stderr)
     finally:
         key.join()  # no other thread may run when the server forks
     # When it became ready, on the caller's clock (perf_counter is CLOCK_MONOTONIC): where a
