@@ -13,7 +13,8 @@ from triton.experimental.gluon._runtime import GluonJITFunction
 from triton.runtime.jit import JITFunction
 
 import lazytriton
-from lazytriton.compile import pool as compile_pool, server as compile_server
+from lazytriton.compile import pool as compile_pool
+from lazytriton.compile.ir_text import front_end
 from lazytriton.cache import keys
 from lazytriton.core.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
@@ -102,8 +103,12 @@ def test_gluon_candidates_compile_in_worker_processes(fresh_pool, caplog):
     spec = describe(gluonk.vec_add_tuned)
     binder = Binder(spec, SM90)
     cands = [Candidate(i, cfg, binder.bind((X, X, X, 100_000), cfg.all_kwargs())) for i, cfg in enumerate(spec.configs)]
-    job = compile_pool.worker_job(spec, SM90, cands[0].bound)
-    assert job is not None and job["gluon"] is True  # the job names the language; it pickles
+    b = cands[0].bound
+    ir = front_end(spec.fn, SM90, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+    job = compile_pool.worker_job(ir, SM90)
+    # Gluon's front end made the IR (its language and first stage travel with it); the job pickles.
+    gluon_src = ast_source(spec.fn, b.signature, b.constexprs, b.attrs)
+    assert job is not None and (ir["language"], ir["ext"]) == (gluon_src.language, gluon_src.ext)
     with caplog.at_level(logging.INFO, logger="lazytriton"):
         compile_all(spec, SM90, cands)
     assert "worker process(es)" in caplog.text, caplog.text
@@ -114,15 +119,6 @@ def test_gluon_candidates_compile_in_worker_processes(fresh_pool, caplog):
     local = [Candidate(0, spec.configs[0], binder.bind((X, X, X, 100_000), spec.configs[0].all_kwargs()))]
     compile_all(spec, SM90, local, max_workers=0)
     assert local[0].binary.cubin == cands[0].binary.cubin
-
-
-def test_worker_refuses_a_kernel_of_the_other_language():
-    fn = gluonk.vec_add
-    with pytest.raises(compile_pool.WorkerUnavailable, match="is a Gluon kernel in the worker"):
-        compile_server._import_kernel("kernels.gluonk", "vec_add", fn.cache_key, gluon=False)
-    with pytest.raises(compile_pool.WorkerUnavailable, match="is not a Gluon kernel in the worker"):
-        compile_server._import_kernel("kernels.basic", "add_kernel", basic.add_kernel.cache_key, gluon=True)
-    assert compile_server._import_kernel("kernels.gluonk", "vec_add", fn.cache_key, gluon=True) is fn
 
 
 def _same_source(x, out, n, BLOCK: tl.constexpr):

@@ -123,6 +123,12 @@ def compile_workers() -> Optional[int]:
     return env_int("LAZYTRITON_COMPILE_WORKERS", None)
 
 
+def compile_ahead() -> bool:
+    """LAZYTRITON_COMPILE_AHEAD=0: a JAX program's call sites are not compiled in the background
+    when it is lowered (default 1: they are, on a GPU machine, so that its first step only tunes)."""
+    return env_flag("LAZYTRITON_COMPILE_AHEAD", True)
+
+
 def stub_build() -> str:
     """LAZYTRITON_STUB_BUILD: "background" (default: the table-driven stub serves a shape's first
     calls while its generated stub builds), "sync" (build before the first call) or "off" (never

@@ -221,15 +221,32 @@ def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate]
         pass
 
 
+# Compiles under way in this process, by compile key: a stream that needs one of them waits for it
+# (a first call while compile_ahead still compiles its candidates) instead of compiling it again.
+_inflight: dict[str, cf.Future] = {}
+_inflight_lock = threading.Lock()
+
+
+def _copy_future(dst: cf.Future, src: cf.Future) -> None:
+    if src.cancelled():
+        dst.set_exception(compile_pool.WorkerUnavailable("the compile it waited for was abandoned"))
+    elif src.exception() is not None:
+        dst.set_exception(src.exception())
+    else:
+        dst.set_result(src.result())
+
+
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
-                   max_workers: int | None = None) -> Iterator[Candidate]:
+                   max_workers: int | None = None, key=None) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
     start on the first. With the compile server (compile_pool), Triton's front
     end runs here, one candidate after another on a thread, and each
     candidate's back end in a worker process as soon as its TTIR is ready
     (ir_text); max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles whole
-    candidates on threads of this process."""
+    candidates on threads of this process. `key(c)` (a compile key) lets
+    streams of this process share compiles: a candidate that another stream
+    is compiling is waited for, not compiled again."""
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -243,11 +260,30 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     if not todo:
         return
     t0 = time.perf_counter()
-    pool = compile_pool.get_pool() if max_workers is None else None
     futures: dict[cf.Future, Candidate] = {}
+    shared: dict[int, tuple[str, cf.Future]] = {}  # id(c) -> (its key, the future other streams wait on)
+    if key is not None:
+        with _inflight_lock:
+            for c in list(todo):
+                k = key(c)
+                other = _inflight.get(k)
+                if other is None:
+                    shared[id(c)] = (k, _inflight.setdefault(k, cf.Future()))
+                    continue
+                waiting: cf.Future = cf.Future()  # one per candidate: two may wait on one compile
+                other.add_done_callback(functools.partial(_copy_future, waiting))
+                futures[waiting] = c
+                c.extra["joined"] = True
+                todo.remove(c)
+        if futures:
+            log.info("kernel %s: %d candidate(s) already compiling in this process: waiting for them", spec.name,
+                     len(futures))
+    pool = compile_pool.get_pool() if max_workers is None and todo else None
     threads = None
     stop = threading.Event()
-    if pool is not None:
+    if not todo:
+        pass
+    elif pool is not None:
         log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end in %d worker process(es)",
                  spec.name, len(todo), target_label(target), min(pool.workers, len(todo)))
         outer = {id(c): cf.Future() for c in todo}
@@ -267,21 +303,43 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for fut in done:
                 c = futures[fut]
-                if _settle(spec, c, fut):  # the worker could not read the job: compile it here
+                if _settle(spec, c, fut):  # the worker could not read the job (or a shared compile stopped)
+                    c.extra.pop("joined", None)
                     threads = threads or cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytriton-compile")
                     nf = threads.submit(_compile_here, spec, target, c)
                     futures[nf] = c
                     pending.add(nf)
                     continue
-                _report(spec, c, store, seen)
+                _report(spec, c, None if c.extra.get("joined") else store, seen)
+                _share(shared.pop(id(c), None), c)
                 c.extra["ready_s"] = time.perf_counter() - t0
                 yield c
     finally:
         stop.set()
         if threads is not None:
             threads.shutdown(wait=True, cancel_futures=True)
+        for item in shared.values():  # stopped early: whoever waits compiles them itself
+            _share(item, None)
+    if not todo:
+        return
     ok = sum(c.binary is not None for c in todo)
     log.info("kernel %s: %d of %d candidate(s) compiled in %.2fs", spec.name, ok, len(todo), time.perf_counter() - t0)
+
+
+def _share(item: tuple[str, cf.Future] | None, c: Candidate | None) -> None:
+    """Settles the future other streams wait on for `c`'s compile key."""
+    if item is None:
+        return
+    k, fut = item
+    with _inflight_lock:
+        if _inflight.get(k) is fut:
+            del _inflight[k]
+    if c is None:
+        fut.set_exception(compile_pool.WorkerUnavailable("the stream compiling it stopped first"))
+    elif c.binary is not None:
+        fut.set_result((c.binary, c.compile_s))
+    else:
+        fut.set_exception(compile_pool.CompileFailed(c.error or "no binary"))
 
 
 def _front_ends(spec: KernelSpec, target: GPUTarget, pool, todo: list[Candidate], outer: dict,

@@ -175,6 +175,29 @@ class LazyKernel(_core.LaunchBase):
         return Resolved(entry, names, tuple(args[:self._n_call]), types[:n_leaves], meta, dims, tuple(key),
                         list(shape.names[:n_leaves]))
 
+    def compile_ahead(self, *args, target: Any = None, **kwargs) -> "Future[int]":
+        """Starts compiling, in the background, every candidate config of a
+        call with these arguments, and persists the binaries; nothing is tuned
+        or launched. That call's first execution then only tunes (or waits for
+        candidates still compiling). Arrays may be stand-ins with no memory
+        behind them (``lazytriton.core.arrays.DeviceArray(address, dtype,
+        nbytes, shape)``): only their dtype and alignment count. For programs
+        that know their calls early (the JAX face does this for every call
+        site when a program is lowered). `target`: a compile target
+        (``lazytriton.compile.target_for("sm_90")``), default the current
+        device's. Returns a Future of the number of candidates compiled."""
+        from ..compile.targets import device_target
+
+        args = self._bind_call(args, kwargs)
+        shape = self._shape(args)
+        self._check_launchable(shape, args)
+        key = stubgen.stub_if_built(shape, self.name).key(args)
+        if key is None:
+            raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
+        if target is None:
+            target = device_target(_core.device_info(_core.current_device()))
+        return _ahead().submit(Resolution(self, key, args, 0, None, shape).compile_ahead, target)
+
     def _bind_call(self, args: tuple, kwargs: dict) -> tuple:
         """The positional call tuple the stubs read."""
         if kwargs or len(args) != self._n_call or self._python_heuristics or self._needs_probe:
@@ -410,6 +433,18 @@ class LazyKernel(_core.LaunchBase):
 
 
 _EMPTY = inspect.Parameter.empty
+_ahead_pool = None
+
+
+def _ahead():
+    """Threads for compile_ahead: one per kernel being compiled ahead, so that
+    every kernel's candidates reach the compile server at once."""
+    global _ahead_pool
+    if _ahead_pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ahead_pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="lazytriton-compile-ahead")
+    return _ahead_pool
 
 
 def kernel(fn: Any = None, **kw) -> LazyKernel:

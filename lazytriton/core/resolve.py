@@ -74,7 +74,6 @@ class Resolution:
 
     def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
                  mode: str = "tune"):
-        _stats["resolves"] += 1
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
         self.spec = k.spec
         self.device = None  # run() asks the driver
@@ -109,6 +108,7 @@ class Resolution:
         self.options, _ = k.split_extras(args)
 
     def run(self):
+        _stats["resolves"] += 1
         k = self.k
         self.device = _core.current_device()
         dev = _core.device_info(self.device)
@@ -235,29 +235,54 @@ class Resolution:
         self.record = rec
         return self._make_entry(rec.winner, binary, launch["is_param"], launch["meta"])
 
-    def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool, agreed=None) -> Candidate:
-        k = self.k
-        pruned = cands
-        if agreed is not None:  # (record, origin) of another process's winner: that config alone, no trials
-            pruned = [cands[agreed[0]["winner_index"]]]
-        elif self.spec.autotuned and len(cands) > 1:
-            kept = self.spec.prune([c.config for c in cands], self.named, {})
-            pruned = [c for c in cands if any(c.config is kc for kc in kept)]
-            if len(pruned) < len(cands):
-                log.info("kernel %s: pruned to %d of %d configs", k.name, len(pruned), len(cands))
-        if not tuning:
-            pruned = pruned[:1]
-        ckeys = {id(c): self._ckey(c) for c in pruned}
+    def _pruned(self, cands: list[Candidate]) -> list[Candidate]:
+        """The candidates the configs' early_config_prune keeps."""
+        if not (self.spec.autotuned and len(cands) > 1):
+            return cands
+        kept = self.spec.prune([c.config for c in cands], self.named, {})
+        pruned = [c for c in cands if any(c.config is kc for kc in kept)]
+        if len(pruned) < len(cands):
+            log.info("kernel %s: pruned to %d of %d configs", self.k.name, len(pruned), len(cands))
+        return pruned
+
+    def _compile_stream(self, cache: Cache, cands: list[Candidate]):
+        """compile_stream over the cache: binaries found there are not compiled,
+        those compiled are stored, and a candidate another thread of this
+        process is compiling already (compile_ahead, a first call of another
+        key) is waited for, not compiled twice."""
+        ckeys = {id(c): self._ckey(c) for c in cands}
 
         def store(c, binary):
             _stats["compiles"] += 1
             cache.store_binary(ckeys[id(c)], binary)
 
+        return ckeys, compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(ckeys[id(c)]),
+                                     store=store, key=lambda c: ckeys[id(c)])
+
+    def compile_ahead(self, target) -> int:
+        """Compiles every candidate of this specialization for `target` and
+        persists the binaries, tuning nothing and launching nothing: a later
+        first call of it finds them (or waits for those still compiling).
+        Returns how many compiled."""
+        self.target = target
+        cands = self._pruned(self._candidates())
+        if not settings().tuning:
+            cands = cands[:1]
+        _, ready = self._compile_stream(self.k.cache, cands)
+        return sum(1 for c in ready if c.binary is not None)
+
+    def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool, agreed=None) -> Candidate:
+        k = self.k
+        if agreed is not None:  # (record, origin) of another process's winner: that config alone, no trials
+            pruned = [cands[agreed[0]["winner_index"]]]
+        else:
+            pruned = self._pruned(cands)
+        if not tuning:
+            pruned = pruned[:1]
         # Trials start as soon as two candidates are compiled, while the others
         # still compile (tune() reads the stream).
         t0 = time.perf_counter()
-        ready = compile_stream(self.spec, self.target, pruned, load=lambda c: cache.load_binary(ckeys[id(c)]),
-                               store=store)
+        ckeys, ready = self._compile_stream(cache, pruned)
         with contextlib.closing(ready):
             winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays, self._grid_of, self.stream,
                           self.device, self.spec.reset_to_zero, self.spec.restore_value, k.tune_options,

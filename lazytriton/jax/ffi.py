@@ -187,8 +187,36 @@ def register_kernel(identity: str, kernel: Any) -> str:
 def _resolve(descriptor: str, buffers: tuple, stream: int, device: int, capturing: bool) -> int:
     site = _sites.get(descriptor)
     if site is None:
-        site = _sites[descriptor] = Site(json.loads(descriptor))
+        site = _sites.setdefault(descriptor, Site(json.loads(descriptor)))
     return site.resolve(buffers, stream, device, capturing).share()
+
+
+# Stand-in buffer addresses for compiling ahead: XLA's buffers are at least 256-byte aligned, which
+# is what the compile sees (Triton's divisibility by 16); a site whose real buffers are not gets
+# its own compile at its first execution.
+_AHEAD_BASE, _AHEAD_STRIDE = 0x7F0000000000, 1 << 36
+
+
+def compile_ahead(descriptor: str, nbytes: list[int]) -> None:
+    """When a program is lowered on a GPU machine, starts compiling its call
+    site's candidates in the background (LazyKernel.compile_ahead), so that a
+    program of many kernels pays about its slowest compile on its first step,
+    not the sum of them. `nbytes`: each buffer's size (inputs, then outputs).
+    Failures are left to the first execution, which compiles and reports."""
+    if not config.compile_ahead() or not cuda_present():
+        return
+
+    def run():
+        try:
+            site = _sites.get(descriptor)
+            if site is None:
+                site = _sites.setdefault(descriptor, Site(json.loads(descriptor)))
+            buffers = tuple((_AHEAD_BASE + i * _AHEAD_STRIDE, n) for i, n in enumerate(nbytes))
+            site.lazy.compile_ahead(*site.call_args(buffers), **site.options)
+        except Exception as exc:  # noqa: BLE001  (the first execution resolves again and raises)
+            log.debug("%s: compiling ahead failed: %s", descriptor[:80], exc)
+
+    threading.Thread(target=run, name="lazytriton-compile-ahead-site", daemon=True).start()
 
 
 class Site:

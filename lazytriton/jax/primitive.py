@@ -102,7 +102,10 @@ def _lowering(ctx, *operands, descriptor, out_types, aliases, has_side_effect, c
     d["aliases"] = [[int(i), int(o)] for i, o in sorted(alias.items())]
     flat = [len(alias)] + [v for pair in sorted(alias.items()) for v in pair]
     rule = jax.ffi.ffi_lowering(jax_ffi.TARGET, operand_output_aliases=alias, has_side_effect=has_side_effect)
-    return rule(ctx, *operands, descriptor=json.dumps(d, sort_keys=True, separators=(",", ":")),
+    text = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    jax_ffi.compile_ahead(text, [int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                                 for a in (*ctx.avals_in, *ctx.avals_out)])
+    return rule(ctx, *operands, descriptor=text,
                 aliases=np.asarray(flat, np.int64), n_buffers=np.int64(n_in + len(out_types)),
                 cost_estimate_json=json.dumps(dict(cost_estimate)) if cost_estimate else "")
 

@@ -1,0 +1,65 @@
+"""Compiling a call's candidates ahead of its first execution
+(LazyKernel.compile_ahead; the JAX face calls it for every call site when a
+program is lowered on a GPU machine): the binaries land in the cache under the
+keys the first call looks up, and a first call that comes while they still
+compile waits for them instead of compiling them again. Real Triton compiles
+for sm_90, no GPU."""
+import logging
+import threading
+
+import triton
+import triton.language as tl
+
+import lazytriton
+from lazytriton.compile import compiler, target_for
+from lazytriton.core import resolve
+from lazytriton.core.arrays import DeviceArray
+
+TARGET = target_for(90)
+X = DeviceArray(0x7F0000000000, "fp32", 4 * 4096, (4096,))
+
+
+@triton.autotune(configs=[triton.Config({"B": b}, num_warps=w) for b, w in ((64, 2), (128, 4), (256, 4))],
+                 key=["n"])
+@triton.jit
+def ahead_kernel(x, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(x + o, tl.load(x + o, mask=o < n) + 5, mask=o < n)
+
+
+def test_compile_ahead_fills_the_cache_the_first_call_reads(cache_dir):
+    k = lazytriton.kernel(ahead_kernel)
+    before = resolve.counters()
+    assert k.compile_ahead(X, 4096, target=TARGET).result(timeout=300) == 3
+    assert resolve.counters()["compiles"] - before["compiles"] == 3
+    assert resolve.counters()["tunes"] == before["tunes"] and resolve.counters()["resolves"] == before["resolves"]
+    # What a first call of that specialization compiles: nothing (every binary is in the cache).
+    again = k.compile_ahead(X, 4096, target=TARGET).result(timeout=300)
+    assert again == 3 and resolve.counters()["compiles"] - before["compiles"] == 3
+
+
+def test_a_first_call_waits_for_compiles_under_way(cache_dir, caplog, monkeypatch):
+    """Two streams over the same compile keys in one process: the second waits
+    for the first's compiles (one compile per candidate in all)."""
+    k = lazytriton.kernel(ahead_kernel)
+    n = 4096 + 16  # a key no other test compiled
+    gate = threading.Event()
+    real = compiler._front_ends
+
+    def slow_front_ends(*a):  # holds the first stream's compiles until the second has joined them
+        gate.wait(60)
+        real(*a)
+
+    monkeypatch.setattr(compiler, "_front_ends", slow_front_ends)
+    before = resolve.counters()["compiles"]
+    first = k.compile_ahead(X, n, target=TARGET)
+    with caplog.at_level(logging.INFO, logger="lazytriton"):
+        while not compiler._inflight:  # the first stream has registered its keys
+            threading.Event().wait(0.01)
+        monkeypatch.setattr(compiler, "_front_ends", real)
+        second = k.compile_ahead(X, n, target=TARGET)
+        threading.Timer(0.5, gate.set).start()
+        assert second.result(timeout=300) == 3 and first.result(timeout=300) == 3
+    assert "3 candidate(s) already compiling in this process: waiting for them" in caplog.text
+    assert resolve.counters()["compiles"] - before == 3
+    assert not compiler._inflight
