@@ -156,7 +156,7 @@ log_softmax = _rowwise(_logsumexp_shift)
 def _elementwise(op):
     @triton.autotune(EW_CONFIGS, key=["n"])
     @triton.jit
-    def body(x, y, out, n, BLOCK: tl.constexpr):
+    def body(x, y, n, out, BLOCK: tl.constexpr):
         o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = o < n
         a = tl.load(x + o, mask=m).to(tl.float32)
@@ -322,7 +322,7 @@ calls.append((lazytriton.kernel(K.mm_plain), (a2, b2, 512, 512, 512, 512, 1, 512
 for kk in K.ROWWISE:
     calls.append((lazytriton.kernel(kk), (x, C, torch.empty_like(x)), (R,)))
 for kk in K.ELEMENTWISE:
-    calls.append((lazytriton.kernel(kk), (e1, e2, torch.empty_like(e1), E), lambda m: (triton.cdiv(E, m["BLOCK"]),)))
+    calls.append((lazytriton.kernel(kk), (e1, e2, E, torch.empty_like(e1)), lambda m: (triton.cdiv(E, m["BLOCK"]),)))
 torch.cuda.synchronize()
 t = time.perf_counter()
 if ahead:  # what a program that knows its calls does at start-up

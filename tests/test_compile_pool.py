@@ -38,6 +38,7 @@ def fresh_triton_cache(tmp_path, monkeypatch):
     pool = compile_pool.get_pool()
     if pool is not None:
         pool.close()
+        assert pool.wait_ready()  # candidates reached before the server is ready compile in this process
     return tmp_path
 
 
@@ -77,6 +78,27 @@ def test_the_server_reports_its_start_up_on_the_callers_clock(fresh_triton_cache
     assert t["started_at"] < t["imports_done_at"] < t["ready_at"] < time.perf_counter()
     assert 0 <= t["waited_for_hash_s"] < t["ready_at"] - t["started_at"] < 60
     assert pool is compile_pool.get_pool()
+
+
+def test_candidates_compile_here_until_the_server_is_ready(tmp_path, monkeypatch, caplog):
+    """A cold process's first call does not wait for the compile server's
+    start-up: what it reaches before the server is ready compiles on threads."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    pool = compile_pool.CompilePool(2)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    spec, cands = demo_candidates(DEMO_CONFIGS[:2])
+    try:
+        with caplog.at_level(logging.INFO, logger="lazytriton"):
+            compile_all(spec, TARGET, cands)
+        assert all(c.binary is not None for c in cands)
+        assert cands[0].extra["compiled_in"] == "thread"  # the server had just been started
+        assert "once the compile server is ready (until then: in this process)" in caplog.text
+        assert pool.wait_ready()
+        _, again = demo_candidates(DEMO_CONFIGS[2:4])
+        compile_all(spec, TARGET, again)
+        assert [c.extra["compiled_in"] for c in again] == ["worker", "worker"]
+    finally:
+        pool.close()
 
 
 def test_stream_yields_each_candidate_once(fresh_triton_cache):

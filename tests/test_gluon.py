@@ -95,6 +95,7 @@ def fresh_pool(tmp_path, monkeypatch):
     if pool is None:
         pytest.skip("no compile workers here")
     pool.close()  # restarted with this test's Triton cache
+    assert pool.wait_ready()  # so that the candidates go to the workers
     yield pool
     pool.close()
 

@@ -284,11 +284,17 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     if not todo:
         pass
     elif pool is not None:
-        log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end in %d worker process(es)",
-                 spec.name, len(todo), target_label(target), min(pool.workers, len(todo)))
+        log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end in %d worker process(es)%s",
+                 spec.name, len(todo), target_label(target), min(pool.workers, len(todo)),
+                 "" if pool.ready() else " once the compile server is ready (until then: in this process)")
         outer = {id(c): cf.Future() for c in todo}
         futures.update({outer[id(c)]: c for c in todo})
-        threading.Thread(target=_front_ends, args=(spec, target, pool, todo, outer, stop),
+        # Candidates reached while the server still starts compile here, on threads: a cold
+        # process's first call does not wait for the server's start-up.
+        threads = cf.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
+                                        thread_name_prefix="lazytriton-compile")
+        pool.start()  # warming up for the candidates to come, if nothing started it yet
+        threading.Thread(target=_front_ends, args=(spec, target, pool, threads, todo, outer, stop),
                          name="lazytriton-front-end", daemon=True).start()
     else:
         log.info("kernel %s: compiling %d candidate(s) for %s in this process", spec.name, len(todo),
@@ -342,16 +348,22 @@ def _share(item: tuple[str, cf.Future] | None, c: Candidate | None) -> None:
         fut.set_exception(compile_pool.CompileFailed(c.error or "no binary"))
 
 
-def _front_ends(spec: KernelSpec, target: GPUTarget, pool, todo: list[Candidate], outer: dict,
-                stop: threading.Event) -> None:
+def _front_ends(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor, todo: list[Candidate],
+                outer: dict, stop: threading.Event) -> None:
     """Runs on one thread: each candidate's front end in turn (it holds the
     GIL: more threads would not run them faster), handing each to the compile
-    server as soon as its TTIR is ready; `outer[id(c)]` gets the result."""
+    server as soon as its TTIR is ready; while the server is not ready yet, a
+    candidate compiles whole on `threads` instead. `outer[id(c)]` gets the result."""
     for c in todo:
         fut: cf.Future = outer[id(c)]
         if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
             fut.cancel()
             continue
+        if not pool.ready():
+            c.extra["compiled_in"] = "thread"
+            threads.submit(_compile_here, spec, target, c).add_done_callback(functools.partial(_forward, fut, 0.0))
+            continue
+        c.extra["compiled_in"] = "worker"
         t0 = time.perf_counter()
         try:
             b = c.bound
@@ -368,6 +380,9 @@ def _front_ends(spec: KernelSpec, target: GPUTarget, pool, todo: list[Candidate]
 
 
 def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:
+    if inner.cancelled():  # the stream stopped first
+        outer.cancel()
+        return
     exc = inner.exception()
     if exc is not None:
         outer.set_exception(exc)

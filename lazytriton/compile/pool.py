@@ -112,6 +112,21 @@ class CompilePool:
         log.debug("started the compile server (pid %d, %d workers)", proc.pid, self.workers)
         return proc
 
+    def ready(self) -> bool:
+        """Whether the server is up and warm (it has sent its ready frame)."""
+        with self._lock:
+            return self._proc is not None and self._proc.poll() is None and "ready_at" in self.timeline
+
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        """Starts the server if needed and waits until it is ready (tests, benchmarks)."""
+        self.start()
+        deadline = time.perf_counter() + timeout
+        while not self.ready():
+            if time.perf_counter() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def submit(self, job: dict) -> Future:
         """A Future of (CompiledBinary, seconds); its exception is CompileFailed,
         WorkerUnavailable or WorkerCrashed."""
