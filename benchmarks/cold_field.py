@@ -211,7 +211,8 @@ ALL = MATMULS + ROWWISE + ELEMENTWISE  # 15 families; mm_plain twice (two shapes
 '''
 
 PRELUDE = r"""
-import json, os, sys, time
+import faulthandler, json, os, sys, time
+faulthandler.dump_traceback_later(float(os.environ.get("LT_HANG_S", "300")), exit=True)  # a hang shows its stacks
 sys.path.insert(0, os.environ["LT_PKG_DIR"])
 t0 = time.perf_counter()
 import ltfield
@@ -346,7 +347,7 @@ def run(script: str, env: dict, pkg: str, caches: str, label: str) -> dict:
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", script, out], env=full, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
-        print(f"  {label}: failed\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}", flush=True)
+        print(f"  {label}: failed\n{p.stdout[-3000:]}\n{p.stderr[-12000:]}", flush=True)
         return {"failed": True}
     r = json.load(open(out))
     r["process_s"] = time.perf_counter() - t

@@ -223,3 +223,30 @@ def test_dead_server_fails_pending_jobs_and_restarts(fresh_triton_cache):
     binary, _ = pool.submit(first_job(spec, cands[0].bound)).result(timeout=120)
     assert binary.cubin
     pool.close()
+
+
+def test_many_large_jobs_from_many_threads_do_not_deadlock(fresh_triton_cache):
+    """Jobs (TTIR text) and results larger than a pipe's buffer, submitted from
+    many threads at once (compile_ahead of a 16-kernel program does this): a
+    submit blocked on a full stdin pipe must not keep the results from being
+    read, which the server waits for before it reads more jobs."""
+    import concurrent.futures as cf
+
+    pool = compile_pool.CompilePool(2)
+    try:
+        spec, cands = demo_candidates(DEMO_CONFIGS[:1])
+        job = first_job(spec, cands[0].bound)
+        pad = "\n".join(f"// padding line {i} to make the job larger than a pipe's buffer" for i in range(40000))
+        big = dict(job, ir=dict(job["ir"], text=job["ir"]["text"] + "\n" + pad))
+
+        def submit_over_time(i):  # jobs keep arriving while results come back
+            time.sleep(0.05 * i)
+            return pool.submit(big)
+
+        with cf.ThreadPoolExecutor(8) as threads:
+            futs = list(threads.map(submit_over_time, range(40)))
+        for f in futs:
+            binary, _ = f.result(timeout=300)
+            assert binary.cubin[:4] == b"\x7fELF"
+    finally:
+        pool.close()

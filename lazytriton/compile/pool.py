@@ -80,6 +80,7 @@ class CompilePool:
     def __init__(self, workers: int):
         self.workers = workers
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one frame at a time on the server's stdin
         self._proc: subprocess.Popen | None = None
         self._pending: dict[int, tuple[subprocess.Popen, Future]] = {}  # job id -> (its server, its future)
         self._ids = itertools.count()
@@ -135,10 +136,15 @@ class CompilePool:
             proc = self._ensure_started()
             job_id = next(self._ids)
             self._pending[job_id] = (proc, fut)
-            try:
+        # Written outside self._lock: a write blocks while the server's stdin pipe is full, and the
+        # server drains it only while its results are read, which takes self._lock.
+        try:
+            with self._write_lock:
                 write_frame(proc.stdin, (job_id, job))
-            except (BrokenPipeError, OSError, ValueError) as exc:
-                self._pending.pop(job_id, None)
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            with self._lock:
+                gone = self._pending.pop(job_id, None) is not None
+            if gone:
                 fut.set_exception(WorkerCrashed(f"the compile server is gone ({exc}){self._tail()}"))
         return fut
 
