@@ -74,7 +74,7 @@ class LazyKernel(_core.LaunchBase):
         self.spec: KernelSpec = describe(kernel)
         self.name = self.spec.name
         self._cache = cache
-        self.tune_options = tune_options or TuneOptions()
+        self.tune_options = TuneOptions.given(tune_options, f"kernel {self.name}")
         supplied = {k for c in self.spec.configs for k in c.kwargs} | self.spec.heuristic_names()
         self._supplied = supplied
         self.call_params = [p for p in self.spec.params if p.name not in supplied]
@@ -257,6 +257,7 @@ class LazyKernel(_core.LaunchBase):
                 raise TypeError(f"kernel {self.name}: unexpected keyword argument {k!r}")
             if self.spec.autotuned:
                 raise TypeError(f"kernel {self.name}: {k}= is set by the autotune configs")
+            specialize.check_option(k, kwargs[k], f"kernel {self.name}")
         extra = ()
         if kwargs:  # compile options: one interned token, so the stub keys it by identity
             opts = tuple(sorted(kwargs.items()))
@@ -402,11 +403,11 @@ class LazyKernel(_core.LaunchBase):
         except Exception as exc:
             if str(exc).startswith(f"kernel {self.name}"):
                 raise
-            try:  # same exception type, message naming the kernel
+            try:  # same exception type, message naming the kernel, raised where the original was
                 wrapped = type(exc)(f"kernel {self.name}: {exc}")
             except Exception:
                 raise exc from None
-            raise wrapped from exc
+            raise wrapped.with_traceback(exc.__traceback__) from None
 
 
 _EMPTY = inspect.Parameter.empty
