@@ -85,6 +85,20 @@ def test_cli_refuses_bad_arguments(tmp_path):
 # -- suite composition -----------------------------------------------------------------------
 
 
+def test_cli_out_errors_are_one_line_not_a_traceback(tmp_path, capsys):
+    assert cli.main(["--report-only", "--out", str(tmp_path / "none")]) == 2
+    assert f"--report-only: no {tmp_path / 'none' / 'results.json'}" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{cut short")
+    assert cli.main(["--report-only", "--out", str(tmp_path / "bad")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert cli.main(["--suite", "cpu", "--out", str(tmp_path / "afile")]) == 2
+    assert "--out " + str(tmp_path / "afile") + " is a file" in capsys.readouterr().err
+    assert cli.main(["--suite", "cpu", "--out", str(tmp_path / "afile" / "sub")]) == 2  # under a file: not made
+    assert "cannot make --out" in capsys.readouterr().err
+
+
 def _all(_module):
     return True
 

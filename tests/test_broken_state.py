@@ -193,6 +193,29 @@ def test_export_cpp_refuses_a_signature_that_disagrees_with_the_kernel(tmp_path,
     assert (tmp_path / "o" / "launch_add_kernel.h").exists()
 
 
+@pytest.mark.parametrize("change, error", [
+    ({"--signature": "*nonsense,*fp32,i32,*fp32"}, "argument x: unknown element type in '*nonsense'"),
+    ({"--signature": "*fp32,*fp32,i8,*fp32"}, "argument n: an unannotated int is i32, i64 or u64"),
+    ({"--constexpr": "BLOCK=abc"}, "--constexpr BLOCK=abc: abc is not a number, True, False or None"),
+    ({"--out-dir": "afile/o"}, "cannot write the launch functions into --out-dir afile/o"),
+    ({"option": "num_warps=banana"}, "num_warps='banana': num_warps takes an int"),
+    ({"option": "num_warps=3"}, "num_warps=3: num_warps takes an int, a power of 2"),
+], ids=["pointer", "int", "word", "out-dir", "option-type", "option-value"])
+def test_export_cpp_refuses_careless_input_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, change,
+                                                                        error):
+    (tmp_path / "ltcareless_kernels.py").write_text(KERNELS_PY)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.chdir(tmp_path)
+    given = {"--signature": "*fp32,*fp32,i32,*fp32", "--constexpr": "BLOCK=1024", "--out-dir": "o", **change}
+    argv = ["export-cpp", "ltcareless_kernels:add_kernel"]
+    for flag, value in given.items():
+        argv += ["--constexpr" if flag == "option" else flag, value]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and error in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_export_cpp_of_a_module_it_cannot_find_names_its_path_option(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["export-cpp", "lt_no_such_module:k", "--signature", "i32"]) == 1
