@@ -84,8 +84,12 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
                   f"num_warps {md.get('num_warps')}")
         else:
             print(f"  config {c.index} {c.config}: failed: {c.error}")
+    if not any(c.binary for c in cands):
+        print(f"None of the {len(cands)} candidates compiled for {target_label(target)}: the demo failed (the errors "
+              "are above; LAZYTRITON_DEFAULT_ARCH names the target).", file=sys.stderr)
+        return 1
     print("On a GPU machine this demo tunes these on real inputs and launches the winner.")
-    return 0 if any(c.binary for c in cands) else 1
+    return 0
 
 
 def _export_cpp(args) -> int:

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+import triton
+import triton.language as tl
 
 import lazytriton
 from lazytriton import cli
@@ -51,7 +53,10 @@ def _tune_options():
 SETTINGS = [  # (variable, bad value, what reads it, words of what it takes)
     ("LAZYTRITON_COMPILE_WORKERS", "abc", _workers, "integer >= 0"),
     ("LAZYTRITON_COMPILE_WORKERS", "-2", _workers, "integer >= 0"),
-    ("LAZYTRITON_DEFAULT_ARCH", "hopper", _target, "AMD architecture (gfx942)"),
+    ("LAZYTRITON_DEFAULT_ARCH", "hopper", _target, "AMD architecture (gfx90a, gfx942"),
+    ("LAZYTRITON_DEFAULT_ARCH", "7", _target, "an NVIDIA compute capability, as 90 or sm_90 (50, 52"),
+    ("LAZYTRITON_DEFAULT_ARCH", "sm_91", _target, "an NVIDIA compute capability"),
+    ("LAZYTRITON_DEFAULT_ARCH", "gfx42", _target, "an AMD architecture"),
     ("LAZYTRITON_FLUSH_L2", "maybe", _tune_options, "'auto'"),
     ("LAZYTRITON_CACHE", "perhaps", config.settings, "1/0"),
     ("LAZYTRITON_RETUNE", "2", config.settings, "1/0"),
@@ -62,6 +67,15 @@ SETTINGS = [  # (variable, bad value, what reads it, words of what it takes)
     ("LAZYTRITON_CACHE_LOCK_TIMEOUT", "-1", lambda: config.env_seconds("LAZYTRITON_CACHE_LOCK_TIMEOUT", 1.0),
      "seconds >= 0"),
 ]
+
+
+@pytest.mark.parametrize("arch, backend, target", [("90", "cuda", 90), ("sm_80", "cuda", 80), ("SM120", "cuda", 120),
+                                                  ("75", "cuda", 75), ("gfx942", "hip", "gfx942"),
+                                                  ("gfx942:sramecc+:xnack-", "hip", "gfx942"),
+                                                  ("gfx1100", "hip", "gfx1100")])
+def test_default_arch_takes_the_targets_triton_compiles_for(monkeypatch, arch, backend, target):
+    monkeypatch.setenv("LAZYTRITON_DEFAULT_ARCH", arch)
+    assert (_target().backend, _target().arch) == (backend, target)
 
 
 @pytest.mark.parametrize("var,bad,read,takes", SETTINGS, ids=[f"{v}={b}" for v, b, _, _ in SETTINGS])
@@ -191,6 +205,19 @@ def test_export_cpp_refuses_a_signature_that_disagrees_with_the_kernel(tmp_path,
     assert not (tmp_path / "o").exists()
     assert cli.main([*argv, "--signature", "*fp32,*fp32,i32,*fp32"]) == 0, capsys.readouterr().err
     assert (tmp_path / "o" / "launch_add_kernel.h").exists()
+
+
+@triton.jit
+def never_compiles(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr):
+    tl.static_assert(BM < 0, "this kernel compiles for no config")
+
+
+def test_demo_without_a_gpu_says_it_failed_when_nothing_compiled(capsys):
+    configs = [triton.Config({"BM": 16}), triton.Config({"BM": 32})]
+    assert cli._demo_without_gpu("no GPU in this test", never_compiles, configs) == 1
+    out, err = capsys.readouterr()
+    assert "None of the 2 candidates compiled for sm_90: the demo failed" in err, err
+    assert "On a GPU machine this demo tunes these" not in out, out
 
 
 @pytest.mark.parametrize("change, error", [
