@@ -122,7 +122,10 @@ def _add_cpp_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="lazytriton", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"lazytriton {__version__}")
     parser.add_argument("--cmake-dir", action="store_true", help="print the directory of lazytritonConfig.cmake")
     parser.add_argument("--include-dir", action="store_true", help="print the C++ include directory")
     sub = parser.add_subparsers(dest="command")

@@ -207,6 +207,19 @@ def test_export_cpp_refuses_a_signature_that_disagrees_with_the_kernel(tmp_path,
     assert (tmp_path / "o" / "launch_add_kernel.h").exists()
 
 
+def test_version_typing_marker_and_the_docstrings_a_newcomer_reads(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"lazytriton {lazytriton.__version__}\n"
+    assert (Path(lazytriton.__file__).parent / "py.typed").is_file()  # PEP 561: the package's annotations count
+    doc = lazytriton.kernel.__doc__
+    assert "k[grid](" in doc and "cache:" in doc and "tune_options:" in doc
+    import dataclasses
+
+    assert all(f.name in lazytriton.TuneOptions.__doc__ for f in dataclasses.fields(lazytriton.TuneOptions))
+    assert "RuntimeError" in lazytriton.RuntimeFailure.__doc__ and "CUDA_ERROR" in lazytriton.RuntimeFailure.__doc__
+
+
 @triton.jit
 def never_compiles(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr):
     tl.static_assert(BM < 0, "this kernel compiles for no config")
@@ -382,7 +395,7 @@ def stubs(cache: Path) -> list[Path]:
 
 
 def temps(cache: Path) -> list[Path]:
-    return sorted(p for p in cache.rglob("*") if p.name.endswith(".tmp"))
+    return sorted(p for p in cache.rglob("*") if ".tmp" in p.name)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "no_checksum"])
@@ -414,11 +427,14 @@ def test_a_broken_launch_stub_is_discarded_once_naming_the_kernel_and_rebuilt(fa
 
 def test_a_process_that_ends_right_after_its_first_call_leaves_no_temp_file(fake_driver, triton_cache, tmp_path):
     cache = tmp_path / "cache"
-    env = fake_env(fake_driver, cache, triton_cache, EXIT_AT_ONCE="1")  # the stub still building at exit
+    tmpdir = tmp_path / "tmpdir"  # the compiler's temp files (cc*.s, cc*.o) would be left here
+    tmpdir.mkdir()
+    env = fake_env(fake_driver, cache, triton_cache, EXIT_AT_ONCE="1", TMPDIR=str(tmpdir))  # still building at exit
     for _ in range(2):
         first_call(env)
         time.sleep(0.5)  # a compiler left running would write its output now
         assert temps(cache) == [], temps(cache)
+        assert [p.name for p in tmpdir.iterdir() if p.name.startswith("cc")] == []
     # Temp files of a killed build (no exit handler ran) are swept by the next build of that stub.
     first_call(fake_env(fake_driver, cache, triton_cache))
     [so] = stubs(cache)

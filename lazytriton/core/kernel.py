@@ -413,9 +413,20 @@ class LazyKernel(_core.LaunchBase):
 _EMPTY = inspect.Parameter.empty
 
 
-def kernel(fn: Any = None, **kw) -> LazyKernel:
-    """Wrap a Triton kernel (jit / autotune / heuristics) for lazy, tuned launches.
-    Usable as `lazytriton.kernel(fn)` or as a decorator above @triton.autotune."""
+def kernel(fn: Any = None, *, cache: Cache | None = None, tune_options: TuneOptions | None = None) -> LazyKernel:
+    """Wrap a Triton kernel for lazy, tuned launches: `k = lazytriton.kernel(fn)`, then
+    `k[grid](*args, stream=None, **kwargs)` or `k.run(*args, grid=, stream=None, **kwargs)`.
+
+    fn: a @triton.jit (or Gluon @gluon.jit) function, under @triton.autotune and/or
+    @triton.heuristics in either order. Nothing compiles here; the first call of each
+    specialization compiles the candidate configs and tunes them on that call's arguments.
+    Usable as a decorator too, above @triton.autotune: `@lazytriton.kernel()` or with the
+    keywords below.
+    cache: the lazytriton.cache.Cache winners are kept in (default: the one of
+    $LAZYTRITON_CACHE_DIR, ~/.cache/lazytriton).
+    tune_options: a lazytriton.TuneOptions, how candidates are timed (its docstring).
+    """
+    kw = {"cache": cache, "tune_options": tune_options}
     if fn is None:
         return lambda f: LazyKernel(f, **kw)
     return LazyKernel(fn, **kw)
