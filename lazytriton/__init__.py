@@ -24,6 +24,12 @@ from .core.tensor_desc import TensorDescriptor  # noqa: E402
 from .core.tuner import TuneOptions  # noqa: E402
 
 RuntimeFailure = _core.RuntimeFailure
+RuntimeFailure.__doc__ = """An error of lazytriton's C++ runtime (a RuntimeError): no usable CUDA (or HIP)
+driver or device; a driver call that failed, named with the driver's error name
+(CUDA_ERROR_...); a kernel that cannot be loaded or launched on this device (shared
+memory, grid); a tuning trial that failed on the call's buffers (nothing is persisted
+then). The message names the kernel where there is one. A failed first call is not
+remembered: the next call with the same arguments tries again."""
 
 
 def gpu_available() -> tuple[bool, str]:

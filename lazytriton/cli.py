@@ -84,8 +84,12 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
                   f"num_warps {md.get('num_warps')}")
         else:
             print(f"  config {c.index} {c.config}: failed: {c.error}")
+    if not any(c.binary for c in cands):
+        print(f"None of the {len(cands)} candidates compiled for {target_label(target)}: the demo failed (the errors "
+              "are above; LAZYTRITON_DEFAULT_ARCH names the target).", file=sys.stderr)
+        return 1
     print("On a GPU machine this demo tunes these on real inputs and launches the winner.")
-    return 0 if any(c.binary for c in cands) else 1
+    return 0
 
 
 def _export_cpp(args) -> int:
@@ -118,7 +122,10 @@ def _add_cpp_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="lazytriton", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"lazytriton {__version__}")
     parser.add_argument("--cmake-dir", action="store_true", help="print the directory of lazytritonConfig.cmake")
     parser.add_argument("--include-dir", action="store_true", help="print the C++ include directory")
     sub = parser.add_subparsers(dest="command")

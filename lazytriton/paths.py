@@ -1,9 +1,21 @@
 """Where lazytriton's installed pieces and its cache live."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parent
+
+def _installed_dir() -> Path:
+    """Where the build installed the compiled core, its library, headers and sources: the
+    package's directory, except under an editable install (`pip install -e`), where the
+    Python files stay in the source tree and the built pieces are installed elsewhere."""
+    spec = importlib.util.find_spec("lazytriton._core")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).resolve().parent
+    return Path(__file__).resolve().parent
+
+
+_PKG = _installed_dir()
 
 
 def include_dir() -> Path:

@@ -7,8 +7,13 @@ both stubs read the same values as getattr does, that the attribute is really
 read on every call (a value is never kept), and that a plan is dropped when the
 type changes (its version tag) or an instance attribute may shadow a method.
 Runs on the CPU: the arrays sit at made-up addresses; nothing launches."""
+import json
+import os
 import struct
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +23,7 @@ from lazytriton.core import stubgen
 from kernels import basic
 
 BASE = 0x7F0000000000
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(params=["table-driven", "generated"])
@@ -122,3 +128,70 @@ def test_slots_of_a_python_class(stub_of):
     assert stub.key(args) is None
     del args[0].dtype  # an empty slot: AttributeError, as getattr raises: not this shape
     assert stub.key(args) is None
+
+
+class InterfaceOnly:
+    """An array known by its __cuda_array_interface__ alone, no .dtype (README: such objects are taken)."""
+
+    def __init__(self, ptr, typestr="<f4"):
+        self.__cuda_array_interface__ = {"shape": (16,), "typestr": typestr, "data": (ptr, False), "version": 3}
+
+
+class InterfaceProperty:
+    """The same, its interface made anew on every read (as Numba's is): new dicts, new strings."""
+
+    def __init__(self, ptr, typestr="<f4"):
+        self.ptr, self.typestr = ptr, typestr
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (16,), "typestr": "".join(self.typestr), "data": (self.ptr, False), "version": 3}
+
+
+@pytest.mark.parametrize("cls", [InterfaceOnly, InterfaceProperty])
+def test_an_interface_without_dtype_is_read_by_its_typestr(stub_of, cls):
+    k = lazytriton.kernel(basic.add_kernel)
+    args = (cls(BASE), cls(BASE + 0x10000), cls(BASE + 0x20000), 16, 1024)
+    assert k._shape(args) == k._shape(call(lambda p, d: lazytriton.core.arrays.DeviceArray(p, "fp32", 64)))
+    stub = stub_of(k, args)
+    for _ in range(3):  # the first read finds no .dtype; later ones read the interface at once
+        assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
+    half = (cls(BASE, "<f2"), *args[1:])
+    assert stub.key(half) is None and k._shape(half) != k._shape(args)  # another dtype: another shape
+    with pytest.raises(TypeError, match=r"kernel add_kernel, argument x: unsupported dtype '>f4'"):
+        k._shape((cls(BASE, ">f4"), *args[1:]))  # big-endian: no GPU reads it as fp32
+
+
+LAUNCH_INTERFACE_ONLY = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import lazytriton
+from test_array_reads import InterfaceOnly, InterfaceProperty
+from kernels import basic
+k = lazytriton.kernel(basic.add_kernel)
+for cls in (InterfaceOnly, InterfaceProperty, InterfaceOnly):
+    x, y, out = (cls(0x7F0000000000 + i * 0x10000) for i in range(3))
+    k[(1,)](x, y, out, 16, BLOCK=16)
+print(json.dumps(lazytriton.stats()["resolves"]))
+"""
+
+
+@pytest.mark.parametrize("build", ["off", "sync"])
+def test_an_interface_without_dtype_launches(fake_driver, tmp_path, build):
+    """Through the recording stand-in driver: the first call (table-driven stub), then the
+    stub of the build mode, hand the driver the interfaces' addresses."""
+    log = tmp_path / "launches.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAZYTRITON_")}
+    env.update(LD_LIBRARY_PATH=str(fake_driver), TRITON_LIBCUDA_PATH=str(fake_driver), FAKE_CUDA_LOG=str(log),
+               LAZYTRITON_CACHE_DIR=str(tmp_path / "cache"),
+               TRITON_CACHE_DIR=str(tmp_path / "triton"), LAZYTRITON_STUB_BUILD=build,
+               TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
+    r = subprocess.run([sys.executable, "-c", LAUNCH_INTERFACE_ONLY.format(tests=str(HERE))], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == 1  # one specialization, resolved once
+    launches = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(launches) == 3
+    for launch in launches:
+        ptrs = [int.from_bytes(bytes.fromhex(p), "little") for p in launch["params"][:3]]
+        assert ptrs == [BASE, BASE + 0x10000, BASE + 0x20000], launch

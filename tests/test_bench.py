@@ -85,6 +85,20 @@ def test_cli_refuses_bad_arguments(tmp_path):
 # -- suite composition -----------------------------------------------------------------------
 
 
+def test_cli_out_errors_are_one_line_not_a_traceback(tmp_path, capsys):
+    assert cli.main(["--report-only", "--out", str(tmp_path / "none")]) == 2
+    assert f"--report-only: no {tmp_path / 'none' / 'results.json'}" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{cut short")
+    assert cli.main(["--report-only", "--out", str(tmp_path / "bad")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert cli.main(["--suite", "cpu", "--out", str(tmp_path / "afile")]) == 2
+    assert "--out " + str(tmp_path / "afile") + " is a file" in capsys.readouterr().err
+    assert cli.main(["--suite", "cpu", "--out", str(tmp_path / "afile" / "sub")]) == 2  # under a file: not made
+    assert "cannot make --out" in capsys.readouterr().err
+
+
 def _all(_module):
     return True
 
@@ -519,6 +533,58 @@ def test_report_and_every_plot_from_a_synthetic_results_json(tmp_path):
     assert "| matmul 4096^3 fp16 | 1 (207.0 us), 5 (205.0 us), 5 (205.0 us) | 5 (205.0 us) | 1.000 |" in md
     assert "x faster" in md and "compiles 8, tunes 1" in md and "before the clock: imports 3.00 s" in md
     assert "Skipped:" in md and "TMA persistent matmul" in md
+
+
+def _markdown_tables(md: str) -> list[list[list[str]]]:
+    tables, current = [], None
+    for line in md.splitlines():
+        if line.startswith("|") and not line.startswith("| ---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if current is None:
+                current = []
+                tables.append(current)
+            current.append(cells)
+        elif not line.startswith("| ---"):
+            current = None
+    return tables
+
+
+REAL_RUN = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "results-h200-full.json"
+
+
+def test_report_of_a_real_run_has_no_empty_column_and_no_label_cut_at_an_edge(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    md = report.write(json.loads(REAL_RUN.read_text()), tmp_path).read_text()
+    for header, *rows in _markdown_tables(md)[1:]:  # the first: the environment's key-value table
+        assert all(any(r[j] for r in rows) for j in range(len(header))), header
+    pngs = sorted(tmp_path.glob("*.png"))
+    assert len(pngs) == 8
+    for png in pngs:  # a white margin all round: no system name or caption runs off the image
+        img = matplotlib.image.imread(png)[:, :, :3]
+        for edge in (img[:, :4], img[:, -4:], img[:4], img[-4:]):
+            assert edge.min() > 0.95, png.name
+
+
+def test_bar_values_clear_their_whiskers_and_floors_are_named_where_drawn():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    sections = json.loads(REAL_RUN.read_text())["sections"]
+    for name in ("launch", "chain", "cpu"):
+        fig = report.bars_figure(sections[name])
+        ax = fig.axes[0]
+        [bars] = [c for c in ax.containers if hasattr(c, "errorbar")]
+        [whiskers] = bars.errorbar.lines[2]
+        right = {round(seg[1][1]): max(seg[0][0], seg[1][0]) for seg in whiskers.get_segments()}
+        for text in ax.texts:
+            x, y = text.get_position()
+            assert x >= right[round(y)], (name, text.get_text())  # the value is not struck through
+        floors = any(r["kind"] == "floor" for r in sections[name]["rows"])
+        assert ("floors" in ax.get_xlabel()) == floors, (name, ax.get_xlabel())
+        matplotlib.pyplot.close(fig)
 
 
 def test_report_when_the_ceilings_were_not_measured(tmp_path):

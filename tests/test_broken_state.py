@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+import triton
+import triton.language as tl
 
 import lazytriton
 from lazytriton import cli
@@ -51,7 +53,10 @@ def _tune_options():
 SETTINGS = [  # (variable, bad value, what reads it, words of what it takes)
     ("LAZYTRITON_COMPILE_WORKERS", "abc", _workers, "integer >= 0"),
     ("LAZYTRITON_COMPILE_WORKERS", "-2", _workers, "integer >= 0"),
-    ("LAZYTRITON_DEFAULT_ARCH", "hopper", _target, "AMD architecture (gfx942)"),
+    ("LAZYTRITON_DEFAULT_ARCH", "hopper", _target, "AMD architecture (gfx90a, gfx942"),
+    ("LAZYTRITON_DEFAULT_ARCH", "7", _target, "an NVIDIA compute capability, as 90 or sm_90 (50, 52"),
+    ("LAZYTRITON_DEFAULT_ARCH", "sm_91", _target, "an NVIDIA compute capability"),
+    ("LAZYTRITON_DEFAULT_ARCH", "gfx42", _target, "an AMD architecture"),
     ("LAZYTRITON_FLUSH_L2", "maybe", _tune_options, "'auto'"),
     ("LAZYTRITON_CACHE", "perhaps", config.settings, "1/0"),
     ("LAZYTRITON_RETUNE", "2", config.settings, "1/0"),
@@ -62,6 +67,15 @@ SETTINGS = [  # (variable, bad value, what reads it, words of what it takes)
     ("LAZYTRITON_CACHE_LOCK_TIMEOUT", "-1", lambda: config.env_seconds("LAZYTRITON_CACHE_LOCK_TIMEOUT", 1.0),
      "seconds >= 0"),
 ]
+
+
+@pytest.mark.parametrize("arch, backend, target", [("90", "cuda", 90), ("sm_80", "cuda", 80), ("SM120", "cuda", 120),
+                                                  ("75", "cuda", 75), ("gfx942", "hip", "gfx942"),
+                                                  ("gfx942:sramecc+:xnack-", "hip", "gfx942"),
+                                                  ("gfx1100", "hip", "gfx1100")])
+def test_default_arch_takes_the_targets_triton_compiles_for(monkeypatch, arch, backend, target):
+    monkeypatch.setenv("LAZYTRITON_DEFAULT_ARCH", arch)
+    assert (_target().backend, _target().arch) == (backend, target)
 
 
 @pytest.mark.parametrize("var,bad,read,takes", SETTINGS, ids=[f"{v}={b}" for v, b, _, _ in SETTINGS])
@@ -191,6 +205,55 @@ def test_export_cpp_refuses_a_signature_that_disagrees_with_the_kernel(tmp_path,
     assert not (tmp_path / "o").exists()
     assert cli.main([*argv, "--signature", "*fp32,*fp32,i32,*fp32"]) == 0, capsys.readouterr().err
     assert (tmp_path / "o" / "launch_add_kernel.h").exists()
+
+
+def test_version_typing_marker_and_the_docstrings_a_newcomer_reads(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"lazytriton {lazytriton.__version__}\n"
+    assert (Path(lazytriton.__file__).parent / "py.typed").is_file()  # PEP 561: the package's annotations count
+    doc = lazytriton.kernel.__doc__
+    assert "k[grid](" in doc and "cache:" in doc and "tune_options:" in doc
+    import dataclasses
+
+    assert all(f.name in lazytriton.TuneOptions.__doc__ for f in dataclasses.fields(lazytriton.TuneOptions))
+    assert "RuntimeError" in lazytriton.RuntimeFailure.__doc__ and "CUDA_ERROR" in lazytriton.RuntimeFailure.__doc__
+
+
+@triton.jit
+def never_compiles(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr):
+    tl.static_assert(BM < 0, "this kernel compiles for no config")
+
+
+def test_demo_without_a_gpu_says_it_failed_when_nothing_compiled(capsys):
+    configs = [triton.Config({"BM": 16}), triton.Config({"BM": 32})]
+    assert cli._demo_without_gpu("no GPU in this test", never_compiles, configs) == 1
+    out, err = capsys.readouterr()
+    assert "None of the 2 candidates compiled for sm_90: the demo failed" in err, err
+    assert "On a GPU machine this demo tunes these" not in out, out
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"--signature": "*nonsense,*fp32,i32,*fp32"}, "argument x: unknown element type in '*nonsense'"),
+    ({"--signature": "*fp32,*fp32,i8,*fp32"}, "argument n: an unannotated int is i32, i64 or u64"),
+    ({"--constexpr": "BLOCK=abc"}, "--constexpr BLOCK=abc: abc is not a number, True, False or None"),
+    ({"--out-dir": "afile/o"}, "cannot write the launch functions into --out-dir afile/o"),
+    ({"option": "num_warps=banana"}, "num_warps='banana': num_warps takes an int"),
+    ({"option": "num_warps=3"}, "num_warps=3: num_warps takes an int, a power of 2"),
+], ids=["pointer", "int", "word", "out-dir", "option-type", "option-value"])
+def test_export_cpp_refuses_careless_input_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, change,
+                                                                        error):
+    (tmp_path / "ltcareless_kernels.py").write_text(KERNELS_PY)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.chdir(tmp_path)
+    given = {"--signature": "*fp32,*fp32,i32,*fp32", "--constexpr": "BLOCK=1024", "--out-dir": "o", **change}
+    argv = ["export-cpp", "ltcareless_kernels:add_kernel"]
+    for flag, value in given.items():
+        argv += ["--constexpr" if flag == "option" else flag, value]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and error in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_export_cpp_of_a_module_it_cannot_find_names_its_path_option(tmp_path, monkeypatch, capsys):
@@ -332,7 +395,7 @@ def stubs(cache: Path) -> list[Path]:
 
 
 def temps(cache: Path) -> list[Path]:
-    return sorted(p for p in cache.rglob("*") if p.name.endswith(".tmp"))
+    return sorted(p for p in cache.rglob("*") if ".tmp" in p.name)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "no_checksum"])
@@ -364,11 +427,14 @@ def test_a_broken_launch_stub_is_discarded_once_naming_the_kernel_and_rebuilt(fa
 
 def test_a_process_that_ends_right_after_its_first_call_leaves_no_temp_file(fake_driver, triton_cache, tmp_path):
     cache = tmp_path / "cache"
-    env = fake_env(fake_driver, cache, triton_cache, EXIT_AT_ONCE="1")  # the stub still building at exit
+    tmpdir = tmp_path / "tmpdir"  # the compiler's temp files (cc*.s, cc*.o) would be left here
+    tmpdir.mkdir()
+    env = fake_env(fake_driver, cache, triton_cache, EXIT_AT_ONCE="1", TMPDIR=str(tmpdir))  # still building at exit
     for _ in range(2):
         first_call(env)
         time.sleep(0.5)  # a compiler left running would write its output now
         assert temps(cache) == [], temps(cache)
+        assert [p.name for p in tmpdir.iterdir() if p.name.startswith("cc")] == []
     # Temp files of a killed build (no exit handler ran) are swept by the next build of that stub.
     first_call(fake_env(fake_driver, cache, triton_cache))
     [so] = stubs(cache)

@@ -381,6 +381,23 @@ def test_lock_is_reentrant_and_flock_excludes_separate_opens(cache):
         os.close(fd)
 
 
+def test_clear_removes_the_lock_files_no_process_holds(cache, tmp_path):
+    for key, name in ((KEY_A, "add_kernel"), (KEY_B, "other_kernel"), (KEY_C, "third_kernel")):
+        with cache.lock(key):  # as a resolution does: the lock file stays after it
+            cache.store_record(key, make_record(kernel_name=name))
+    locks = lambda: sorted(p.name[:8] for p in (cache.dir / "locks").iterdir())  # noqa: E731
+    assert locks() == [KEY_A[:8], KEY_B[:8], KEY_C[:8]]
+    assert cache.clear("other_kernel") == 1 and locks() == [KEY_A[:8], KEY_C[:8]]
+    holder = run_script(tmp_path, HOLD_LOCK, cache._lock_path(KEY_C))  # another process still tuning KEY_C
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert cache.clear() == 2 and locks() == [KEY_C[:8]]  # its lock stays while held
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert cache.clear() == 0 and locks() == []
+
+
 # --------------------------------------------------------------------------
 # Unwritable directory / disabled cache
 # --------------------------------------------------------------------------
@@ -644,6 +661,12 @@ def test_cli(cache, compiled, tmp_path, capsys):
     junk.write_bytes(b"x")
     assert _cli("cache", "--cache-dir", root, "import", str(junk)) == 1
     assert "error" in capsys.readouterr().err
+    # Into a directory that cannot be written: nothing kept in this process's memory and called imported.
+    (tmp_path / "afile").write_text("")
+    assert _cli("cache", "--cache-dir", str(tmp_path / "afile"), "import", archive) == 1
+    out, err = capsys.readouterr()
+    assert "imported" not in out and err.startswith("error: cannot write into the cache directory ") and \
+        "0 of 3 entries imported" in err, (out, err)
 
 
 # --------------------------------------------------------------------------
@@ -708,6 +731,7 @@ def test_pretune_fails_with_the_program(tmp_path):
     assert not archive.exists()
     done = _pretune(tmp_path, "-o", archive, "--", sys.executable, "-c", "pass")
     assert done.returncode == 1 and "resolved no tuned kernel" in done.stderr
+    assert "no archive written" in done.stderr and not archive.exists()  # not an empty archive
     assert _pretune(tmp_path, "-o", archive).returncode == 2
 
 

@@ -81,9 +81,13 @@ def run_probe(python: str, fake: Path, tmp: Path, faces: str, bundle_exe: Path |
     env = _env(fake, tmp)
     if bundle_exe is not None:
         env["FAKE_CUDA_BUNDLE_CALLS_EXE"] = str(bundle_exe)
+    tmpdir = tmp / "tmpdir"  # the probe's $TMPDIR: it must leave nothing there
+    tmpdir.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmpdir)
     p = subprocess.run([python, str(PROBE), str(out), "--calls", str(CALLS), "--seed", str(SEED), "--faces", faces],
                        env=env, cwd=str(tmp), capture_output=True, text=True, timeout=1800)
     assert out.exists(), f"no report (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    assert sorted(f.name for f in tmpdir.iterdir()) == []
     report = json.loads(out.read_text())
     print(p.stdout)
     return report

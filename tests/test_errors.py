@@ -108,6 +108,40 @@ def test_unknown_keyword_argument(add):
         add[(1,)](X, X, X, 16, BLOCK=16, bogus=1)
 
 
+@pytest.mark.parametrize("option, value, error", [("num_warps", "4", TypeError), ("num_warps", 3, ValueError),
+                                                  ("num_stages", -1, ValueError), ("num_ctas", 1.0, TypeError),
+                                                  ("maxnreg", "128", TypeError), ("debug", "yes", TypeError),
+                                                  ("ir_override", 1, TypeError)])
+def test_compile_option_checked_where_given(add, option, value, error):
+    # Not deep inside the first compile, with Triton's "'>' not supported between 'str' and 'int'".
+    with pytest.raises(error, match=rf"kernel add_kernel: {option}={value!r}: {option} takes "):
+        add[(1,)](X, X, X, 16, BLOCK=16, **{option: value})
+
+
+def test_config_option_checked_when_wrapping():
+    fn = triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, num_warps="4")],
+                         key=["n"])(triton.jit(_body))
+    with pytest.raises(KernelSpecError, match=r"kernel _body: config 1: num_warps='4': num_warps takes an int"):
+        lazytriton.kernel(fn)
+
+
+def test_tune_options_checked_where_given(cache_dir):
+    with pytest.raises(TypeError, match=r"kernel add_kernel: tune_options takes a lazytriton.TuneOptions "
+                                        r".*got dict \{'warmup': 1\}"):
+        lazytriton.kernel(basic.add_kernel, tune_options={"warmup": 1})
+    with pytest.raises(TypeError, match=r"TuneOptions: target_ms='fast': target_ms takes a number >= 0"):
+        lazytriton.TuneOptions(target_ms="fast")
+    with pytest.raises(ValueError, match=r"TuneOptions: min_reps=10 is more than max_reps=5"):
+        lazytriton.TuneOptions(min_reps=10, max_reps=5)
+    options = lazytriton.TuneOptions()
+    options.flush_l2 = "auto"  # set after it was made: checked when a kernel takes it
+    with pytest.raises(TypeError, match=r"kernel add_kernel: tune_options: flush_l2='auto': flush_l2 takes True, "
+                                        r"False or None"):
+        lazytriton.kernel(basic.add_kernel, tune_options=options)
+    k = lazytriton.kernel(basic.increment_kernel, tune_options=lazytriton.TuneOptions(target_ms=1, max_reps=10))
+    assert k.tune_options.target_ms == 1
+
+
 def _body(x, n, BLOCK: tl.constexpr):
     tl.store(x + tl.arange(0, BLOCK), 0.0)
 
@@ -208,8 +242,10 @@ def test_bad_stream(add):
 def test_launch_without_gpu_says_so(add):
     for _ in range(2):  # the failed key is not remembered: the second call fails the same way
         with pytest.raises(lazytriton.RuntimeFailure, match=r"kernel add_kernel: .*(no CUDA driver|no usable CUDA "
-                                                            r"device|no CUDA device)"):
+                                                            r"device|no CUDA device)") as info:
             add[(1,)](X, X, X, 16, BLOCK=16)
+        # One error, raised where the driver was asked: not the same message twice, chained.
+        assert info.value.__cause__ is None and info.value.__suppress_context__
     assert not lazytriton.gpu_available()[0] and lazytriton.gpu_available()[1]
 
 

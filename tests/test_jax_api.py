@@ -203,6 +203,40 @@ def test_backend_options_merge_and_conflict_as_jax_triton():
                                           backend_options={"sanitize_overflow": True}), F32)
 
 
+def test_option_values_checked_where_given():
+    # Not inside the first compile, with Triton's "'>' not supported between 'str' and 'int'".
+    with pytest.raises(TypeError, match=r"triton_call scale_kernel: num_warps='4': num_warps takes an int"):
+        lowered(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,), num_warps="4"), F32)
+    with pytest.raises(ValueError, match=r"triton_call scale_kernel: num_stages=-1: num_stages takes an int >= 0"):
+        lowered(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,),
+                                          backend_options={"num_stages": -1}), F32)
+
+
+def test_bad_out_type_says_its_cause_alone():
+    with pytest.raises(TypeError, match=r"triton_call scale_kernel: out_type takes a pytree of objects with .shape "
+                                        r"and .dtype .* it holds 'f32' \(str\)") as info:
+        lowered(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type="f32", grid=(1,)), F32)
+    # Not shown after lazytriton's own "AttributeError: 'str' object has no attribute 'shape'".
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_lowering_for_the_cpu_says_a_gpu_is_needed():
+    f = lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731
+    with pytest.raises(NotImplementedError, match=r"triton_call scale_kernel: a Triton kernel runs on a CUDA or ROCm "
+                                                  r"GPU, and JAX is lowering this call for cpu .*"
+                                                  r"lower\(lowering_platforms=\(\"cuda\",\)\)"):
+        jax.jit(f).trace(F32).lower(lowering_platforms=("cpu",))
+    assert "custom_call" in text(f, F32)  # what the error suggests works without a GPU
+
+
+def test_readme_jax_example_without_a_gpu_says_a_gpu_is_needed():
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX has a GPU here: the example runs (tests/test_gpu_readme.py)")
+    x = jnp.ones(64, jnp.float32)
+    with pytest.raises(NotImplementedError, match=r"triton_call scale_kernel: a Triton kernel runs on a CUDA or ROCm"):
+        jax.jit(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,)))(x)
+
+
 def test_has_side_effect_cost_estimate_and_no_jaxpr_dce():
     call = lambda x, **kw: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,), **kw)  # noqa: E731
     assert "has_side_effect = true" in text(lambda x: call(x, has_side_effect=True), F32)

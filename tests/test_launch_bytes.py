@@ -66,9 +66,13 @@ def probe(fake: Path, tmp_path: Path, cc: int, bundle_exe: Path | None = None) -
     if bundle_exe is not None:
         env["FAKE_CUDA_BUNDLE_EXE"] = str(bundle_exe)
     out = tmp_path / "probe.json"
+    tmpdir = tmp_path / "tmpdir"  # the probe's $TMPDIR: it must leave nothing there (bundles, compilers' files)
+    tmpdir.mkdir()
+    env["TMPDIR"] = str(tmpdir)
     r = subprocess.run([sys.executable, str(HERE / "fake_cuda" / "launch_probe.py"), str(out)], env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
     return json.loads(out.read_text())
 
 

@@ -8,6 +8,7 @@
 #include <structmember.h>  // PyMember_GetOne before Python 3.12
 
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace lt::pyargs {
@@ -256,6 +257,8 @@ struct ArrayReader {
   PyTypeObject* type = nullptr;  // a reference
   int strategy = kNotArray;
   AttrPlan dtype, first, second;
+  // Objects of this type have no .dtype: the typestr of their __cuda_array_interface__ says it.
+  bool dtype_from_interface = false;
 };
 
 // The reader of obj's type, made on first sight (kept for the process), or
@@ -276,6 +279,7 @@ inline ArrayReader* reader_of(PyObject* obj) {
   Py_XDECREF(r->type);
   r->type = t;
   r->strategy = strategy;
+  r->dtype_from_interface = false;
   return r;
 }
 
@@ -382,6 +386,46 @@ inline const Readers& readers() {
   return *shared;
 }
 
+// Triton dtype id of a __cuda_array_interface__ typestr ("<f4"), remembered by its
+// text: an interface dict, its strings too, may be made anew on every read.
+inline int typestr_dtype_id(PyObject* typestr) {
+  struct Seen { char text[8]; int id; };
+  static Seen seen[16];
+  static int n = 0;
+  Py_ssize_t len = 0;
+  const char* text = PyUnicode_Check(typestr) ? PyUnicode_AsUTF8AndSize(typestr, &len) : nullptr;
+  if (!text) return PyErr_Clear(), -1;
+  if (len >= Py_ssize_t(sizeof(Seen::text))) return -1;  // longer than any typestr Triton takes
+  for (int i = 0; i < n; ++i)
+    if (std::strcmp(seen[i].text, text) == 0) return seen[i].id;
+  int id = ask_python("dtype_id", typestr);
+  if (id < 0) return PyErr_Clear(), -1;
+  if (n < 16) {
+    std::memcpy(seen[n].text, text, size_t(len) + 1);
+    seen[n++].id = id;
+  }
+  return id;
+}
+
+// An array known by its __cuda_array_interface__ alone (no .dtype attribute): its
+// dtype is the interface's typestr, its pointer the interface's data, one read.
+// *typed: the interface had a typestr Triton knows.
+inline bool interface_pointer(PyObject* obj, ArrayReader& r, int want_dtype, uint64_t* ptr, bool* typed = nullptr) {
+  PyObject* iface = r.strategy == kCudaArrayInterface ? read_attr(obj, names().cai, r.first)
+                                                      : PyObject_GetAttr(obj, names().cai);
+  bool ok = false;
+  if (iface && PyDict_Check(iface)) {
+    PyObject* typestr = PyDict_GetItemString(iface, "typestr");  // borrowed
+    PyObject* d = PyDict_GetItemString(iface, "data");
+    int id = typestr ? typestr_dtype_id(typestr) : -1;
+    if (typed) *typed = id >= 0;
+    ok = id == want_dtype && d && PyTuple_Check(d) && PyTuple_GET_SIZE(d) > 0 && read_u64(PyTuple_GET_ITEM(d, 0), ptr);
+  }
+  Py_XDECREF(iface);
+  if (!ok) PyErr_Clear();
+  return ok;
+}
+
 // A pointer argument: the object must be an array-like whose dtype is
 // `want_dtype`. False means "not this stub's signature".
 inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
@@ -394,8 +438,18 @@ inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
       if (answer != kDeclined) return answer == kDeviceTensor && dtype_id(dt) == want_dtype;
     }
   }
+  if (r->dtype_from_interface) return interface_pointer(obj, *r, want_dtype, ptr);
   PyObject* dt = read_attr(obj, names().dtype, r->dtype);
-  if (!dt) return PyErr_Clear(), false;
+  if (!dt) {
+    bool interface = r->strategy == kCudaArrayInterface || r->strategy == kDataDotPtr;
+    if (!interface || !PyErr_ExceptionMatches(PyExc_AttributeError)) return PyErr_Clear(), false;
+    PyErr_Clear();
+    // As lazytriton.core.arrays.array_info reads it; the type's later objects too, once one had a typestr.
+    bool typed = false;
+    bool ok = interface_pointer(obj, *r, want_dtype, ptr, &typed);
+    r->dtype_from_interface = typed;
+    return ok;
+  }
   int id = dtype_id(dt);
   Py_DECREF(dt);
   return id == want_dtype && pointer_of(obj, *r, ptr);

@@ -79,8 +79,20 @@ def run(args) -> int:
     if args.worker:
         return _worker(args.worker, args.suite, args.json)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"lazytriton bench: --out {out} is a file; it names the directory for results.json, report.md and "
+              "the plots", file=sys.stderr)
+        return 2
     if args.report_only:
-        results = json.loads((out / "results.json").read_text())
+        try:
+            results = json.loads((out / "results.json").read_text())
+        except FileNotFoundError:
+            print(f"lazytriton bench --report-only: no {out / 'results.json'} (--out names the directory of an "
+                  "earlier run)", file=sys.stderr)
+            return 2
+        except (OSError, ValueError) as exc:
+            print(f"lazytriton bench --report-only: cannot read {out / 'results.json'}: {exc}", file=sys.stderr)
+            return 1
         md = report.write(results, out)
         progress(f"wrote {md} and {len(list(out.glob('*.png')))} plot(s) from {out / 'results.json'}")
         return 0
@@ -117,9 +129,13 @@ def run(args) -> int:
 
 def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, args) -> int:
     t_run = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    work = (out / ".work").resolve()
-    work.mkdir(exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        work = (out / ".work").resolve()
+        work.mkdir(exist_ok=True)
+    except OSError as exc:
+        print(f"lazytriton bench: cannot make --out {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     todo = plan.schedule(groups, n)
     results = {"command": _command(), "suite": suite, "processes_per_group": n,
                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "environment": _environment(),

@@ -101,6 +101,14 @@ def write(results: dict, out: Path) -> Path:
     return md
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table without the columns no row fills (a run of one process has no
+    per-process range, a section without a floor no ratio, rows without notes no notes)."""
+    keep = [j for j in range(len(header)) if j == 0 or any(str(r[j]).strip() for r in rows)]
+    lines = ["| " + " | ".join(header[j] for j in keep) + " |", "| " + " | ".join("---" for _ in keep) + " |"]
+    return lines + ["| " + " | ".join(str(r[j]) for j in keep) + " |" for r in rows]
+
+
 def _flags(r: dict) -> str:
     bits = []
     if r.get("correct") is False:
@@ -119,15 +127,14 @@ def _plain_table(sec: dict) -> list[str]:
     base_name = sec.get("ratio_to")
     base = next((median_process(r) for r in rows if r["system"] == base_name), None)
     unit = sec.get("unit", "")
-    lines = [f"| system | median {unit} | p10-p90 | per-process medians | vs {base_name or 'floor'} | |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    out = []
     for r in rows:
         s, med = summary(r["samples"]), median_process(r)
         ratio = f"{med / base:.2f}x" if base and math.isfinite(med) else ""
         name = f"{r['system']} (floor)" if r["kind"] == "floor" else r["system"]
-        lines.append(f"| {name} | {_g(med)} | {_g(s['p10'])}-{_g(s['p90'])} | {process_range(r)} | {ratio} | "
-                     f"{_flags(r)} |")
-    return lines
+        out.append([name, _g(med), f"{_g(s['p10'])}-{_g(s['p90'])}", process_range(r), ratio, _flags(r)])
+    return _table(["system", f"median {unit}", "p10-p90", "per-process medians", f"vs {base_name or 'floor'}",
+                   "notes"], out)
 
 
 def _throughput_table(sec: dict, ceil: dict) -> list[str]:
@@ -135,17 +142,16 @@ def _throughput_table(sec: dict, ceil: dict) -> list[str]:
     if ceil:
         lines += [f"Ceilings measured in this run: copy {ceil.get('copy_GBps', float('nan')):.0f} GB/s, fp16 matmul "
                   f"{ceil.get('matmul_TFLOPs', float('nan')):.0f} TFLOP/s.", ""]
-    lines += ["| workload | system | median us | p10-p90 | rate | of ceiling | |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = []
     for r in sec.get("rows", []):
         s = summary(r["samples"])
         rate = _rate(r)
         c = _ceiling(r, ceil)
         of = f"{rate / c:.0%}" if c and math.isfinite(rate) else ""
         system = r["system"].split(": ", 1)[1] if ": " in r["system"] else r["system"]
-        lines.append(f"| {r.get('workload', '')} | {system} | {_g(median_process(r))} | {_g(s['p10'])}-{_g(s['p90'])} "
-                     f"| {rate:.0f} {r.get('rate_unit', '')} | {of} | {_flags(r)} |")
-    return lines
+        out.append([r.get("workload", ""), system, _g(median_process(r)), f"{_g(s['p10'])}-{_g(s['p90'])}",
+                    f"{rate:.0f} {r.get('rate_unit', '')}", of, _flags(r)])
+    return lines + _table(["workload", "system", "median us", "p10-p90", "rate", "of ceiling", "notes"], out)
 
 
 def _ceiling(r: dict, ceil: dict) -> float | None:
@@ -168,22 +174,21 @@ def tuning_summary(r: dict) -> dict:
 
 
 def _tuning_table(sec: dict) -> list[str]:
-    lines = ["| workload | chosen (per process) | best | chosen/best (median) | time to choose (median ms) |",
-             "| --- | --- | --- | --- | --- |"]
+    out = []
     for r in sec.get("rows", []):
         t = tuning_summary(r)
         chosen = ", ".join(f"{c} ({t['times'][c]:.1f} us)" for c in t["chosen"])
         best = f"{t['best']} ({t['times'][t['best']]:.1f} us)" if t["best"] is not None else "?"
         ratio = f"{t['ratio']:.3f}" if t["ratio"] is not None else "?"
-        lines.append(f"| {r['system']} | {chosen} | {best} | {ratio} | {_g(median_process(r))} |")
-    return lines
+        out.append([r["system"], chosen, best, ratio, _g(median_process(r))])
+    return _table(["workload", "chosen (per process)", "best", "chosen/best (median)", "time to choose (median ms)"],
+                  out)
 
 
 def _first_call_table(sec: dict) -> list[str]:
     rows = sec.get("rows", [])
     base = next((median_process(r) for r in rows if r["system"] == sec.get("ratio_to")), None)
-    lines = ["| system | first call (median s) | per-process | vs Triton's autotuner | split (median) | |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    out = []
     for r in rows:
         med = median_process(r)
         ratio = f"{base / med:.2f}x faster" if base and med and r["system"] != sec.get("ratio_to") else ""
@@ -197,9 +202,10 @@ def _first_call_table(sec: dict) -> list[str]:
             extra.append(f"compiles {st.get('compiles')}, tunes {st.get('tunes')}, cache hits {st.get('record_hits')}")
         if before:
             extra.append("before the clock: " + ", ".join(before))
-        lines.append(f"| {r['system']} | {_g(med)} | {process_range(r)} | {ratio} | {'; '.join(parts)} | "
-                     f"{'; '.join(extra + ([_flags(r)] if _flags(r) else []))} |")
-    return lines
+        out.append([r["system"], _g(med), process_range(r), ratio, "; ".join(parts),
+                    "; ".join(extra + ([_flags(r)] if _flags(r) else []))])
+    return _table(["system", "first call (median s)", "per-process", "vs Triton's autotuner", "split (median)",
+                   "notes"], out)
 
 
 def _median_split(r: dict) -> dict:
@@ -250,12 +256,18 @@ def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # "tight": the saved image takes in every label (long system names left of the axes,
+    # legends and value labels beside them), which tight_layout alone may cut at the edges.
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return path.name
 
 
 def _bars(sec: dict, path: Path) -> str:
+    return _save(bars_figure(sec), path)
+
+
+def bars_figure(sec: dict):
     """Horizontal bars (median, whiskers p10-p90) with the floors drawn as dashed lines."""
     import matplotlib.pyplot as plt
 
@@ -267,16 +279,17 @@ def _bars(sec: dict, path: Path) -> str:
     ax.barh(range(len(rows)), [m if math.isfinite(m) else 0 for m in meds], xerr=[lo, hi],
             color=[COLORS.get(r["kind"], "#555555") for r in rows], error_kw={"lw": 0.8})
     ax.set_yticks(range(len(rows)), [r["system"] for r in rows], fontsize=7)
-    for r, m in zip(rows, meds):
-        if r["kind"] == "floor" and math.isfinite(m):
-            ax.axvline(m, color=COLORS["floor"], ls="--", lw=0.8)
+    floors = [m for r, m in zip(rows, meds) if r["kind"] == "floor" and math.isfinite(m)]
+    for m in floors:
+        ax.axvline(m, color=COLORS["floor"], ls="--", lw=0.8)
     for i, m in enumerate(meds):
-        if math.isfinite(m):
-            ax.text(m, i, f" {m:.3g}", va="center", fontsize=6)
-    ax.set_xlabel(f"{sec.get('unit', '')}: median; whiskers 10th-90th percentile; gray and dashed: floors")
+        if math.isfinite(m):  # past the whisker's end, which would strike it through
+            ax.text(m + hi[i], i, f" {m:.3g}", va="center", fontsize=6)
+    ax.set_xlabel(f"{sec.get('unit', '')}: median; whiskers 10th-90th percentile"
+                  + ("; gray and dashed: floors" if floors else ""))
     ax.invert_yaxis()
     ax.set_title(sec.get("title", ""), fontsize=9)
-    return _save(fig, path)
+    return fig
 
 
 def _grouped(sec: dict, path: Path) -> str:
@@ -402,8 +415,8 @@ def _throughput_plot(results: dict, path: Path) -> str | None:
             ax.text(v, i, f" {v:.0f}%", va="center", fontsize=6)
     ax.axvline(100, color="k", lw=0.8)
     ax.invert_yaxis()
-    ax.set_xlabel("% of the roof it is bound by: copy bandwidth (memory-bound) or fp16 matmul rate (compute-bound), "
-                  "measured in this run")
+    ax.set_xlabel("% of the roof it is bound by: copy bandwidth (memory-bound) or fp16 matmul rate\n"
+                  "(compute-bound), measured in this run")
     ax.set_title("Achieved throughput of the tuned workloads", fontsize=9)
     return _save(fig, path)
 

@@ -189,13 +189,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     cache = _open_cache(args)
     try:
-        count = cache.import_(args.file)
-    except ValueError as exc:
+        count = cache.import_(args.file, disk_only=True)  # this process's memory ends with it
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    where = cache.dir if cache.on_disk else "memory (cache directory not writable)"
-    print(f"imported {count} entr{'y' if count == 1 else 'ies'} into {where}")
-    return 0 if cache.on_disk else 1
+    print(f"imported {count} entr{'y' if count == 1 else 'ies'} into {cache.dir}")
+    return 0
 
 
 # --------------------------------------------------------------------------
@@ -260,17 +259,22 @@ def cmd_pretune(args: argparse.Namespace) -> int:
             print(f"error: the program exited with status {rc}; no archive written", file=sys.stderr)
             return rc if rc > 0 else 1
         records = _used_records(Path(used))
+    if not records:
+        print("error: the program resolved no tuned kernel through lazytriton; no archive written",
+              file=sys.stderr)
+        return 1
     cache = Cache(args.cache_dir, disk=True)
     try:
         count = cache.export(args.output, records=records)
     except OSError as exc:
         print(f"error: cannot write {args.output}: {exc}", file=sys.stderr)
         return 1
+    if not count:  # every record used lost its winner's binary since
+        Path(args.output).unlink(missing_ok=True)
+        print(f"error: none of the {len(records)} tuning record(s) the program used could be archived (see the "
+              "warnings above); no archive written", file=sys.stderr)
+        return 1
     print(f"pretune: the program used {len(records)} tuned kernel specialization(s); wrote {count} "
           f"entr{'y' if count == 1 else 'ies'} to {args.output}")
-    if not records:
-        print("error: the program resolved no tuned kernel through lazytriton; the archive is empty",
-              file=sys.stderr)
-        return 1
     print(f"on every node: lazytriton cache import {args.output}")
     return 0

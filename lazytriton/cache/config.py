@@ -158,6 +158,14 @@ def capture_fallback() -> str:
     return env_choice("LAZYTRITON_CAPTURE_FALLBACK", ("record", "first_config"), "record")
 
 
+# The compute capabilities of NVIDIA GPUs (Maxwell to Blackwell), which Triton's NVIDIA backend
+# compiles for through its ptxas; a number that is none of them (7 for sm_70) fails every compile.
+NVIDIA_CAPABILITIES = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+# AMD architectures Triton's AMD backend compiles for: CDNA (gfx9xx) and RDNA (gfx10xx-gfx12xx), as
+# LLVM names them, with HIP's feature suffix (gfx942:sramecc+:xnack-) allowed.
+_AMD_ARCH = r"gfx(9[0-9][0-9a-f]|1[0-2][0-9][0-9a-f])(:[a-z0-9+:-]*)?"
+
+
 def default_arch(fallback: int | str) -> str:
     """LAZYTRITON_DEFAULT_ARCH: the target compiled for where no GPU is present: an NVIDIA compute
     capability (90, sm_90) or an AMD architecture (gfx942), as lazytriton.compile.target_for reads it."""
@@ -165,7 +173,9 @@ def default_arch(fallback: int | str) -> str:
     if raw is None:
         return str(fallback)
     value = raw.strip().lower()
-    if not re.fullmatch(r"(sm_?)?[1-9]\d*|gfx[0-9a-f]{3,4}(:[a-z0-9+:-]*)?", value):
-        raise SettingError("LAZYTRITON_DEFAULT_ARCH", raw, "an NVIDIA compute capability (90, sm_90) or an AMD "
-                           "architecture (gfx942)")
+    digits = value.removeprefix("sm_").removeprefix("sm")
+    if not (digits.isdigit() and int(digits) in NVIDIA_CAPABILITIES) and not re.fullmatch(_AMD_ARCH, value):
+        raise SettingError("LAZYTRITON_DEFAULT_ARCH", raw, "an NVIDIA compute capability, as 90 or sm_90 ("
+                           f"{', '.join(map(str, NVIDIA_CAPABILITIES))}), or an AMD architecture (gfx90a, "
+                           "gfx942, gfx950, gfx1100, gfx1201, ...)")
     return value

@@ -143,3 +143,21 @@ def flock_bounded(fd: int, what: str, timeout_s: float, sleep: Callable[[float],
         except OSError as exc:
             log.warning("cannot lock %s (%s); continuing without a cross-process lock", what, exc)
             return False
+
+
+def remove_unheld_lock(path: Path) -> bool:
+    """Remove a lock file no process holds (taken without waiting, removed while held); a held
+    one stays: its holder is still working. Removing a lock file is safe: at worst two
+    processes then do the same work (see flock_bounded)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink()
+        return True
+    except OSError:  # held by another process (or this one), gone, or locks unsupported
+        return False
+    finally:
+        os.close(fd)

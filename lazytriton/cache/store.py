@@ -107,6 +107,10 @@ def note_used_record(key: str) -> None:
 # --------------------------------------------------------------------------
 
 
+class NotWritable(OSError):
+    """The cache directory cannot be written where only the disk will do (Cache.import_(disk_only=True))."""
+
+
 class Cache:
     """On-disk (or, degraded, in-memory) store of binaries and tuning records."""
 
@@ -441,8 +445,9 @@ class Cache:
         return info.kernel_name if info else None
 
     def clear(self, kernel: Optional[str] = None) -> int:
-        """Remove all entries (or those of one kernel name); return how many."""
+        """Remove all entries (or those of one kernel name) and their lock files; return how many."""
         removed = 0
+        cleared: set[str] = set()
         for kind, key, path in list(self.all_raw()):
             if kernel is not None and self._kernel_of(kind, key, path) != kernel:
                 continue
@@ -458,6 +463,10 @@ class Cache:
                 pass
             except OSError as exc:
                 log.warning("could not remove %s: %s", path, exc)
+            cleared.add(key)
+        for path in self._list_dir(self.dir / "locks"):  # the lock files of what was removed, unless held
+            if path.name.endswith(".lock") and (kernel is None or path.name[:-len(".lock")] in cleared):
+                files.remove_unheld_lock(path)
         if kernel is None:
             self.clean_temp(max_age_s=files.STALE_TEMP_AGE_S)
         return removed
@@ -471,16 +480,27 @@ class Cache:
         Returns the number of entries exported."""
         return archive.export(self, path, kernel=kernel, records=records)
 
-    def import_(self, path: os.PathLike | str) -> int:
+    def import_(self, path: os.PathLike | str, *, disk_only: bool = False) -> int:
         """Verify every member of an archive, then install them; return the count.
 
         Nothing is installed unless the whole archive verifies.  Raises
         ValueError for an archive of another format version or one that fails
-        verification.
+        verification.  disk_only (`lazytriton cache import`, whose memory ends
+        with it): an entry that cannot be written into the cache directory
+        raises NotWritable, saying how many were imported, instead of being
+        kept in memory.
         """
         verified = archive.verify(path)
-        for kind, key, data in verified:
-            self._store_raw(kind, key, data)
+        for done, (kind, key, data) in enumerate(verified):
+            if disk_only:
+                try:
+                    self.entry_path(kind, key).parent.mkdir(parents=True, exist_ok=True)
+                    files.atomic_write(self.entry_path(kind, key), data)
+                except OSError as exc:
+                    raise NotWritable(f"cannot write into the cache directory {self.dir} ({exc.strerror or exc}): "
+                                      f"{done} of {len(verified)} entries imported") from None
+            else:
+                self._store_raw(kind, key, data)
             self._count("binary_stores" if kind == KIND_BINARY else "record_stores")
         return len(verified)
 

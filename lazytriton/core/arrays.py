@@ -62,6 +62,8 @@ def triton_dtype(dtype: Any) -> str | None:
     name = name.removeprefix("torch.").removeprefix("dtype(").strip("')\"")
     if name in DTYPE_IDS:
         return name
+    if name[:1] in ("<", "|", "=") and name[1:] in _TYPESTR:  # a __cuda_array_interface__ typestr, "<f4"
+        return _TYPESTR[name[1:]]
     return _ALIASES.get(name)
 
 
@@ -145,11 +147,14 @@ def array_info(obj: Any, what: str = "argument") -> ArrayInfo:
             raise TypeError(f"{what}: the array is in {_DLPACK_DEVICE_NAMES.get(device, 'memory')} (DLPack device "
                             f"type {device}), not in CUDA device memory, so a Triton kernel cannot read it: copy it "
                             "to the GPU first")
+    # An object with __cuda_array_interface__ but no .dtype: the interface's typestr says it
+    # (array_reads.h reads it the same way).
     dtype = triton_dtype(obj.dtype) if hasattr(obj, "dtype") else None
-    if dtype is None and cai is not None:
-        dtype = _TYPESTR.get(cai["typestr"][1:])
+    if dtype is None and cai is not None and not hasattr(obj, "dtype"):
+        dtype = triton_dtype(str(cai.get("typestr", "")))
     if dtype is None:
-        raise TypeError(f"{what}: unsupported dtype {getattr(obj, 'dtype', '?')!r} for a Triton kernel")
+        raise TypeError(f"{what}: unsupported dtype "
+                        f"{getattr(obj, 'dtype', None) or (cai or {}).get('typestr', '?')!r} for a Triton kernel")
     return ArrayInfo(ptr, dtype, _nbytes(obj))
 
 

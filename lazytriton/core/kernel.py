@@ -74,7 +74,7 @@ class LazyKernel(_core.LaunchBase):
         self.spec: KernelSpec = describe(kernel)
         self.name = self.spec.name
         self._cache = cache
-        self.tune_options = tune_options or TuneOptions()
+        self.tune_options = TuneOptions.given(tune_options, f"kernel {self.name}")
         supplied = {k for c in self.spec.configs for k in c.kwargs} | self.spec.heuristic_names()
         self._supplied = supplied
         self.call_params = [p for p in self.spec.params if p.name not in supplied]
@@ -280,6 +280,7 @@ class LazyKernel(_core.LaunchBase):
                 raise TypeError(f"kernel {self.name}: unexpected keyword argument {k!r}")
             if self.spec.autotuned:
                 raise TypeError(f"kernel {self.name}: {k}= is set by the autotune configs")
+            specialize.check_option(k, kwargs[k], f"kernel {self.name}")
         extra = ()
         if kwargs:  # compile options: one interned token, so the stub keys it by identity
             opts = tuple(sorted(kwargs.items()))
@@ -425,11 +426,11 @@ class LazyKernel(_core.LaunchBase):
         except Exception as exc:
             if str(exc).startswith(f"kernel {self.name}"):
                 raise
-            try:  # same exception type, message naming the kernel
+            try:  # same exception type, message naming the kernel, raised where the original was
                 wrapped = type(exc)(f"kernel {self.name}: {exc}")
             except Exception:
                 raise exc from None
-            raise wrapped from exc
+            raise wrapped.with_traceback(exc.__traceback__) from None
 
 
 _EMPTY = inspect.Parameter.empty
@@ -447,9 +448,20 @@ def _ahead():
     return _ahead_pool
 
 
-def kernel(fn: Any = None, **kw) -> LazyKernel:
-    """Wrap a Triton kernel (jit / autotune / heuristics) for lazy, tuned launches.
-    Usable as `lazytriton.kernel(fn)` or as a decorator above @triton.autotune."""
+def kernel(fn: Any = None, *, cache: Cache | None = None, tune_options: TuneOptions | None = None) -> LazyKernel:
+    """Wrap a Triton kernel for lazy, tuned launches: `k = lazytriton.kernel(fn)`, then
+    `k[grid](*args, stream=None, **kwargs)` or `k.run(*args, grid=, stream=None, **kwargs)`.
+
+    fn: a @triton.jit (or Gluon @gluon.jit) function, under @triton.autotune and/or
+    @triton.heuristics in either order. Nothing compiles here; the first call of each
+    specialization compiles the candidate configs and tunes them on that call's arguments.
+    Usable as a decorator too, above @triton.autotune: `@lazytriton.kernel()` or with the
+    keywords below.
+    cache: the lazytriton.cache.Cache winners are kept in (default: the one of
+    $LAZYTRITON_CACHE_DIR, ~/.cache/lazytriton).
+    tune_options: a lazytriton.TuneOptions, how candidates are timed (its docstring).
+    """
+    kw = {"cache": cache, "tune_options": tune_options}
     if fn is None:
         return lambda f: LazyKernel(f, **kw)
     return LazyKernel(fn, **kw)

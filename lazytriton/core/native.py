@@ -223,16 +223,21 @@ def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flag
         cmd = compile_command(src, tmp, extra_flags)
         if background and shutil.which("nice"):
             cmd = ["nice", "-n", "10", *cmd]
+        # The compiler's own temp files (cc*.s, cc*.o) in a directory of the build's, removed with
+        # its output: a compiler stopped at exit (_stop_builds) cannot remove them from $TMPDIR.
+        work = _work_dir(tmp)
+        env = dict(os.environ, TMPDIR=str(work))
         log.info("building %s", what)
         t0 = time.perf_counter()
         try:
             with _lock:
                 if _exiting:
                     raise RuntimeError(f"{what}: not built, the process is exiting")
+                work.mkdir()
                 # A session of its own: stopping the build stops the compiler's children too.
                 _in_flight[str(tmp)] = proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                                                stderr=subprocess.PIPE, text=True,
-                                                               start_new_session=True)
+                                                               start_new_session=True, env=env)
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise RuntimeError(f"building {what} failed:\n{' '.join(cmd)}\n{err[-4000:]}")
@@ -242,9 +247,23 @@ def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flag
         finally:
             with _lock:
                 _in_flight.pop(str(tmp), None)
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            _remove(tmp)
+            _remove(work)
         log.info("built %s in %.2fs", what, time.perf_counter() - t0)
+
+
+def _work_dir(tmp: Path) -> Path:
+    """The compiler's temp directory of the build writing `tmp` (a _TEMP name: swept like it)."""
+    return tmp.with_name(tmp.name[:-len(_TEMP)] + ".work" + _TEMP)
+
+
+def _remove(path: Path) -> None:
+    """A temp file or directory of a build, if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def _build_detached(name: str, source: Callable[[], str], so: Path, what: str, extra_flags: tuple[str, ...],
@@ -285,8 +304,7 @@ def _sweep(so: Path) -> None:
     """Under the build lock of `so`: its temp files are a dead build's; once
     per directory, any temp file older than an hour is too."""
     for f in so.parent.glob(f".{so.name}.*{_TEMP}"):
-        with contextlib.suppress(FileNotFoundError):
-            f.unlink()
+        _remove(f)
     if so.parent in _swept:
         return
     _swept.add(so.parent)
@@ -294,7 +312,7 @@ def _sweep(so: Path) -> None:
     for f in so.parent.glob(f"*{_TEMP}"):
         with contextlib.suppress(FileNotFoundError):
             if now - f.stat().st_mtime > files.STALE_TEMP_AGE_S:
-                f.unlink()
+                _remove(f)
 
 
 @atexit.register
@@ -310,8 +328,8 @@ def _stop_builds() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the driver and cc1plus, as, ld under it
             proc.wait()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _remove(Path(tmp))
+        _remove(_work_dir(Path(tmp)))
 
 
 def is_built(name: str, tag: str = "") -> bool:

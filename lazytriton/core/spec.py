@@ -14,6 +14,7 @@ from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction
 
 from . import pre_hooks
+from .specialize import OPTION_NAMES, check_option
 
 
 class KernelSpecError(ValueError):
@@ -218,6 +219,13 @@ def _validate(spec: KernelSpec) -> None:
             # matrix_instr_nonkdim, kpack): Triton's binder takes it as an option, so does lazytriton's.
             if k not in names and k not in backend_option_names():
                 raise KernelSpecError(f"kernel {spec.name}: config {i} sets {k!r}, which is not a parameter")
+        options = {k: getattr(cfg, k, None) for k in ("num_warps", "num_stages", "num_ctas", "maxnreg")}
+        options.update((k, v) for k, v in cfg.kwargs.items() if k in OPTION_NAMES)
+        for k, v in options.items():
+            try:
+                check_option(k, v, f"kernel {spec.name}: config {i}")
+            except (TypeError, ValueError) as exc:
+                raise KernelSpecError(str(exc)) from None
     try:
         pre_hooks.check(spec)
     except pre_hooks.HookRefused as exc:

@@ -376,3 +376,29 @@ OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "laun
 # as constexprs (kOptionNames in csrc/embed/bundle_kernel.cc), plus the AMD ones.
 JAX_OPTION_NAMES = tuple(n for n in OPTION_NAMES if n not in ("ir_override", "launch_cooperative_grid"))
 BUNDLE_OPTION_NAMES = tuple(n for n in JAX_OPTION_NAMES if n != "enable_fp_fusion")
+
+# The value each compile option takes (the fields of Triton's CUDAOptions / HIPOptions); None
+# is the backend's default. Checked where the option is given: Triton would fail on a wrong
+# one only inside the first compile, with an error that names neither the kernel nor the option.
+_INT_OPTIONS = {"num_warps": 1, "num_stages": 0, "num_ctas": 1, "maxnreg": 1, "waves_per_eu": 0,
+                "matrix_instr_nonkdim": 0, "kpack": 0}  # name -> the least value it takes
+_BOOL_OPTIONS = ("debug", "launch_pdl", "enable_fp_fusion", "launch_cooperative_grid")
+
+
+def check_option(name: str, value: Any, what: str) -> None:
+    """Refuses a compile option's value that no compile could take; `what` names the kernel
+    (and the face), e.g. "kernel add"."""
+    if value is None:
+        return
+    if name in _INT_OPTIONS:
+        least = _INT_OPTIONS[name]
+        takes = "an int, a power of 2" if name == "num_warps" else f"an int >= {least}"
+        if type(value) is bool or not isinstance(value, int):
+            raise TypeError(f"{what}: {name}={value!r}: {name} takes {takes}")
+        if value < least or (name == "num_warps" and value & (value - 1)):
+            raise ValueError(f"{what}: {name}={value!r}: {name} takes {takes}")
+    elif name in _BOOL_OPTIONS:
+        if not isinstance(value, int):  # Triton reads these for their truth
+            raise TypeError(f"{what}: {name}={value!r}: {name} takes True or False")
+    elif name == "ir_override" and not isinstance(value, str):
+        raise TypeError(f"{what}: ir_override={value!r}: ir_override takes the name of an IR file (a str)")

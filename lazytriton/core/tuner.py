@@ -20,6 +20,17 @@ log = logging.getLogger("lazytriton.core.tuner")
 
 @dataclass
 class TuneOptions:
+    """How a kernel's candidates are timed on the first call of a specialization
+    (`lazytriton.kernel(fn, tune_options=TuneOptions(target_ms=10))`).
+
+    First pass, per candidate: `warmup` untimed launches, then timed launches for
+    about `target_ms` milliseconds (at least `min_reps`, at most `max_reps`), the
+    L2 cache flushed before each when `flush_l2` says so (None: when the call's
+    buffers fit in L2; LAZYTRITON_FLUSH_L2 sets the default). Second pass: the
+    candidates within `retime_within` (a fraction) of the best, at most
+    `retime_top` of them, timed again with their launches interleaved, about
+    `retime_target_ms` each (at most `retime_max_reps` launches). The values are
+    checked when the options are made and when a kernel takes them."""
     warmup: int = 2
     target_ms: float = 25.0  # timed budget per candidate in the first pass
     min_reps: int = 5
@@ -38,10 +49,46 @@ class TuneOptions:
     retime_target_ms: float = 20.0
     retime_max_reps: int = 200
 
+    def __post_init__(self):
+        self._check("TuneOptions")
+
+    @classmethod
+    def given(cls, options: Any, what: str) -> "TuneOptions":
+        """The options a kernel was given (None: the defaults), checked; `what` names the kernel."""
+        if options is None:
+            return cls()
+        if not isinstance(options, cls):
+            raise TypeError(f"{what}: tune_options takes a lazytriton.TuneOptions (TuneOptions(target_ms=10)), "
+                            f"got {type(options).__name__} {options!r}")
+        options._check(f"{what}: tune_options")  # again: a field may have been set since
+        return options
+
+    def _check(self, what: str) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "flush_l2":
+                ok = v is None or isinstance(v, bool)
+                takes = "True, False or None (auto)"
+            elif f.name in _INT_FIELDS:
+                ok = isinstance(v, int) and not isinstance(v, bool) and v >= _INT_FIELDS[f.name]
+                takes = f"an int >= {_INT_FIELDS[f.name]}"
+            else:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v
+                takes = "a number >= 0" + (" (milliseconds)" if f.name.endswith("_ms") else "")
+            if not ok:
+                raise (TypeError if not isinstance(v, (int, float)) or isinstance(v, bool) else ValueError)(
+                    f"{what}: {f.name}={v!r}: {f.name} takes {takes}")
+        if self.min_reps > self.max_reps:
+            raise ValueError(f"{what}: min_reps={self.min_reps} is more than max_reps={self.max_reps}")
+
     def as_dict(self, flush_l2: bool | None = None) -> dict:
         flush = self.flush_l2 if flush_l2 is None else flush_l2
         return dict(warmup=self.warmup, target_ms=self.target_ms, min_reps=self.min_reps,
                     max_reps=self.max_reps, flush_l2=bool(flush))
+
+
+# TuneOptions' int fields and the least value each takes.
+_INT_FIELDS = {"warmup": 0, "min_reps": 1, "max_reps": 1, "retime_top": 1, "retime_max_reps": 1}
 
 
 @dataclass
@@ -126,6 +173,7 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
     `candidates` may be a stream (compiler.compile_stream): trials start as soon
     as two candidates are ready, while the others still compile. A lone
     candidate that compiles is never timed."""
+    options = TuneOptions.given(options, f"kernel {kernel_name}")  # k.tune_options may be set after wrapping
     seen: list[Candidate] = []
     ok: list[Candidate] = []
     zero = _buffers(arrays, reset_to_zero)

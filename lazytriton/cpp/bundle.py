@@ -36,7 +36,7 @@ from ..core.arrays import is_array
 from ..cache import atomic_write
 from ..core.spec import KernelSpec, ReadRecorder
 from ..core.spec import describe as describe_spec
-from ..core.specialize import BUNDLE_OPTION_NAMES
+from ..core.specialize import BUNDLE_OPTION_NAMES, check_option
 
 log = logging.getLogger("lazytriton.cpp.bundle")
 
@@ -331,6 +331,8 @@ def bind(desc: dict, args: tuple, kwargs: dict) -> tuple[list, dict]:
     if bad:
         raise TypeError(f"kernel {desc['name']}: unexpected keyword argument(s) {bad}"
                         + (" (chosen by its configs or heuristics)" if set(bad) & set(desc["supplied"]) else ""))
+    for k, v in kwargs.items():
+        check_option(k, v, f"kernel {desc['name']}")
     return values, kwargs
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from . import bundle
 from ..core import tuples
 from ..core.spec import describe as describe_spec
-from ..core.specialize import BUNDLE_OPTION_NAMES, CTYPES, INT_TYPES
+from ..core.arrays import DTYPE_IDS, DTYPES
+from ..core.specialize import BUNDLE_OPTION_NAMES, CTYPES, FLOAT_TYPES, INT_CLASSES, INT_TYPES, check_option
 
 # The C++ type a typed stub takes each scalar as: an integer as packed; tl.int1 as bool;
 # half-precision floats as double: converted once, from the double, as Triton's launcher
@@ -70,11 +71,17 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
     name = desc["name"]
     types = tuples.split_top(signature)  # a tuple argument is one entry, "[*fp32,[i32,fp32]]"
     names = {p["name"] for p in desc["params"]}
-    for k in constexprs:
+    defaults = {p["name"]: p.get("default") for p in desc["params"]}
+    for k, v in constexprs.items():
         if k in desc["supplied"]:
             raise ValueError(f"kernel {name}: {k} is chosen by its autotune configs or heuristics; do not pass it")
         if k not in names and k not in BUNDLE_OPTION_NAMES:
             raise ValueError(f"kernel {name}: no parameter named {k!r} (parameters: {', '.join(sorted(names))})")
+        if k in BUNDLE_OPTION_NAMES and k not in names:
+            check_option(k, v, f"kernel {name}")
+        elif isinstance(v, Word) and not isinstance(defaults.get(k), str):
+            raise ValueError(f"kernel {name}: --constexpr {k}={v}: {v} is not a number, True, False or None; a "
+                             f"string is quoted (--constexpr \"{k}='{v}'\")")
     runtime = [p for p in desc["params"] if not p["constexpr"] and p["name"] not in constexprs]
     for p in desc["params"]:
         if p["constexpr"] and p["name"] not in constexprs and "default" not in p:
@@ -87,12 +94,32 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
         # A tuple argument: one C++ parameter per element, in order (xs[1][0] -> xs_1_0).
         for sub, t in tuples.leaves(tuples.parse_type(entry)):
             leaf = tuples.leaf_name(p["name"], sub)
-            if not (t.startswith("*") or t in CPP_TYPES or _DESC_TYPE.fullmatch(t)):
+            desc_type = _DESC_TYPE.fullmatch(t)
+            if not (t.startswith("*") or t in CPP_TYPES or desc_type):
                 raise ValueError(f"kernel {name}, argument {leaf}: unknown type {t!r} in the signature")
+            # As the C++ binder (csrc/embed/bundle_kernel.cc) would refuse it at the first launch.
+            element = t[1:] if t.startswith("*") else desc_type.group(1) if desc_type else None
+            if element is not None and element not in DTYPE_IDS:
+                raise ValueError(f"kernel {name}, argument {leaf}: unknown element type in {t!r} (a Triton dtype: "
+                                 f"{', '.join(DTYPES[:13])}, ...)")
             if sub and p["annotation"]:
                 raise ValueError(f"kernel {name}, argument {p['name']}: annotated {p['annotation']}, not a tuple")
+            if t in CPP_TYPES:
+                _check_scalar(name, leaf, t, "" if sub else p["annotation"])
             out.append((p["name"] + "".join(f"_{i}" for i in sub), t))
     return out
+
+
+def _check_scalar(name: str, leaf: str, t: str, annotation: str) -> None:
+    """A scalar's type in the signature, as Triton types its value (bundle_kernel.cc checks the same)."""
+    if annotation and annotation != t:
+        raise ValueError(f"kernel {name}, argument {leaf}: annotated {annotation} in the kernel, but the signature "
+                         f"says {t}")
+    if not annotation and t in INT_TYPES and t not in INT_CLASSES:
+        raise ValueError(f"kernel {name}, argument {leaf}: an unannotated int is i32, i64 or u64 (Triton's class of "
+                         f"its value), not {t}")
+    if not annotation and t in FLOAT_TYPES and t != "fp32":
+        raise ValueError(f"kernel {name}, argument {leaf}: an unannotated float is passed as fp32, not {t}")
 
 
 _ADDRESS_OPS = {"load", "store", "make_block_ptr", "make_tensor_descriptor", "atomic_add", "atomic_and",
@@ -266,8 +293,13 @@ def export(kernel: str, signature: str, constexprs: dict | None = None, out_dir:
     return [h, cc]
 
 
+class Word(str):
+    """A --constexpr value that is no Python literal (BLOCK=abc): taken as a string only for a
+    constexpr whose default is a string (runtime_params), else refused."""
+
+
 def parse_constexpr(text: str) -> tuple[str, Any]:
-    """NAME=VALUE with VALUE a Python literal (1024, 2.5, True, None, 'x'); else a string."""
+    """NAME=VALUE with VALUE a Python literal (1024, 2.5, True, None, 'x'); else a Word."""
 
     name, sep, value = text.partition("=")
     if not sep or not name.strip():
@@ -275,7 +307,7 @@ def parse_constexpr(text: str) -> tuple[str, Any]:
     try:
         return name.strip(), ast.literal_eval(value.strip())
     except (ValueError, SyntaxError):
-        return name.strip(), value.strip()
+        return name.strip(), Word(value.strip())
 
 
 def cli_main(args) -> int:
@@ -284,6 +316,10 @@ def cli_main(args) -> int:
         files = export(args.kernel, args.signature, constexprs, args.out_dir, args.function, args.path)
     except (ValueError, TypeError, ImportError, AttributeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # --out-dir cannot be made or written
+        print(f"error: cannot write the launch functions into --out-dir {args.out_dir}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
         return 1
     for f in files:
         print(f)

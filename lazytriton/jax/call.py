@@ -16,7 +16,7 @@ from . import ffi as jax_ffi
 from ..core import tuples
 from ..core.arrays import DTYPE_IDS, triton_dtype
 from ..core.spec import PreHookRefused, describe
-from ..core.specialize import JAX_OPTION_NAMES
+from ..core.specialize import JAX_OPTION_NAMES, check_option
 from .primitive import is_ref, triton_call_p
 from .site import describe_call
 from .types import Call, TensorDescriptor, hook_refusal
@@ -129,7 +129,10 @@ def _options(label: str, backend_options: dict | None, **explicit) -> dict:
                              f"({', '.join(JAX_OPTION_NAMES)})")
         if not isinstance(v, (bool, int, str)):
             raise TypeError(f"{label}: backend_options[{k!r}] must be a bool, int or str, got {v!r}")
-    return {**backend_options, **explicit}
+    options = {**backend_options, **explicit}
+    for k, v in options.items():
+        check_option(k, v, label)
+    return options
 
 
 class _Frozen(dict):
@@ -167,10 +170,10 @@ def _out_type(leaf: Any, label: str):
     """One output's type: any object with .shape and .dtype (an array, a jax.ShapeDtypeStruct)."""
     try:
         return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
-    except (AttributeError, TypeError) as exc:
+    except (AttributeError, TypeError):
         raise TypeError(f"{label}: out_type takes a pytree of objects with .shape and .dtype (arrays, "
                         f"jax.ShapeDtypeStruct((4096,), jnp.float32)), one per output; it holds {leaf!r} "
-                        f"({type(leaf).__name__})") from exc
+                        f"({type(leaf).__name__})") from None
 
 
 def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases: dict) -> Call:

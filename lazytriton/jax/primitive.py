@@ -114,6 +114,24 @@ mlir.register_lowering(triton_call_p, _lowering, platform="cuda")
 mlir.register_lowering(triton_call_p, _lowering, platform="rocm")  # the same handler, over HIP
 
 
+class NeedsGpu(NotImplementedError):
+    """A triton_call lowered for a platform that cannot run Triton kernels (the CPU)."""
+
+
+def _no_gpu_lowering(ctx, *operands, name, **_):
+    # Instead of JAX's "MLIR translation rule ... not found for platform cpu": what is needed, and
+    # what works without it (lowering for CUDA compiles nothing, so it needs no GPU).
+    platforms = ", ".join(getattr(ctx.module_context, "platforms", None) or ["cpu"])
+    raise NeedsGpu(
+        f"{name}: a Triton kernel runs on a CUDA or ROCm GPU, and JAX is lowering this call for {platforms} "
+        "(jax.devices() has no GPU here, or the computation was placed on the CPU). Install jax with a CUDA or "
+        "ROCm plugin on a GPU machine; without a GPU, jax.jit(f).trace(...).lower(lowering_platforms=(\"cuda\",)) "
+        "lowers the call (it compiles nothing until it runs on a GPU).")
+
+
+mlir.register_lowering(triton_call_p, _no_gpu_lowering, platform="cpu")
+
+
 def _jvp(primals, tangents, *, name, **_):
     raise NotImplementedError(
         f"{name} cannot be differentiated (as in jax-triton: jax_triton.triton_call does not support automatic "

@@ -478,7 +478,7 @@ def bundle_face(calls: int, seed: int, templates: int, kernels, exe: str, report
 
     from lazytriton.cpp.bundle import Bundle
 
-    d = Path(tempfile.mkdtemp(prefix="lt-diff-bundle-"))
+    d = Path(tempfile.mkdtemp(prefix="lt-diff-bundle-", dir=Path.cwd()))  # the test's directory, not $TMPDIR
     bundle, lines, refs = Bundle(d / "bundle"), [], []
     for name, grid_n in BUNDLE_GRIDS.items():
         if kernels and name not in kernels:

@@ -36,7 +36,9 @@ except ImportError:  # pragma: no cover
 SM90 = GPUTarget("cuda", int(os.environ.get("FAKE_CUDA_CC", "90")), 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 LOG = os.environ["FAKE_CUDA_LOG"]
-BUNDLE = os.environ.get("FAKE_CUDA_BUNDLE_EXE") and tempfile.mkdtemp(prefix="lt-bundle-")
+# Beside the probe's output (the test's own directory): nothing is left in the temp directory.
+BUNDLE = os.environ.get("FAKE_CUDA_BUNDLE_EXE") and tempfile.mkdtemp(prefix="lt-bundle-",
+                                                                      dir=Path(sys.argv[1]).resolve().parent)
 BASE = 0x7F0000000000
 # What Triton's launcher gets from triton.set_allocator for a kernel's global scratch (Gluon's
 # device-side descriptors); lazytriton carves its own, so tests compare that parameter apart.
