@@ -237,7 +237,7 @@ def _copy_future(dst: cf.Future, src: cf.Future) -> None:
 
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
-                   max_workers: int | None = None, key=None) -> Iterator[Candidate]:
+                   max_workers: int | None = None, key=None, wait_for_server: bool = False) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
     start on the first. With the compile server (compile_pool), Triton's front
@@ -246,7 +246,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     (ir_text); max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles whole
     candidates on threads of this process. `key(c)` (a compile key) lets
     streams of this process share compiles: a candidate that another stream
-    is compiling is waited for, not compiled again."""
+    is compiling is waited for, not compiled again. Candidates reached while
+    the compile server still starts compile on threads here, unless
+    `wait_for_server` (background compiles, which no caller waits for)."""
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -294,7 +296,8 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         threads = cf.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
                                         thread_name_prefix="lazytriton-compile")
         pool.start()  # warming up for the candidates to come, if nothing started it yet
-        threading.Thread(target=_front_ends, args=(spec, target, pool, threads, todo, outer, stop),
+        threading.Thread(target=_front_ends, args=(spec, target, pool, None if wait_for_server else threads, todo,
+                                                   outer, stop),
                          name="lazytriton-front-end", daemon=True).start()
     else:
         log.info("kernel %s: compiling %d candidate(s) for %s in this process", spec.name, len(todo),
@@ -348,18 +351,21 @@ def _share(item: tuple[str, cf.Future] | None, c: Candidate | None) -> None:
         fut.set_exception(compile_pool.CompileFailed(c.error or "no binary"))
 
 
-def _front_ends(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor, todo: list[Candidate],
+def _front_ends(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor | None, todo: list[Candidate],
                 outer: dict, stop: threading.Event) -> None:
     """Runs on one thread: each candidate's front end in turn (it holds the
     GIL: more threads would not run them faster), handing each to the compile
     server as soon as its TTIR is ready; while the server is not ready yet, a
-    candidate compiles whole on `threads` instead. `outer[id(c)]` gets the result."""
+    candidate compiles whole on `threads` instead (None: it waits for the
+    server). `outer[id(c)]` gets the result."""
     for c in todo:
         fut: cf.Future = outer[id(c)]
         if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
             fut.cancel()
             continue
-        if not pool.ready():
+        if threads is None:
+            pool.wait_ready()
+        elif not pool.ready():
             c.extra["compiled_in"] = "thread"
             threads.submit(_compile_here, spec, target, c).add_done_callback(functools.partial(_forward, fut, 0.0))
             continue

@@ -205,6 +205,10 @@ def compile_ahead(descriptor: str, nbytes: list[int]) -> None:
     Failures are left to the first execution, which compiles and reports."""
     if not config.compile_ahead() or not cuda_present():
         return
+    from .. import distributed
+
+    if distributed.agreement() is not None:  # one process of the job compiles and tunes; the others receive
+        return
 
     def run():
         try:
