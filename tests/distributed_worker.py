@@ -53,9 +53,11 @@ def barrier(name):
     client.wait_at_barrier(f"test/{name}", 60_000)
 
 
-def tuner(name, delay=0.3, hang_after_claim=None, fail=False, key=None):
+def tuner(name, delay=0.3, hang_after_claim=None, fail=False, key=None, hang_until=None):
     """local(), adopt() and cached() for one scenario, recording what ran; a
-    resolved or adopted winner is persisted under `key` in this rank's cache."""
+    resolved or adopted winner is persisted under `key` in this rank's cache.
+    hang_until: the claimant's "tune" lasts until that key is set (another rank's
+    doing), not a number of seconds that a loaded machine may stretch."""
     seen = {"local": 0, "adopt": 0, "binaries": []}
     path = os.path.join(cache_dir, f"{key}.json") if key else None
 
@@ -66,6 +68,9 @@ def tuner(name, delay=0.3, hang_after_claim=None, fail=False, key=None):
             with open(os.path.join(outdir, f"tuning{rank}"), "w") as f:  # tell the test (it may kill us)
                 f.write(str(os.getpid()))
             time.sleep(hang_after_claim)
+        if hang_until is not None:
+            client.key_value_set(f"test/{name}/claimed", str(rank))
+            client.blocking_key_value_get(hang_until, 120_000)
         time.sleep(delay)
         if fail:
             raise RuntimeError(f"rank {rank}: every candidate config failed")
@@ -106,7 +111,7 @@ def scenario(name, key, agreement, call=True, end_barrier=True, **kw):
     before = ld.stats()
     out = {"called": call}
     if call:
-        if kw.get("hang_after_claim") is None and name in WAIT_FOR_CLAIM:
+        if kw.get("hang_after_claim") is None and kw.get("hang_until") is None and name in WAIT_FOR_CLAIM:
             client.blocking_key_value_get(f"test/{name}/claimed", 60_000)
         t0 = time.monotonic()
         try:
@@ -211,14 +216,17 @@ else:
     scenario("fail", "a5" * 32, quick if rank != 1 else ld.Agreement(store, rank, n, timeout_s=60.0),
              fail=rank == 1, hang_after_claim=0.0 if rank == 1 else None)
 
-    # 6. A deterministic fake clock: each unanswered wait "lasts" 100 s; the 600 s timeout is
-    #    reached after exactly 6 waits, in well under a real second per wait.
+    # 6. A deterministic fake clock: each unanswered wait of the first round "lasts" 100 s; the
+    #    600 s timeout is reached after exactly 6 waits, in well under a real second per wait.
+    #    Nothing here depends on how fast the machine is: the claimant (rank 3) "tunes" until
+    #    the taker has published, and the waits of the second round (for the taker's winner)
+    #    "last" 1 s each, so that round outlasts the taker's resolution under any load.
     class Clock:
         def __init__(self):
             self.t = 0.0
 
     class SteppingStore:
-        """JAX's store, with the fake clock moved 100 s per wait that ends unanswered."""
+        """JAX's store, with the fake clock moved per wait that ends unanswered."""
 
         def __init__(self, real, clock):
             self.real, self.clock, self.waits = real, clock, 0
@@ -228,15 +236,24 @@ else:
 
         def get(self, key, timeout_s):
             value = self.real.get(key, timeout_s)
-            if value is None:
-                self.waits += 1
-                self.clock.t += 100.0
-            return value
+            # In the first round nothing can have been published by fake time: the claimant hangs
+            # and the taker publishes after its own 600 s. A rank slow to wait (a loaded machine)
+            # may find the taker's winner already there in real time; it has not seen it yet.
+            if value is not None and self.clock.t >= 600.0:
+                return value
+            self.waits += 1
+            self.clock.t += 100.0 if self.clock.t < 600.0 else 1.0
+            return None
 
     clock = Clock()
     stepping = SteppingStore(store, clock)
     fake = ld.Agreement(stepping, rank, n, timeout_s=600.0, clock=lambda: clock.t, slice_s=0.05)
-    scenario("fake_clock", "a6" * 32, fake, hang_after_claim=3.0 if rank == 3 else None, delay=0.0)
+    took_over = ld.stats()["takeovers"]
+    scenario("fake_clock", "a6" * 32, fake, hang_until="test/fake_clock/published" if rank == 3 else None,
+             delay=0.0, end_barrier=False)
+    if ld.stats()["takeovers"] > took_over:  # the taker's winner is published: the claimant may finish
+        client.key_value_set("test/fake_clock/published", str(rank))
+    barrier("fake_clock/done")
     results["fake_clock"]["waits"] = stepping.waits
     results["fake_clock"]["clock"] = clock.t
 

@@ -147,12 +147,15 @@ def test_timeout_measured_with_a_fake_clock(job):
     for r in (0, 1, 2):
         run = runs[r]
         # 600 s of fake time = exactly 6 unanswered waits of "100 s" each, then a takeover
-        # whose winner arrives within the next round (< 6 more waits).
-        assert 6 <= run["waits"] < 12 and 600.0 <= run["clock"] < 1200.0, (run["waits"], run["clock"])
+        # whose winner arrives within the next round (its waits "last" 1 s: < 600 more).
+        assert run["waits"] == 6 if r == takers[0] else 6 <= run["waits"] < 606, (r, run["waits"])
+        assert 600.0 <= run["clock"] < 1200.0, run["clock"]
         assert sum("still waiting" in line for line in run["logs"]) >= 6
         assert any("after 600 s" in line for line in run["logs"])
         assert run["stats"]["timeouts"] == 1 and run["local"] == (r == takers[0])
-        assert run["elapsed"] < 2.5  # real time: a dozen 0.05 s waits + the stand-in tuning
+        # Real time: 0.05 s waits and the stand-in tuning, not the 600 s the clock says (loose:
+        # a machine under load stretches every wait).
+        assert run["elapsed"] < 60
 
 
 def test_late_rank_takes_the_published_choice_at_once(job):

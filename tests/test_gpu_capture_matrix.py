@@ -42,6 +42,7 @@ def _rows():
             garbage and fallback == "first_config" and tool == "memcheck" and cmd == "on")
         if full or fast:
             rows.append(pytest.param(cmd, alloc, fallback, garbage, tool,
+                                     marks=[pytest.mark.slow] if tool == "memcheck" else [],  # minutes each
                                      id=f"cmdbuf_{cmd}-{alloc}-fallback_{fallback}-{'garbage' if garbage else 'clean'}-{tool}"))
     return rows
 

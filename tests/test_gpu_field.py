@@ -162,9 +162,24 @@ def run_both(faces: Faces, call, ref_outputs: tuple):
     return ours, theirs
 
 
-def sequence(rng: random.Random, variants: list, steps: int = STEPS, first: list | None = None) -> list:
-    """`first` in order, then random variants (seeded): one process, one kernel object."""
-    return list(first or []) + [rng.choice(variants) for _ in range(max(0, steps - len(first or [])))]
+# A sequence's calls are split over PARTS tests (`part`: each its own seed and kernel objects), so
+# that pytest-xdist runs them side by side: one sequence of 12 calls, each compiling lazytriton's and
+# the upstream's new specializations, ran for minutes on one worker of `pytest -n 14`.
+PARTS = 1 if QUICK else int(os.environ.get("LAZYTRITON_FIELD_PARTS", "3"))
+parts = pytest.mark.parametrize("part", range(PARTS))
+
+
+def seeded(part: int) -> tuple[random.Random, int]:
+    """This part's variant chooser and data seed (part 0: those of the unsplit sequence)."""
+    return random.Random(SEED + 7919 * part), SEED + part
+
+
+def sequence(rng: random.Random, variants: list, steps: int = STEPS, first: list | None = None,
+             part: int = 0) -> list:
+    """This part's share of a sequence of `steps` calls: `first` in order (part 0), then random
+    variants (seeded): one process, one kernel object."""
+    head = list(first or []) if part == 0 else []
+    return head + [rng.choice(variants) for _ in range(max(0, -(-steps // PARTS) - len(head)))]
 
 
 # TransformerEngine: make_row_id_map (3 kernels) + permute_with_mask_map + unpermute_with_mask_map
@@ -237,33 +252,35 @@ def test_te_permutation_pad_offsets_none_then_tensor(te):
         te_step(faces, te, gen, **te_variant(pad=pad), label=f"call {i} pad_offsets={'tensor' if pad else None}")
 
 
-def test_te_permutation_sequence(te):
+@parts
+def test_te_permutation_sequence(te, part):
     faces = Faces(*TE_KEYS, where=te)
-    gen = torch.Generator(device="cuda").manual_seed(SEED + 1)
-    rng = random.Random(SEED)
+    rng, seed = seeded(part)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     variants = [te_variant(pad=pad, probs=probs, scale=scale, merging=merging, dtype=dt, T=T, E=E, H=H, topk=k)
                 for pad in (False, True) for probs in (False, True) for scale in (False, True)
                 for merging in (False, True) for dt in DTYPES
                 for (T, E, H, k) in ((7, 4, 64, 1), (37, 8, 1000, 2), (300, 16, 4096, 4), (1, 8, 129, 8))]
-    for i, v in enumerate(sequence(rng, variants, steps=STEPS + 4)):
+    for i, v in enumerate(sequence(rng, variants, steps=STEPS + 4, part=part)):
         te_step(faces, te, gen, **v, label=f"step {i} {v}")
 
 
 # Liger-Kernel: rms_norm, layer_norm, swiglu, cross_entropy, rope forward wrappers
 
-def test_liger_rms_norm_sequence():
+@parts
+def test_liger_rms_norm_sequence(part):
     mod = upstream.liger("rms_norm")
     from field import refs
     faces = Faces("liger._rms_norm_forward_kernel", "liger._block_rms_norm_forward_kernel")
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    rng = random.Random(SEED)
+    rng, seed = seeded(part)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     # (rows, cols): small, odd, one wide row, and many narrow rows (the block kernel: > 32768 rows, cols <= 256)
     variants = [dict(w=w, dtype=dt, shape=sh, mode=mode, offset=off, row_mode=rm)
                 for w in (False, True) for dt in DTYPES for sh in ((4, 64), (37, 1000), (2, 8192), (40000, 128))
                 for mode in ("llama", "gemma", "none") for off in (0.0, 1.0) for rm in (None, True)]
     first = [dict(w=False, dtype=torch.bfloat16, shape=(37, 1000), mode="llama", offset=0.0, row_mode=None),
              dict(w=True, dtype=torch.bfloat16, shape=(37, 1000), mode="llama", offset=0.0, row_mode=None)]
-    for i, v in enumerate(sequence(rng, variants, first=first)):
+    for i, v in enumerate(sequence(rng, variants, first=first, part=part)):
         n, d = v["shape"]
         x = torch.randn(n, d, device="cuda", generator=gen).to(v["dtype"])
         w = (torch.randn(d, device="cuda", generator=gen) * 0.5 + 1).to(v["dtype"]) if v["w"] else None
@@ -277,15 +294,16 @@ def test_liger_rms_norm_sequence():
             same(ours, theirs, f"step {i} {v}: vs Liger's own launch", True)
 
 
-def test_liger_layer_norm_swiglu_sequence():
+@parts
+def test_liger_layer_norm_swiglu_sequence(part):
     ln, sw = upstream.liger("layer_norm"), upstream.liger("swiglu")
     from field import refs
     faces = Faces("liger._layer_norm_forward_kernel", "liger._swiglu_forward_kernel")
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    rng = random.Random(SEED)
+    rng, seed = seeded(part)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     variants = [dict(op=op, dtype=dt, shape=sh, gm=gm) for op in ("layer_norm", "swiglu") for dt in DTYPES
                 for sh in ((3, 64), (37, 1000), (256, 4096), (1, 11008)) for gm in (1.0, 0.5)]
-    for i, v in enumerate(sequence(rng, variants)):
+    for i, v in enumerate(sequence(rng, variants, part=part)):
         n, d = v["shape"]
         dt = v["dtype"]
         if v["op"] == "layer_norm":
@@ -305,12 +323,13 @@ def test_liger_layer_norm_swiglu_sequence():
             same(ours, theirs, f"step {i} {v}: vs Liger's own launch", True)
 
 
-def test_liger_cross_entropy_sequence():
+@parts
+def test_liger_cross_entropy_sequence(part):
     ce = upstream.liger("cross_entropy")
     from field import refs
     faces = Faces("liger.liger_cross_entropy_kernel")
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    rng = random.Random(SEED)
+    rng, seed = seeded(part)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     variants = [dict(weight=w, z=z, acc=acc, pred=pred, softcap=sc, reduction=red, smoothing=ls, grad=g, dtype=dt,
                      shape=sh)
                 for w in (False, True) for z in (False, True) for acc in (False, True) for pred in (False, True)
@@ -321,7 +340,7 @@ def test_liger_cross_entropy_sequence():
                   grad=True, dtype=torch.float32, shape=(37, 5000)),
              dict(weight=True, z=True, acc=True, pred=True, softcap=30.0, reduction="mean", smoothing=0.0,
                   grad=True, dtype=torch.float32, shape=(37, 5000))]
-    for i, v in enumerate(sequence(rng, variants, first=first)):
+    for i, v in enumerate(sequence(rng, variants, first=first, part=part)):
         n, V = v["shape"]
         x0 = (torch.randn(n, V, device="cuda", generator=gen) * 4).to(v["dtype"])
         target = torch.randint(0, V, (n,), device="cuda", generator=gen)
@@ -360,16 +379,17 @@ def test_liger_cross_entropy_sequence():
                 same(a, b, f"{what}: {name} vs Liger's own launch", True)
 
 
-def test_liger_rope_sequence():
+@parts
+def test_liger_rope_sequence(part):
     rp = upstream.liger("rope")
     from field import refs
     faces = Faces("liger._triton_rope")
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    rng = random.Random(SEED)
+    rng, seed = seeded(part)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     variants = [dict(dtype=dt, b=b, s=s, hq=hq, hk=hk, d=d, partial=partial, cos_batch=cb)
                 for dt in DTYPES for (b, s) in ((1, 7), (2, 37), (4, 256)) for (hq, hk) in ((4, 4), (8, 2), (5, 1))
                 for d in (64, 128) for partial in (False, True) for cb in (1, "b")]
-    for i, v in enumerate(sequence(rng, variants)):
+    for i, v in enumerate(sequence(rng, variants, part=part)):
         dt, b, s, hq, hk, d = v["dtype"], v["b"], v["s"], v["hq"], v["hk"], v["d"]
         rd = d // 2 if v["partial"] else d
         cb = b if v["cos_batch"] == "b" else 1
@@ -414,12 +434,13 @@ def fla_fused_recurrent_inputs(gen, v):
     return q, k, vv, gk, h0, cu
 
 
-def test_fla_fused_recurrent_sequence():
+@parts
+def test_fla_fused_recurrent_sequence(part):
     fr = upstream.fla("ops.common.fused_recurrent")
     from field import refs
     faces = Faces("fla.fused_recurrent_fwd_kernel")
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    rng = random.Random(SEED)
+    rng, seed = seeded(part)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     variants = [dict(h0=h0, final=fs, varlen=vl, gk=gk, reverse=rv, dtype=dt, B=2, T=T, H=H, K=K, V=V)
                 for h0 in (False, True) for fs in (False, True) for vl in (False, True) for gk in (False, True)
                 for rv in (False, True) for dt in DTYPES for (T, H, K, V) in ((5, 2, 64, 64), (33, 3, 100, 48))]
@@ -427,7 +448,7 @@ def test_fla_fused_recurrent_sequence():
                   K=64, V=64),
              dict(h0=True, final=True, varlen=True, gk=True, reverse=False, dtype=torch.bfloat16, B=2, T=33, H=2,
                   K=64, V=64)]
-    for i, v in enumerate(sequence(rng, variants, first=first)):
+    for i, v in enumerate(sequence(rng, variants, first=first, part=part)):
         q, k, vv, gk, h0, cu = fla_fused_recurrent_inputs(gen, v)
         scale = q.shape[-1] ** -0.5
         want_o, want_ht = refs.fused_recurrent(q, k, vv, gk, scale, h0, cu, v["reverse"])
@@ -443,15 +464,16 @@ def test_fla_fused_recurrent_sequence():
             same(ours[1], theirs[1], f"{what}: final state vs fla's own launch", False, rtol=1e-5, atol=1e-5)
 
 
-def test_fla_l2norm_sequence():
+@parts
+def test_fla_l2norm_sequence(part):
     l2 = upstream.fla("modules.norm.l2norm")
     from field import refs
     faces = Faces("fla.l2norm_fwd_kernel", "fla.l2norm_fwd_kernel_row")
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    rng = random.Random(SEED)
+    rng, seed = seeded(part)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     variants = [dict(dtype=dt, shape=sh, out=od) for dt in DTYPES for sh in ((3, 64), (1000, 100), (77, 2048))
                 for od in (None, torch.float32)]
-    for i, v in enumerate(sequence(rng, variants)):
+    for i, v in enumerate(sequence(rng, variants, part=part)):
         x = torch.randn(*v["shape"], device="cuda", generator=gen).to(v["dtype"])
         want = refs.l2norm(x, 1e-6).to(v["out"] or v["dtype"])
         call = lambda: l2.l2norm_fwd(x, 1e-6, v["out"])[0]  # noqa: E731
@@ -578,18 +600,19 @@ def jax_fla_fused_recurrent_program(q, k, v, gk, h0, lengths, *, with_h0, final,
                            USE_GK=with_gk, USE_GV=False)
 
 
-def test_jax_te_permute_unpermute(jx, te):
+@parts
+def test_jax_te_permute_unpermute(jx, te, part):
     jax, jnp, ltj = jx
     from field import refs
-    rng = random.Random(SEED)
-    key = jax.random.key(SEED)
+    rng, seed = seeded(part)
+    key = jax.random.key(seed)
     variants = [dict(pad=pad, probs=probs, merging=m, dtype=dt, T=T, E=E, H=H, topk=k)
                 for pad in (False, True) for probs in (False, True) for m in (False, True)
                 for dt in (jnp.bfloat16, jnp.float32) for (T, E, H, k) in ((37, 8, 1000, 2), (128, 16, 256, 4))]
     first = [dict(pad=False, probs=False, merging=False, dtype=jnp.bfloat16, T=37, E=8, H=1000, topk=2),
              dict(pad=True, probs=False, merging=False, dtype=jnp.bfloat16, T=37, E=8, H=1000, topk=2)]
     jitted = {}
-    for i, v in enumerate(sequence(rng, variants, first=first)):
+    for i, v in enumerate(sequence(rng, variants, first=first, part=part)):
         statics = {k: v[k] for k in ("T", "E", "H", "topk", "pad", "probs", "merging")}
         f = jitted.setdefault(tuple(sorted(statics.items())) + (str(v["dtype"]),),
                               jax.jit(lambda *a, _s=statics: jax_te_program(*a, **_s)))
@@ -621,17 +644,18 @@ def test_jax_te_permute_unpermute(jx, te):
             np.testing.assert_array_equal(np.asarray(uprobs), want_up.cpu().numpy(), err_msg=what)
 
 
-def test_jax_liger_rms_norm(jx):
+@parts
+def test_jax_liger_rms_norm(jx, part):
     jax, jnp, ltj = jx
     from field import refs
-    rng = random.Random(SEED)
-    key = jax.random.key(SEED)
+    rng, seed = seeded(part)
+    key = jax.random.key(seed)
     variants = [dict(mode=m, offset=o, with_w=w, dtype=dt, shape=sh) for m in ("llama", "gemma", "none") for o in (0.0, 1.0)
                 for w in (False, True) for dt in (jnp.float16, jnp.bfloat16, jnp.float32)
                 for sh in ((4, 64), (37, 1000), (3, 4096))]
     first = [dict(mode="llama", offset=0.0, with_w=False, dtype=jnp.bfloat16, shape=(37, 1000)),
              dict(mode="llama", offset=0.0, with_w=True, dtype=jnp.bfloat16, shape=(37, 1000))]
-    for i, v in enumerate(sequence(rng, variants, first=first)):
+    for i, v in enumerate(sequence(rng, variants, first=first, part=part)):
         statics = dict(mode=v["mode"], offset=v["offset"], with_w=v["with_w"])
         f = jax.jit(lambda a, b, w, _s=statics: jax_rms_norm_program(a, b, w, **_s))
         key, k1, k2, k3 = jax.random.split(key, 4)
@@ -649,11 +673,12 @@ def test_jax_liger_rms_norm(jx):
         np.testing.assert_allclose(np.asarray(y.astype(jnp.float32)), want, err_msg=f"step {i} {v}", **tol(tdt))
 
 
-def test_jax_fla_fused_recurrent(jx):
+@parts
+def test_jax_fla_fused_recurrent(jx, part):
     jax, jnp, ltj = jx
     from field import refs
-    rng = random.Random(SEED)
-    key = jax.random.key(SEED)
+    rng, seed = seeded(part)
+    key = jax.random.key(seed)
     variants = [dict(with_h0=h, final=f, varlen=vl, with_gk=g, reverse=r, dtype=dt, T=T, H=H, K=K, V=V)
                 for h in (False, True) for f in (False, True) for vl in (False, True) for g in (False, True)
                 for r in (False, True) for dt in (jnp.bfloat16, jnp.float32) for (T, H, K, V) in ((9, 2, 64, 64),
@@ -662,7 +687,7 @@ def test_jax_fla_fused_recurrent(jx):
                   K=64, V=64),
              dict(with_h0=True, final=True, varlen=True, with_gk=True, reverse=False, dtype=jnp.bfloat16, T=9, H=2,
                   K=64, V=64)]
-    for i, v in enumerate(sequence(rng, variants, first=first)):
+    for i, v in enumerate(sequence(rng, variants, first=first, part=part)):
         statics = {k: v[k] for k in ("with_h0", "final", "varlen", "with_gk", "reverse")}
         f = jax.jit(lambda *a, _s=statics: jax_fla_fused_recurrent_program(*a, **_s))
         key, *ks = jax.random.split(key, 7)
@@ -697,6 +722,7 @@ def test_jax_fla_fused_recurrent(jx):
 MEMCHECK_GROUPS = {"transformer_engine": "te_", "liger_kernel": "liger", "fla_core": "fla"}
 
 
+@pytest.mark.slow  # a pytest run of a project's tests under memcheck
 @pytest.mark.parametrize("allocator", ["bfc", "platform"])
 @pytest.mark.parametrize("group", sorted(MEMCHECK_GROUPS))
 def test_corpus_is_clean_under_memcheck(tmp_path, group, allocator):

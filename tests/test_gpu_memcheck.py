@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # each test: a pytest run under memcheck
 pytest.importorskip("jax")
 TESTS = Path(__file__).resolve().parent
 

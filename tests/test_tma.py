@@ -6,9 +6,13 @@ parameters (checked against the cubin's own parameter table), validated
 that set block shapes become part of each candidate's compile.
 
 Addresses are made up (lazytriton.core.arrays.DeviceArray); nothing is launched."""
+import json
+import os
 import re
 import struct
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -199,9 +203,50 @@ def test_encode_needs_the_driver_only_after_its_checks(copy_sm90):
     if NO_GPU:
         with pytest.raises(lazytriton.RuntimeFailure, match="no CUDA driver|no usable CUDA device|no CUDA device"):
             _core.pack_tensor_desc(copy_sm90.metadata, 0, d, "k", "a_desc")
-    else:
-        params = _core.pack_tensor_desc(copy_sm90.metadata, 0, d, "k", "a_desc")
-        assert [len(p) for p in params] == [128, 4, 4, 8, 8]
+    else:  # on a thread of its own, with no context current (the driver's CUDA_ERROR_INVALID_CONTEXT before)
+        out = []
+        t = threading.Thread(target=lambda: out.append(_core.pack_tensor_desc(copy_sm90.metadata, 0, d, "k", "a_desc")))
+        t.start()
+        t.join()
+        assert [len(p) for p in out[0]] == [128, 4, 4, 8, 8]
+
+
+ENCODE_WITHOUT_A_CONTEXT = """
+import json, sys, threading
+import lazytriton
+from lazytriton import _core
+from lazytriton.core import tensor_desc
+from lazytriton.core.arrays import DeviceArray
+md = json.loads(open(sys.argv[1]).read())
+base = DeviceArray(0x7F0000000000, "fp16", 256 * 128 * 2, (256, 128))
+d = tensor_desc.read(lazytriton.TensorDescriptor.from_tensor(base, [64, 64]), "d").as_tuple()
+out = []
+
+def pack():
+    try:
+        out.append([len(p) for p in _core.pack_tensor_desc(md, 0, d, "k", "a_desc")])
+    except Exception as exc:
+        out.append(str(exc))
+
+for _ in range(2):  # each on a thread of its own: no context is current on it
+    t = threading.Thread(target=pack)
+    t.start()
+    t.join()
+print(json.dumps(out))
+"""
+
+
+def test_encode_on_a_thread_without_a_current_context(fake_driver, copy_sm90, tmp_path):
+    """A thread's first launch packs its descriptors before the launch makes the device's context
+    current, and the driver encodes a tensor map only with one (CUDA_ERROR_INVALID_CONTEXT, as on
+    every GPU machine before; the stand-in driver answers as the driver does)."""
+    (tmp_path / "meta.json").write_text(json.dumps(copy_sm90.metadata))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake_driver), TRITON_LIBCUDA_PATH=str(fake_driver),
+               FAKE_CUDA_LOG="discard")
+    r = subprocess.run([sys.executable, "-c", ENCODE_WITHOUT_A_CONTEXT, str(tmp_path / "meta.json")], env=env,
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[128, 4, 4, 8, 8]] * 2
 
 
 @pytest.mark.skipif(not NO_GPU, reason="checks the machine without a GPU")

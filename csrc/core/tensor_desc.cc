@@ -110,10 +110,19 @@ void encode_map(const TmaMeta& m, const HostTensorDesc& d, cu::CUtensorMap* out,
   int type = tma_dtype_device_to_host(d.tf32 ? cu::CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 : m.elem_type);
   int fill = d.nan_padding ? cu::CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : cu::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
   const Driver& drv = driver();
-  std::memset(out, 0, sizeof(*out));
-  cu::CUresult r = drv.cuTensorMapEncodeTiled(out, type, uint32_t(rank), reinterpret_cast<void*>(d.base), dims,
-                                              strides, box, element_strides, cu::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                              m.swizzle, cu::CU_TENSOR_MAP_L2_PROMOTION_L2_128B, fill);
+  auto encode = [&] {
+    std::memset(out, 0, sizeof(*out));
+    return drv.cuTensorMapEncodeTiled(out, type, uint32_t(rank), reinterpret_cast<void*>(d.base), dims, strides, box,
+                                      element_strides, cu::CU_TENSOR_MAP_INTERLEAVE_NONE, m.swizzle,
+                                      cu::CU_TENSOR_MAP_L2_PROMOTION_L2_128B, fill);
+  };
+  cu::CUresult r = encode();
+  if (r == cu::CUDA_ERROR_INVALID_CONTEXT) {
+    // A thread with no current context (its first launch packs the parameters before the launch
+    // makes the device's context current): made current here, as the launch would, once.
+    current_context();
+    r = encode();
+  }
   if (r != cu::CUDA_SUCCESS) {
     int64_t b[kMaxDescRank];
     for (int i = 0; i < rank; ++i) b[i] = m.block[i];

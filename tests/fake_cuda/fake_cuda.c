@@ -14,7 +14,8 @@
 //     $FAKE_CUDA_LOG=discard records nothing (each launch only succeeds): for
 //     timing the host path on a machine with no GPU (benchmarks/launch_path_cpu.py).
 // Device: one sm_90 GPU ("FAKE sm_90"; $FAKE_CUDA_CC=80 makes it sm_80). Memory calls hand out
-// addresses nothing reads.
+// addresses nothing reads. Contexts are per thread, as the driver's: none is current on a thread
+// until cuCtxSetCurrent, and cuTensorMapEncodeTiled refuses a thread without one.
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -89,9 +90,11 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
   }
   OK;
 }
+// As the driver: a thread has no current context until one is set on it.
+static __thread CUcontext g_current;
 CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) { (void)d; *c = &g_ctx_token; OK; }
-CUresult cuCtxGetCurrent(CUcontext* c) { *c = &g_ctx_token; OK; }
-CUresult cuCtxSetCurrent(CUcontext c) { (void)c; OK; }
+CUresult cuCtxGetCurrent(CUcontext* c) { *c = g_current; OK; }
+CUresult cuCtxSetCurrent(CUcontext c) { g_current = c; OK; }
 CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; OK; }
 CUresult cuCtxSynchronize(void) { OK; }
 CUresult cuCtxGetLimit(size_t* v, int limit) { (void)limit; *v = 0; OK; }
@@ -232,6 +235,7 @@ CUresult cuTensorMapEncodeTiled(void* map, int type, uint32_t rank, void* addr, 
                                 int interleave, int swizzle, int l2, int oob) {
   unsigned char* m = (unsigned char*)map;
   memset(m, 0, 128);
+  if (!g_current) return 201;  // CUDA_ERROR_INVALID_CONTEXT, as the driver answers a thread without one
   if (rank < 1 || rank > 5) return 1;  // CUDA_ERROR_INVALID_VALUE
   m[0] = (unsigned char)type, m[1] = (unsigned char)rank, m[2] = (unsigned char)interleave;
   m[3] = (unsigned char)swizzle, m[4] = (unsigned char)l2, m[5] = (unsigned char)oob;

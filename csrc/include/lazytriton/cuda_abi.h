@@ -21,6 +21,7 @@ constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
+constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
 constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 
 // CUdevice_attribute
