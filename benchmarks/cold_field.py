@@ -248,8 +248,9 @@ first = time.perf_counter() - t
 err = (c.float() - a.float() @ b.float()).abs().max().item()
 r = {"first_s": first, "max_err": err}
 if mode == "lazy":
+    from lazytriton.core import resolve
     st = lazytriton.stats()
-    r.update(compiles=st["compiles"], tunes=st["tunes"], record_hits=st["record_hits"])
+    r.update(compiles=st["compiles"], tunes=st["tunes"], record_hits=st["record_hits"], timings=resolve.timings())
 done(r)
 """
 
@@ -351,8 +352,12 @@ def run(script: str, env: dict, pkg: str, caches: str, label: str) -> dict:
         return {"failed": True}
     r = json.load(open(out))
     r["process_s"] = time.perf_counter() - t
+    tm = r.get("timings") or []
+    split = (f"; compiled after {max(t['compiled_s'] for t in tm):.2f} s, front ends {sum(t.get('front_end_s', 0) for t in tm):.2f} s"
+             f" of GIL, in threads {sum(t.get('in_threads', 0) for t in tm)} of {sum(t['candidates'] for t in tm)}"
+             if tm else "")
     print(f"  {label}: first {r['first_s']:.2f} s (import {r['import_s']:.2f} s)"
-          + (f", compiles {r['compiles']}, tunes {r['tunes']}" if "compiles" in r else ""), flush=True)
+          + (f", compiles {r['compiles']}, tunes {r['tunes']}" if "compiles" in r else "") + split, flush=True)
     return r
 
 
