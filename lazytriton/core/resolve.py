@@ -241,7 +241,8 @@ class Resolution:
         if agreed is not None:  # (record, origin) of another process's winner: that config alone, no trials
             pruned = [cands[agreed[0]["winner_index"]]]
         elif self.spec.autotuned and len(cands) > 1:
-            kept = self.spec.prune([c.config for c in cands], self.named, {})
+            # Triton's prune_configs gets the keywords the autotuner got: the call's, the outer heuristics'.
+            kept = self.spec.prune([c.config for c in cands], self.named, k.outer_kwargs(self.named, self.options))
             pruned = [c for c in cands if any(c.config is kc for kc in kept)]
             if len(pruned) < len(cands):
                 log.info("kernel %s: pruned to %d of %d configs", k.name, len(pruned), len(cands))
