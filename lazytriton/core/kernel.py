@@ -18,7 +18,8 @@ from .. import _core
 from ..cache import Cache, TuningRecord
 from ..compile import compiler
 from ..compile.compiler import Binder
-from . import resolve, specialize, stubgen, torch_reader, tuples
+from . import resolve, specialize, stubgen, tensor_desc, torch_reader, tuples
+from .arrays import ANY_DEVICE, array_device, array_info, is_array
 from .resolve import Resolution, Resolved
 from .spec import KernelSpec, ReadRecorder, describe
 from .specialize import OPTION_NAMES, Shape, Slot
@@ -392,8 +393,41 @@ class LazyKernel(_core.LaunchBase):
         return [f"__extra{i}__" for i in range(n)]  # never read by name
 
     def _check_launchable(self, shape: Shape, args: tuple) -> None:
+        arrays = []
         for name, slot, v in zip(shape.names, shape.slots, shape.leaf_values(args)):
-            specialize.check_launchable(slot, v, f"kernel {self.name}, argument {name}")
+            what = f"kernel {self.name}, argument {name}"
+            specialize.check_launchable(slot, v, what)
+            if slot.kind == "ptr" and is_array(v):
+                arrays.append((what, v, array_info(v, what).ptr))
+            elif slot.kind == "desc":
+                arrays.append((f"{what} (the descriptor's base)", v.base, tensor_desc.read(v, what).ptr))
+        if arrays:
+            self._check_devices(arrays)
+
+    @staticmethod
+    def _check_devices(arrays: list) -> None:
+        """Refuses arrays the current device cannot read, before anything compiles or
+        launches: a launch goes to the current device, and one that reads another
+        device's memory faults and leaves the process's CUDA context unusable. The
+        stubs apply the same rule in C (python_args.h) and hand such a call here."""
+        ok, _ = _core.driver_status()
+        if not ok:  # no driver: the launch says so
+            return
+        current = _core.current_device()
+        for what, v, ptr in arrays:
+            device = array_device(v)
+            if ptr == 0 or device in (current, ANY_DEVICE) or _core.pointer_accessible(ptr):
+                continue  # Triton's launcher check: it passes memory of a peer with peer access enabled
+            if device is None:
+                device = _core.pointer_device(ptr)
+            if device < 0:
+                raise ValueError(f"{what}: the memory at 0x{ptr:x} cannot be read by a kernel on the current device "
+                                 f"(cuda:{current}): it is no device memory the driver knows (host memory?)")
+            raise ValueError(
+                f"{what}: the array is on cuda:{device}, but the current device is cuda:{current}, where the "
+                "kernel would launch and cannot read it. Make its device current first (torch.cuda.set_device("
+                f"{device}), `with torch.cuda.device({device}):`, cupy.cuda.Device({device}).use()), or move the "
+                f"array to cuda:{current}")
 
     # -- resolution (first call of a specialization) ------------------------------------
 
