@@ -12,9 +12,11 @@ harness's launch table: three arrays, an int and BLOCK=):
   - a Python loop calling a C function with the same arguments (the floor any
     Python launcher pays);
   - k[grid](x, y, out, n, BLOCK=, stream=) on arrays of a C type read as CuPy's
-    are (dtype and .data.ptr through C getters), and on Python objects (the
-    same attributes, and a data_ptr() method), through the generated stub and
-    through the table-driven one (LAZYTRITON_STUB_BUILD=off).
+    are (dtype, .data.ptr and .data.device_id through C getters), and on Python
+    objects (the same attributes; and a data_ptr() method, which says no device:
+    its pointers get Triton's driver check on each launch, as in Triton's
+    launcher), through the generated stub and through the table-driven one
+    (LAZYTRITON_STUB_BUILD=off).
 Torch's rows need a GPU (a CPU tensor is not launchable).
 """
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _child(calls: int, rounds: int) -> None:
 
     class Mem:
         def __init__(self, ptr):
-            self.ptr = ptr
+            self.ptr, self.device_id = ptr, 0
 
     class CupyLike:  # read as CuPy is: dtype, then .data.ptr
         __cuda_array_interface__ = {}
@@ -101,14 +103,17 @@ NATIVE_C = r"""
 // noop(*args, **kwargs): the floor, a C function taking the launch's call.
 static PyObject* noop(PyObject* self, PyObject* const* args, Py_ssize_t n, PyObject* kw) { Py_RETURN_NONE; }
 
-// Array(ptr, dtype): an array read as CuPy's is (dtype, then .data.ptr), through C getters as CuPy's
-// Cython attributes are; Array.data is a Mem whose getter `ptr` makes a new int each read. Both
+// Array(ptr, dtype): an array read as CuPy's is (dtype, then .data.ptr and .data.device_id), through C
+// getters as CuPy's Cython attributes are; Array.data is a Mem whose getters `ptr` and `device_id`
+// (a MemoryPointer's device, as CuPy's) make a new int each read. Both
 // look attributes up as Cython's classes do (their own copy of the generic lookup, installed after
 // the type is ready).
 typedef struct { PyObject_HEAD unsigned long long ptr; } Mem;
 typedef struct { PyObject_HEAD PyObject* dtype; PyObject* data; } Array;
 static PyObject* mem_ptr(PyObject* o, void* c) { return PyLong_FromUnsignedLongLong(((Mem*)o)->ptr); }
-static PyGetSetDef mem_getset[] = {{"ptr", mem_ptr, NULL, NULL, NULL}, {NULL}};
+static PyObject* mem_device_id(PyObject* o, void* c) { return PyLong_FromLong(0); }
+static PyGetSetDef mem_getset[] = {{"ptr", mem_ptr, NULL, NULL, NULL}, {"device_id", mem_device_id, NULL, NULL, NULL},
+                                   {NULL}};
 static PyTypeObject MemType = {PyVarObject_HEAD_INIT(NULL, 0) "lt_native.Mem", sizeof(Mem)};
 static PyObject* array_dtype(PyObject* o, void* c) { return Py_NewRef(((Array*)o)->dtype); }
 static PyObject* array_data(PyObject* o, void* c) { return Py_NewRef(((Array*)o)->data); }

@@ -133,6 +133,7 @@ using pfn_cuMemAllocHost = PFN_cuMemAllocHost_v3020;
 using pfn_cuMemFreeHost = PFN_cuMemFreeHost_v2000;
 using pfn_cuMemGetInfo = PFN_cuMemGetInfo_v3020;
 using pfn_cuMemGetAddressRange = PFN_cuMemGetAddressRange_v3020;
+using pfn_cuPointerGetAttribute = PFN_cuPointerGetAttribute_v4000;
 using pfn_cuMemcpyDtoDAsync = PFN_cuMemcpyDtoDAsync_v3020;
 using pfn_cuMemcpyDtoHAsync = PFN_cuMemcpyDtoHAsync_v3020;
 using pfn_cuMemcpyHtoDAsync = PFN_cuMemcpyHtoDAsync_v3020;

@@ -51,6 +51,10 @@ SAME_VALUE(hipStreamCaptureModeRelaxed, hipStreamCaptureModeRelaxed);
 SAME_VALUE(kEventDefault, hipEventDefault);
 static_assert(int(lt::cu::CU_EVENT_DEFAULT) == int(hipEventDefault), "event flags");
 SAME_VALUE(hipLaunchAttributeCooperative, hipLaunchAttributeCooperative);
+// The pointer attributes the core asks for are CUDA's numbers (hip_driver.cc passes them through).
+static_assert(int(lt::cu::CU_POINTER_ATTRIBUTE_DEVICE_POINTER) == int(HIP_POINTER_ATTRIBUTE_DEVICE_POINTER), "ptr attr");
+static_assert(int(lt::cu::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) == int(HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL), "ptr attr");
+static_assert(int(lt::cu::CUDA_ERROR_INVALID_VALUE) == int(hipErrorInvalidValue), "invalid value");
 // The capture status and mode the core compares and sets are CUDA's numbers too.
 static_assert(int(lt::cu::CU_STREAM_CAPTURE_STATUS_NONE) == int(hipStreamCaptureStatusNone), "capture status");
 static_assert(int(lt::cu::CU_STREAM_CAPTURE_MODE_RELAXED) == int(hipStreamCaptureModeRelaxed), "capture mode");
@@ -174,6 +178,7 @@ static_assert(std::is_same_v<decltype(static_cast<hipError_t (*)(void**, size_t,
 #define LT_PICK_hipThreadExchangeStreamCaptureMode LT_PLAIN(hipThreadExchangeStreamCaptureMode)
 #define LT_PICK_hipDrvLaunchKernelEx LT_PLAIN(hipDrvLaunchKernelEx)
 #define LT_PICK_hipStreamGetDevice LT_PLAIN(hipStreamGetDevice)
+#define LT_PICK_hipPointerGetAttribute LT_PLAIN(hipPointerGetAttribute)
 
 namespace h = lt::hip;
 #include "hip_fns.inc"

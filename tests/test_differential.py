@@ -3,7 +3,10 @@
 recording stand-in): seeded random sequences of calls on one kernel object
 per kernel and face, each call's launch compared with what Triton's
 unmodified JITFunction.run hands the driver for it (image, grid, block, shared
-memory, parameter bytes).
+memory, launch attributes, parameter bytes). The calls pass, now and then,
+keywords beside the arguments (launch options, values a triton.heuristics
+sets, a meta-parameter an autotune config sets): lazytriton must take and
+refuse the calls Triton's own kernel[grid](...) takes and refuses.
 
 - on the installed Triton: the table-driven stub, the generated stubs, the
   lazytriton.jax call site and C++ bundles (fake_cuda/bundle_calls.cc);
@@ -29,7 +32,10 @@ PROBE = HERE / "fake_cuda" / "differential.py"
 CC = shutil.which("cc") or shutil.which("gcc")
 CALLS = int(os.environ.get("LAZYTRITON_DIFFERENTIAL_CALLS", "300"))
 SEED = int(os.environ.get("LAZYTRITON_DIFFERENTIAL_SEED", "0"))
-KERNELS = {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int", "tuple_args", "desc_scale"}
+KERNELS = {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int", "heuristic_over_tuned",
+           "tuple_args", "desc_scale"}
+JAX_KERNELS = {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int", "heuristic_over_tuned"}
+AUTOTUNED = {"tuned_heuristics", "heuristic_over_tuned"}
 
 pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler (the stand-in libcuda.so.1)")
 
@@ -104,7 +110,7 @@ def check(report: dict, faces: list[str]) -> None:
             assert n >= 3 * (CALLS // 8) * 3 // 4 and report["bundle_launches_compared"] == n, (kernels, report)
             total += n
             continue
-        want = KERNELS if face != "jax" else {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int"}
+        want = KERNELS if face != "jax" else JAX_KERNELS
         if "desc_scale" not in kernels:  # a Triton without host tensor descriptors
             want = want - {"desc_scale"}
         assert set(kernels) == want, (face, kernels)
@@ -113,6 +119,13 @@ def check(report: dict, faces: list[str]) -> None:
             # The sequences really cross specializations (the templates differ).
             assert k["specializations"] >= 4, (face, name, k)
             assert k["refused"] < k["calls"] // 4, (face, name, k)
+            # and pass keywords beside the arguments (launch options, values a heuristic sets) now and then,
+            # then each keyword pattern once: on an autotuned kernel Triton refuses num_warps, num_stages,
+            # num_ctas (every triton.Config sets them) and a config's meta-parameter, and takes the others.
+            assert k["keywords"] >= k["calls"] // 10 or CALLS < 80, (face, name, k)
+            assert k["sweep"]["calls"] >= 4, (face, name, k)
+            if name in AUTOTUNED and face != "jax":
+                assert k["sweep"]["refused"] == 5, (face, name, k)
     assert total >= 2000 or CALLS < 200, total
 
 

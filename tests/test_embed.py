@@ -258,6 +258,21 @@ def test_export_cpp_rejects_bad_signatures(sig, cx, err):
         export_cpp.generate(bundle.describe(example_kernels.scale_kernel), sig, cx)
 
 
+def test_cpp_takes_what_a_heuristic_overwrites_and_options_no_config_sets():
+    # Triton's Heuristics.run overwrites a call's EVEN (its heuristic reads n and BLOCK only): the C++
+    # face drops it; launch options no autotune config sets pass to every config, as in Triton.
+    desc = bundle.describe(basic.scale_kernel, "kernels.basic:scale_kernel")
+    assert desc["overwritten"] == ["EVEN"]
+    given = {"EVEN": True, "launch_pdl": True, "launch_cooperative_grid": True}
+    _, header, src = export_cpp.generate(desc, "*fp32,*fp32,fp32,i32", given)
+    assert '{{"launch_cooperative_grid", true}, {"launch_pdl", true}}' in src and "EVEN" not in src + header
+    x = PointerArg(1 << 20, "fp32")
+    assert bundle.bind(desc, (x, x, 2.0, 16), given) == ([x, x, 2.0, 16], {"launch_pdl": True,
+                                                                            "launch_cooperative_grid": True})
+    with pytest.raises(ValueError, match="BLOCK is chosen by its autotune configs"):  # a config's: refused
+        export_cpp.generate(desc, "*fp32,*fp32,fp32,i32", {"BLOCK": 64})
+
+
 def test_export_cpp_needs_constexpr_values_and_renames_cpp_keywords():
     with pytest.raises(ValueError, match="constexpr BLOCK needs a value"):
         export_cpp.generate(bundle.describe(example_kernels.add_kernel), "*fp32,*fp32,*fp32,i32", {})

@@ -88,19 +88,81 @@ def test_missing_argument(add, call, missing):
 
 
 def test_meta_parameter_chosen_by_autotune(cache_dir):
+    # Triton's Autotuner refuses a keyword its configs set too ("Conflicting meta-parameters"), and
+    # num_warps/num_stages/num_ctas: every triton.Config sets them unless given None.
     k = lazytriton.kernel(basic.increment_kernel)
-    with pytest.raises(TypeError, match=r"kernel increment_kernel: 'BLOCK' is chosen by its autotune configs"):
+    with pytest.raises(TypeError, match=r"kernel increment_kernel: 'BLOCK' is chosen by its autotune configs "
+                                        r"\(config 0 sets BLOCK=128\).*Conflicting meta-parameters"):
         k[(1,)](X, 16, BLOCK=128)
     with pytest.raises(TypeError, match=r"kernel increment_kernel: takes 2 arguments \(x, n\), got 3"):
         k[(1,)](X, 16, 128)
-    with pytest.raises(TypeError, match=r"kernel increment_kernel: num_warps= is set by the autotune configs"):
-        k[(1,)](X, 16, num_warps=8)
+    for option in ("num_warps", "num_stages", "num_ctas"):
+        with pytest.raises(TypeError, match=rf"kernel increment_kernel: {option}= is set by the autotune configs"):
+            k[(1,)](X, 16, **{option: 1})
 
 
-def test_meta_parameter_chosen_by_heuristics(cache_dir):
-    k = lazytriton.kernel(basic.scale_kernel)
-    with pytest.raises(TypeError, match=r"kernel scale_kernel: 'EVEN' is chosen by its autotune configs or heuristics"):
-        k[(1,)](X, X, 2.0, 16, EVEN=True)
+def _tuned(configs, key=("n",)):
+    return lazytriton.kernel(triton.autotune(configs=configs, key=list(key))(triton.jit(_body)))
+
+
+def test_launch_options_no_config_sets_pass_to_an_autotuned_kernel(cache_dir):
+    """Triton merges a call's launch options with each config's Config.all_kwargs(): what
+    no config sets (launch_pdl, launch_cooperative_grid, maxnreg when no config gives one)
+    reaches every config's compile; lazytriton once refused them all."""
+    k = _tuned([triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})])
+    for options in ({"launch_pdl": True}, {"launch_cooperative_grid": True}, {"maxnreg": 64}, {"debug": True},
+                    {"launch_pdl": True, "maxnreg": 128}):
+        args = k._bind_call((X, 16), dict(options))
+        got, _ = k.split_extras(args)
+        assert got == options
+        for cfg in k.spec.configs:  # each config's compile: the call's options, then the config's own
+            assert k.meta_kwargs(cfg, {"x": X, "n": 16}, got) == {**options, **cfg.all_kwargs()}
+    with pytest.raises(TypeError, match=r"maxnreg= is set by the autotune configs \(config 1 has maxnreg=128"):
+        _tuned([triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, maxnreg=128)])[(1,)](X, 16, maxnreg=64)
+    # A config that leaves num_warps to the call (None): the call's num_warps then passes, as in Triton.
+    k = _tuned([triton.Config({"BLOCK": 64}, num_warps=None)])
+    assert k.split_extras(k._bind_call((X, 16), {"num_warps": 8}))[0] == {"num_warps": 8}
+
+
+def test_keyword_a_heuristic_sets_is_overwritten(cache_dir):
+    """Triton's Heuristics.run overwrites a call's keyword of the name it sets, silently (real
+    code passes BLOCK_SIZE= or USE_INITIAL_STATE= to such kernels); lazytriton once refused it."""
+    k = lazytriton.kernel(basic.scale_kernel)  # EVEN set by a heuristic (inside triton.autotune)
+    plain = k._bind_call((X, X, 2.0, 16), {})
+    assert k._bind_call((X, X, 2.0, 16), {"EVEN": True}) == plain  # the heuristic does not read it: dropped
+    assert k._fast_plan(4, ("EVEN",)) is not None  # and such calls bind in C, leaving the keyword out
+
+
+# B reads the call's B, as Triton lets it, in a branch a first call with a small n does not take.
+@triton.heuristics({"B": lambda a: (2 * a["B"] if "B" in a else 32) if a["n"] > 100 else 1})
+@triton.jit
+def _reads_own_keyword(x, n, B: tl.constexpr):
+    pass
+
+
+@pytest.mark.parametrize("outer", [False, True], ids=["alone", "above_autotune"])
+def test_a_heuristic_sees_the_keyword_it_overwrites(cache_dir, outer):
+    fn = _reads_own_keyword
+    if outer:  # @triton.heuristics above @triton.autotune: the heuristic runs before the autotuner
+        fn = triton.heuristics(fn.values)(triton.autotune(configs=[triton.Config({}, num_warps=2)], key=["n"])(fn.fn))
+    k = lazytriton.kernel(fn)
+    cfg = k.spec.configs[0] if outer else None
+    for n, given, want in ((16, {}, 1), (1000, {}, 32), (1000, {"B": 8}, 16), (16, {"B": 8}, 1)):
+        options, _ = k.split_extras(k._bind_call((X, n), dict(given)))
+        assert options == given  # kept: the heuristic reads it, so the call key holds it
+        assert k.meta_kwargs(cfg, {"x": X, "n": n}, options)["B"] == want, (n, given)
+    assert k._fast_plan(2, ("B",)) is False  # bound in Python: its value reaches the heuristic
+
+
+def test_heuristic_above_autotune_setting_what_a_config_sets(cache_dir):
+    # Triton hands the outer heuristic's value to the autotuner as the call's keyword: every call is refused.
+    fn = triton.heuristics({"BLOCK": lambda a: 64})(
+        triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])(triton.jit(_body)))
+    k = lazytriton.kernel(fn)
+    for _ in range(2):  # and stays refused
+        with pytest.raises(TypeError, match=r"kernel _body: its triton.heuristics, applied outside "
+                                            r"triton.autotune, sets BLOCK, which its autotune configs set too"):
+            k[(1,)](X, 16)
 
 
 def test_unknown_keyword_argument(add):

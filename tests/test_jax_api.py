@@ -237,6 +237,53 @@ def test_readme_jax_example_without_a_gpu_says_a_gpu_is_needed():
         jax.jit(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,)))(x)
 
 
+@triton.heuristics({"EVEN": lambda a: a["n"] % 64 == 0, "SCALE": lambda a: 2 * a.get("SCALE", 1)})
+@triton.jit
+def heuristic_scale_kernel(x, n, out, EVEN: tl.constexpr, SCALE: tl.constexpr):
+    offs = tl.arange(0, 64)
+    v = tl.load(x + offs) * SCALE
+    if EVEN:
+        v += 1
+    tl.store(out + offs, v)
+
+
+def test_keyword_a_heuristic_sets_is_overwritten_as_triton_does():
+    """Triton's Heuristics.run overwrites a call's keyword of the name it sets, the heuristic
+    seeing the call's value (JAX code passes USE_INITIAL_STATE= or IS_VARLEN= to such kernels);
+    lazytriton.jax once refused it."""
+    def call(**kw):
+        return lambda x: ltj.triton_call(x, 64, kernel=heuristic_scale_kernel, out_type=x, grid=(1,), **kw)
+
+    assert descriptor(text(call(), F32))["configs"][0]["heuristics"] == {"EVEN": True, "SCALE": 2}
+    # EVEN overwritten (the heuristic does not read it); SCALE's heuristic reads the call's value.
+    d = descriptor(text(call(EVEN=False, SCALE=4), F32))
+    assert d["configs"][0]["heuristics"] == {"EVEN": True, "SCALE": 8}
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2), triton.Config({"BLOCK": 128})], key=[])
+@triton.jit
+def tuned_scale_kernel(x, s, out, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs) * s)
+
+
+def test_launch_options_reach_every_config_of_an_autotuned_kernel():
+    """Options no triton.Config carries (launch_pdl, debug, enable_fp_fusion) reach every config,
+    as Triton merges a call's options with each config's; lazytriton.jax once refused them."""
+    from lazytriton.jax import ffi as jax_ffi
+
+    f = lambda x: ltj.triton_call(x, 2.0, kernel=tuned_scale_kernel, out_type=x, grid=(1,),  # noqa: E731
+                                  backend_options={"launch_pdl": True, "enable_fp_fusion": False, "maxnreg": 96})
+    d = descriptor(text(f, F32))
+    assert d["options"] == {"launch_pdl": True, "enable_fp_fusion": False}
+    assert [c.get("maxnreg") for c in d["configs"]] == [96, 96]  # maxnreg: a Config field, set per config
+    site = jax_ffi.Site(d)
+    assert site.options == {"launch_pdl": True, "enable_fp_fusion": False}
+    for cfg in site.lazy.spec.configs:  # what each candidate compiles with
+        meta = site.lazy.meta_kwargs(cfg, {}, site.options)
+        assert meta["launch_pdl"] is True and meta["enable_fp_fusion"] is False and meta["maxnreg"] == 96
+
+
 def test_has_side_effect_cost_estimate_and_no_jaxpr_dce():
     call = lambda x, **kw: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,), **kw)  # noqa: E731
     assert "has_side_effect = true" in text(lambda x: call(x, has_side_effect=True), F32)

@@ -40,7 +40,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64,
 def test_answers_what_the_getters_answer(reader, dtype):
     t = torch.zeros(8, dtype=dtype)
     for x in (t, t[2:], t[::2], torch.nn.Parameter(t.float(), requires_grad=False), t.requires_grad_(False)):
-        assert reader.read(x) == (x.dtype, x.is_cuda, None)  # a host tensor: no pointer is handed out
+        assert reader.read(x) == (x.dtype, x.is_cuda, None, None)  # a host tensor: no pointer, no device
         assert reader.read(x)[0] is x.dtype  # torch's own dtype object (the stubs key dtypes by identity)
 
 
@@ -57,7 +57,7 @@ def test_declines_what_the_getters_might_answer_differently(reader):
 
     with Mode():
         assert reader.read(t) is None  # the mode sees the getters
-    assert reader.read(t) == (t.dtype, False, None)
+    assert reader.read(t) == (t.dtype, False, None, None)
     for other in (None, 3, 2.5, object(), DeviceArray(0x1000, "fp32", 4), [t]):
         assert reader.read(other) is None
 

@@ -169,6 +169,32 @@ int context_device(cu::CUcontext ctx) {
   return dev;
 }
 
+int launch_device(cu::CUcontext ctx) {
+  thread_local cu::CUcontext last_ctx = nullptr;
+  thread_local int last_device = -1;
+  if (ctx != last_ctx || last_device < 0) {
+    last_device = context_device(ctx);
+    last_ctx = ctx;
+  }
+  return last_device;
+}
+
+int pointer_device(cu::CUdeviceptr ptr) noexcept {
+  const LoadState& s = state();
+  int device = -1;
+  if (!s.error.empty() ||
+      s.drv.cuPointerGetAttribute(&device, cu::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != cu::CUDA_SUCCESS)
+    return -1;
+  return device;
+}
+
+bool pointer_accessible(cu::CUdeviceptr ptr) noexcept {
+  const LoadState& s = state();
+  cu::CUdeviceptr p = 0;
+  return !s.error.empty() ||
+         s.drv.cuPointerGetAttribute(&p, cu::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, ptr) != cu::CUDA_ERROR_INVALID_VALUE;
+}
+
 ContextGuard::ContextGuard(cu::CUcontext ctx) {
   const Driver& d = driver();
   check(d.cuCtxGetCurrent(&prev_), "cuCtxGetCurrent");

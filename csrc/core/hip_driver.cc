@@ -202,6 +202,12 @@ CUresult a_stream_ctx(cu::CUstream s, cu::CUcontext* c) {
   if (r == h::hipSuccess) *c = ctx_of_device(dev);
   return r;
 }
+// HIP numbers the pointer attributes as CUDA does (tests/hip_abi_check.cc). Without the entry
+// point: not supported, which lt::pointer_device reads as "not told" and lt::pointer_accessible as accessible.
+CUresult a_pointer_attribute(void* data, int attr, cu::CUdeviceptr p) {
+  if (!g.hipPointerGetAttribute) return h::hipErrorNotSupported;
+  return g.hipPointerGetAttribute(data, attr, as<void>(p));
+}
 CUresult a_exchange_capture_mode(int* mode) { return g.hipThreadExchangeStreamCaptureMode(mode); }
 // CUDA tensor maps do not exist on AMD: Triton decomposes host descriptors for
 // HIP targets (or builds TDM descriptors on gfx1250, not supported here).
@@ -276,6 +282,7 @@ std::string load_hip(Driver& d, bool* present) {
   d.cuMemFreeHost = a_mem_free_host;
   d.cuMemGetInfo = a_mem_info;
   d.cuMemGetAddressRange = a_mem_range;
+  d.cuPointerGetAttribute = a_pointer_attribute;
   d.cuMemcpyDtoDAsync = a_copy_dd;
   d.cuMemcpyDtoHAsync = a_copy_dh;
   d.cuMemcpyHtoDAsync = a_copy_hd;

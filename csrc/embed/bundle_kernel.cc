@@ -13,7 +13,9 @@
 namespace lt {
 namespace {
 
-const char* const kOptionNames[] = {"num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl"};
+const char* const kOptionNames[] = {"num_warps",  "num_stages", "num_ctas",
+                                    "maxnreg",    "debug",      "launch_pdl",
+                                    "launch_cooperative_grid"};
 
 const char* arg_kind_name(Arg::Kind k) {
   switch (k) {
@@ -80,6 +82,8 @@ void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
 void BundleKernel::Impl::check_constexprs(const Constants& given) const {
   for (const auto& [name, value] : given) {
     if (is_option(name)) continue;
+    // A heuristic overwrites it and reads it not (Triton's Heuristics.run): the call's value is dropped.
+    if (std::find(desc.overwritten.begin(), desc.overwritten.end(), name) != desc.overwritten.end()) continue;
     if (std::find(desc.supplied.begin(), desc.supplied.end(), name) != desc.supplied.end())
       fail(name + " is chosen by the kernel's autotune configs or heuristics; do not pass it");
     bool known = false;

@@ -114,6 +114,9 @@ KernelDesc desc_from(const json::Value& k, const std::string& what) {
   for (const auto& p : k.at("params", what).as_array(what + ".params")) d.params.push_back(param_from(p, what + ".params"));
   if (const json::Value* s = k.find("supplied"))
     for (const auto& n : s->as_array(what + ".supplied")) d.supplied.push_back(n.as_string(what + ".supplied"));
+  if (const json::Value* s = k.find("overwritten"))
+    for (const auto& n : s->as_array(what + ".overwritten"))
+      d.overwritten.push_back(n.as_string(what + ".overwritten"));
   return d;
 }
 

@@ -31,6 +31,7 @@ struct KernelDesc {
   std::string name, source;
   std::vector<ParamDesc> params;  // the call's parameters (configs' and heuristics' ones excluded)
   std::vector<std::string> supplied;  // chosen by configs or heuristics
+  std::vector<std::string> overwritten;  // of those, what a call may pass and its heuristic overwrites
 };
 
 // One tuned winner: a binary for a specialization of a kernel.

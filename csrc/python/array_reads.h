@@ -1,8 +1,8 @@
 // Reading array arguments from Python objects on the launch hot path, shared
 // by lazytriton._core, the launch stubs and the torch reader: per Python type,
-// how to find an array's device pointer (lazytriton.core.arrays decides once)
-// and how each attribute is read (its descriptor, called directly); per dtype
-// object, its Triton dtype. CPython's C API only.
+// how to find an array's device pointer and device (lazytriton.core.arrays
+// decides once) and how each attribute is read (its descriptor, called
+// directly); per dtype object, its Triton dtype. CPython's C API only.
 #pragma once
 #include <Python.h>
 #include <structmember.h>  // PyMember_GetOne before Python 3.12
@@ -35,6 +35,8 @@ struct Names {
   PyObject* cai = name("__cuda_array_interface__");
   PyObject* dlpack = name("__dlpack__");
   PyObject* is_cuda = name("is_cuda");
+  PyObject* get_device = name("get_device");  // torch's, until the torch reader is loaded
+  PyObject* device_id = name("device_id");    // CuPy's, of `data` (its MemoryPointer)
   // Tensor descriptors (Triton's TensorDescriptor and lazytriton's)
   PyObject* base = name("base");
   PyObject* shape = name("shape");
@@ -251,14 +253,16 @@ inline PyObject* read_attr(PyObject* obj, PyObject* name, AttrPlan& plan, bool m
 // How arrays of one Python type are read: where their pointer is (`strategy`,
 // decided by lazytriton.core.arrays.pointer_strategy) and a plan for each
 // attribute read: dtype, then `first` (is_cuda, data_ptr(), data,
-// __cuda_array_interface__ or __dlpack__(), by strategy) and `second` (data.ptr,
-// planned for the type of `data`).
+// __cuda_array_interface__ or __dlpack__(), by strategy), `second` (data.ptr,
+// planned for the type of `data`; torch's data_ptr()) and `third` (the device:
+// torch's get_device(), CuPy's data.device_id).
 struct ArrayReader {
   PyTypeObject* type = nullptr;  // a reference
   int strategy = kNotArray;
-  AttrPlan dtype, first, second;
+  AttrPlan dtype, first, second, third;
   // Objects of this type have no .dtype: the typestr of their __cuda_array_interface__ says it.
   bool dtype_from_interface = false;
+  bool no_device_id = false;  // its `data` has no device_id (not CuPy's): not asked again
 };
 
 // The reader of obj's type, made on first sight (kept for the process), or
@@ -280,6 +284,7 @@ inline ArrayReader* reader_of(PyObject* obj) {
   r->type = t;
   r->strategy = strategy;
   r->dtype_from_interface = false;
+  r->no_device_id = false;
   return r;
 }
 
@@ -307,10 +312,40 @@ struct DLTensor_ {
   uint64_t byte_offset;
 };
 
-inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr) {
+// -- the devices of a call's arrays ------------------------------------------------------
+// A launch goes to the current context's device (kernel.cc). Each array read folds
+// the device its memory is on into the call's `seen` (fold_device): what the array
+// says (torch, CuPy, DLPack), or kUnknownDevice (an object that does not say). The
+// stub then compares `seen` with the current device once (arrays_here in
+// python_args.h); only when they differ, or a device is unknown, is each pointer
+// put to Triton's own check (lt::pointer_accessible: a driver call per pointer).
+constexpr int kNoArrays = -1;       // `seen` before any array: nothing to check
+constexpr int kCheckEach = -2;      // `seen` of arrays on several devices, or on one not known
+constexpr int kUnknownDevice = -3;  // an array whose object does not say where it is
+constexpr int kAnyDevice = -4;      // a null pointer, managed memory: nothing to check
+
+inline void fold_device(int* seen, int device) {
+  if (device == kAnyDevice) return;
+  if (device < 0) *seen = kCheckEach;
+  else if (*seen == kNoArrays) *seen = device;
+  else if (*seen != device) *seen = kCheckEach;
+}
+
+// An int read as a device ordinal (>= 0), else kUnknownDevice; a new reference consumed.
+inline int device_from(PyObject* v) {
+  long d = v && PyLong_Check(v) ? PyLong_AsLong(v) : -1;
+  Py_XDECREF(v);
+  if (d == -1 && PyErr_Occurred()) PyErr_Clear();
+  return d >= 0 && d <= 0x7fffffff ? int(d) : kUnknownDevice;
+}
+
+// The pointer of `obj` and the device its memory is on (kUnknownDevice when the object does not
+// say; kAnyDevice for managed memory or a null pointer, which any device may be handed).
+inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr, int* device) {
   const Names& n = names();
   PyObject* v = nullptr;
   bool ok = false;
+  *device = kUnknownDevice;
   switch (r.strategy) {
     case kTorch: {
       // A host tensor is "not this signature": Python's array_info then names the problem.
@@ -320,6 +355,7 @@ inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr) {
       if (!cuda) break;
       v = read_attr(obj, n.data_ptr, r.second, /*method=*/true);
       ok = read_u64(v, ptr);
+      if (ok) *device = device_from(read_attr(obj, n.get_device, r.third, /*method=*/true));
       break;
     }
     case kDataPtrMethod:
@@ -329,8 +365,13 @@ inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr) {
     case kDataDotPtr: {
       PyObject* mem = read_attr(obj, n.data, r.first);
       if (mem) v = read_attr(mem, n.ptr, r.second);
-      Py_XDECREF(mem);
       ok = read_u64(v, ptr);
+      if (ok && !r.no_device_id) {  // CuPy's MemoryPointer says; a failed lookup is not paid on each launch
+        PyObject* d = read_attr(mem, n.device_id, r.third);
+        if (!d) r.no_device_id = PyErr_ExceptionMatches(PyExc_AttributeError);
+        *device = device_from(d);
+      }
+      Py_XDECREF(mem);
       break;
     }
     case kCudaArrayInterface: {
@@ -348,6 +389,7 @@ inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr) {
       // A host array is "not this signature": Python's array_info then names the problem.
       ok = t != nullptr && dlpack_device_ok(t->device_type);
       if (ok) *ptr = reinterpret_cast<uint64_t>(t->data) + t->byte_offset;
+      if (ok) *device = t->device_type == 2 ? t->device_id : kAnyDevice;  // kDLCUDA; managed: anywhere
       break;
     }
     default:
@@ -355,6 +397,7 @@ inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr) {
   }
   Py_XDECREF(v);
   if (!ok) PyErr_Clear();
+  if (ok && *ptr == 0) *device = kAnyDevice;  // a null pointer: Triton's launcher passes it unchecked
   return ok;
 }
 
@@ -368,9 +411,9 @@ enum TensorRead : int {
   kHostTensor = 1,    // dtype set; not on a GPU
   kDeviceTensor = 2,  // dtype and data pointer set
 };
-// The torch reader (torch_reader.cc): a tensor's dtype (borrowed) and data pointer.
-using TorchRead = int (*)(PyObject* obj, PyObject** dtype, uint64_t* ptr);
-constexpr const char* kTorchReaderCapsule = "lazytriton.torch_reader";
+// The torch reader (torch_reader.cc): a tensor's dtype (borrowed), data pointer and device index.
+using TorchRead = int (*)(PyObject* obj, PyObject** dtype, uint64_t* ptr, int* device);
+constexpr const char* kTorchReaderCapsule = "lazytriton.torch_reader.v2";
 constexpr const char* kReadersCapsule = "lazytriton._core._readers";
 struct Readers {
   TorchRead torch = nullptr;
@@ -427,18 +470,29 @@ inline bool interface_pointer(PyObject* obj, ArrayReader& r, int want_dtype, uin
 }
 
 // A pointer argument: the object must be an array-like whose dtype is
-// `want_dtype`. False means "not this stub's signature".
-inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
+// `want_dtype`. False means "not this stub's signature". The device its memory
+// is on is folded into `devices` (fold_device).
+inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr, int* devices) {
   ArrayReader* r = reader_of(obj);
   if (!r || r->strategy == kNotArray) return false;
+  int device = kUnknownDevice;
   if (r->strategy == kTorch) {
     if (TorchRead torch = readers().torch) {
       PyObject* dt = nullptr;
-      int answer = torch(obj, &dt, ptr);
-      if (answer != kDeclined) return answer == kDeviceTensor && dtype_id(dt) == want_dtype;
+      int answer = torch(obj, &dt, ptr, &device);
+      if (answer != kDeclined) {
+        if (answer != kDeviceTensor || dtype_id(dt) != want_dtype) return false;
+        fold_device(devices, *ptr ? device : kAnyDevice);
+        return true;
+      }
     }
   }
-  if (r->dtype_from_interface) return interface_pointer(obj, *r, want_dtype, ptr);
+  // An interface alone does not say where its memory is: the launch checks each such pointer.
+  if (r->dtype_from_interface) {
+    if (!interface_pointer(obj, *r, want_dtype, ptr)) return false;
+    fold_device(devices, *ptr ? kUnknownDevice : kAnyDevice);
+    return true;
+  }
   PyObject* dt = read_attr(obj, names().dtype, r->dtype);
   if (!dt) {
     bool interface = r->strategy == kCudaArrayInterface || r->strategy == kDataDotPtr;
@@ -448,11 +502,14 @@ inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr) {
     bool typed = false;
     bool ok = interface_pointer(obj, *r, want_dtype, ptr, &typed);
     r->dtype_from_interface = typed;
+    if (ok) fold_device(devices, *ptr ? kUnknownDevice : kAnyDevice);
     return ok;
   }
   int id = dtype_id(dt);
   Py_DECREF(dt);
-  return id == want_dtype && pointer_of(obj, *r, ptr);
+  if (id != want_dtype || !pointer_of(obj, *r, ptr, &device)) return false;
+  fold_device(devices, device);
+  return true;
 }
 
 }  // namespace lt::pyargs

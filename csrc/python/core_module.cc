@@ -192,6 +192,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("device_count", &device_count);
   m.def("current_device", [] { return context_device(current_context()); },
         "Ordinal of the calling thread's current device (making device 0's primary context current if none is).");
+  m.def("pointer_device", [](uint64_t ptr) { return pointer_device(ptr); },
+        "The device ordinal of the memory at this address, or -1 when the driver does not tell.");
+  m.def("pointer_accessible", [](uint64_t ptr) { return ptr == 0 || pointer_accessible(ptr); },
+        "Whether a kernel launched on the current device may read this address (Triton's launcher check).");
   m.def("device_info", [](int dev) {
     const DeviceInfo& i = device_info(dev);
     py::dict d;

@@ -106,12 +106,14 @@ union DescCell {
 };
 
 // One call's values, on the stack: 8 bytes per argument (a parameter reads
-// its low bytes, little-endian), the descriptors (in argument order) and the key.
+// its low bytes, little-endian), the descriptors (in argument order), the key
+// and the devices its arrays are on (array_reads.h fold_device).
 struct Read {
   uint64_t key[kMaxKeyWords];
   uint64_t cell[kMaxSlots];
   DescCell descs[kMaxDescs];
   size_t n_desc = 0;
+  int devices = kNoArrays;
 };
 
 // False: not this shape (no Python error set). The generated stub reads the same
@@ -122,6 +124,7 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
   std::fill_n(r.key, s->key_words, 0);
   std::fill_n(r.cell, s->n, 0);
   r.n_desc = 0;
+  r.devices = kNoArrays;
   r.key[s->key_words - 1] = s->shape_word;
   size_t vw = (2 * size_t(s->n) + 63) / 64;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
@@ -134,7 +137,7 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
     double d = 0;
     switch (sl.kind) {
       case kPtr:
-        if (!get_pointer(arg, sl.dtype, cell)) return false;
+        if (!get_pointer(arg, sl.dtype, cell, &r.devices)) return false;
         key_bits |= ptr_bit(sl.specialize, *cell) << sh;
         break;
       case kInt: {
@@ -156,7 +159,7 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
       case kDesc: {  // the block shape is the key: it is the kernel's type
         HostTensorDesc& desc = r.descs[r.n_desc++].d;
         desc = HostTensorDesc{};
-        if (!get_tensor_desc(arg, sl.dtype, sl.rank, &desc)) return false;
+        if (!get_tensor_desc(arg, sl.dtype, sl.rank, &desc, &r.devices)) return false;
         for (int j = 0; j < desc.rank; ++j) r.key[vw++] = uint64_t(desc.block[j]);
         break;
       }
@@ -171,12 +174,31 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
   return true;
 }
 
+// Whether the call's arrays may be handed to a kernel on `device` (python_args.h launch_context):
+// all there, else each pointer accessible from it.
+bool arrays_here(const Stub* s, const Read& r, int device) {
+  if (r.devices == kNoArrays || r.devices == device) return true;
+  size_t k = 0;
+  for (Py_ssize_t i = 0; i < s->n; ++i) {
+    int kind = (*s->slots)[size_t(i)].kind;
+    if (kind == kPtr && !accessible(r.cell[size_t(i)])) return false;
+    if (kind == kDesc && !accessible(r.descs[k++].d.base)) return false;
+  }
+  return true;
+}
+
 // The C entry (stub_protocol.h StubEntry): what the launcher calls.
 StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, cu::CUstream stream,
                        PyObject* const* args, Py_ssize_t n, PyObject** key) {
   auto* s = static_cast<const Stub*>(self);
   Read r;
   if (!read(s, args, n, r)) return StubResult::kOtherShape;
+  cu::CUcontext ctx = nullptr;
+  int device = -1;
+  // Arrays the current device cannot read: not this stub's call (before its key is resolved, so that
+  // no tuning trial runs on them either); Python then refuses it, naming the argument.
+  if (r.devices != kNoArrays && (ctx = launch_context(&device)) && !arrays_here(s, r, device))
+    return StubResult::kOtherShape;
   const Entry* e = kernel->find(r.key, s->key_words);
   if (!e) return (*key = key_tuple(r.key, s->key_words)) ? StubResult::kUnresolved : StubResult::kError;
   Dim3 g;
@@ -196,7 +218,8 @@ StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, c
         params[np++] = &r.cell[size_t(i)];
       }
     }
-    e->kernel->launch(stream, g, params, np);
+    if (ctx) e->kernel->launch(ctx, stream, g, params, np);
+    else e->kernel->launch(stream, g, params, np);
   } catch (const std::exception& ex) {
     raise(ex, kernel->name().c_str());
     return StubResult::kError;

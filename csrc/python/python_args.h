@@ -61,12 +61,13 @@ inline bool read_ints(PyObject* obj, PyObject* attr, int n, int64_t* out) {
 
 // A host tensor descriptor argument of element type `want_dtype` and rank
 // `rank`, valid as a descriptor (tensor_desc.h check_tensor_desc). False means
-// "not this stub's signature": Python's slow path then names the problem.
-inline bool get_tensor_desc(PyObject* obj, int want_dtype, int rank, HostTensorDesc* d) {
+// "not this stub's signature": Python's slow path then names the problem. Its
+// base's device is folded into `devices` (array_reads.h fold_device).
+inline bool get_tensor_desc(PyObject* obj, int want_dtype, int rank, HostTensorDesc* d, int* devices) {
   if (!is_tensor_desc_type(obj)) return false;
   const Names& n = names();
   PyObject* base = PyObject_GetAttr(obj, n.base);
-  bool ok = base && get_pointer(base, want_dtype, &d->base);
+  bool ok = base && get_pointer(base, want_dtype, &d->base, devices);
   Py_XDECREF(base);
   if (!ok) return PyErr_Clear(), false;
   d->dtype = want_dtype;
@@ -98,6 +99,27 @@ inline PyObject* desc_tuple(const HostTensorDesc& d) {
   return Py_BuildValue("(KiNNNOO)", (unsigned long long)d.base, d.dtype, ints(d.shape), ints(d.strides),
                        ints(d.block), d.nan_padding ? Py_True : Py_False, d.tf32 ? Py_True : Py_False);
 }
+
+// -- where a call launches ------------------------------------------------------------------
+// A stub launches in the current context (kernel.cc), on its device. A call whose arrays
+// are all there (the devices its reads folded, array_reads.h) launches at once; else each
+// pointer must pass Triton's own check (accessible()), and a call with one that does not
+// is "not this stub's": Python then refuses it, naming the argument and both devices.
+
+// The current context and its device, or nullptr when the driver cannot say (the
+// launch itself then reports why).
+inline cu::CUcontext launch_context(int* device) noexcept {
+  try {
+    cu::CUcontext ctx = current_context();
+    *device = launch_device(ctx);
+    return ctx;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// Whether a kernel in the current context may read `ptr` (a null pointer always).
+inline bool accessible(uint64_t ptr) noexcept { return ptr == 0 || pointer_accessible(ptr); }
 
 // An int or a bool as the encoders take it (encode.h): false (no error set)
 // for anything else, and for ints outside [-2**63, 2**64 - 1].

@@ -1,5 +1,5 @@
 // Reads a torch tensor argument through torch's C++ API: its dtype, whether it
-// is on the GPU, and its data pointer. Torch's Python getters (`t.dtype`,
+// is on the GPU, its data pointer and its device index. Torch's Python getters (`t.dtype`,
 // `t.is_cuda`, `t.data_ptr()`) cost about 50-300 ns each on a launch; these
 // reads cost a few ns. Built at run time against the installed torch's own
 // headers (lazytriton.core.torch_reader) and handed to the stubs through
@@ -24,31 +24,34 @@
 
 namespace {
 
-int read_tensor(PyObject* obj, PyObject** dtype, uint64_t* ptr) noexcept {
+int read_tensor(PyObject* obj, PyObject** dtype, uint64_t* ptr, int* device) noexcept {
   if (!THPVariable_CheckExact(obj) || at::impl::torch_function_mode_enabled()) return lt::pyargs::kDeclined;
   try {
     const at::Tensor& t = THPVariable_Unpack(obj);
     *dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));  // borrowed: torch keeps it
     if (!t.is_cuda()) return lt::pyargs::kHostTensor;
     *ptr = reinterpret_cast<uint64_t>(t.data_ptr());  // what t.data_ptr() answers (a lazy copy is materialized)
+    *device = t.device().index();                      // what t.get_device() answers
     return lt::pyargs::kDeviceTensor;
   } catch (...) {
     return lt::pyargs::kDeclined;
   }
 }
 
-// read(t) -> None (declined) or (dtype, on the GPU, data pointer or None): for tests.
+// read(t) -> None (declined) or (dtype, on the GPU, data pointer or None, device index or None): for tests.
 PyObject* py_read(PyObject*, PyObject* obj) {
   PyObject* dtype = nullptr;
   uint64_t ptr = 0;
-  int r = read_tensor(obj, &dtype, &ptr);
+  int device = -1;
+  int r = read_tensor(obj, &dtype, &ptr, &device);
   if (r == lt::pyargs::kDeclined) Py_RETURN_NONE;
-  if (r == lt::pyargs::kHostTensor) return Py_BuildValue("(OOO)", dtype, Py_False, Py_None);
-  return Py_BuildValue("(OOK)", dtype, Py_True, static_cast<unsigned long long>(ptr));
+  if (r == lt::pyargs::kHostTensor) return Py_BuildValue("(OOOO)", dtype, Py_False, Py_None, Py_None);
+  return Py_BuildValue("(OOKi)", dtype, Py_True, static_cast<unsigned long long>(ptr), device);
 }
 
 PyMethodDef methods[] = {
-    {"read", py_read, METH_O, "read(t): None if declined, else (dtype, on the GPU, data pointer or None)."},
+    {"read", py_read, METH_O,
+     "read(t): None if declined, else (dtype, on the GPU, data pointer or None, device index or None)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -170,6 +170,12 @@ def _nbytes(obj: Any) -> int | None:
 
 def _dlpack_pointer(obj: Any) -> tuple[int, int]:
     """(address, DLPack device type) of a __dlpack__ object."""
+    ptr, device, _ = _dlpack_tensor(obj)
+    return ptr, device
+
+
+def _dlpack_tensor(obj: Any) -> tuple[int, int, int]:
+    """(address, DLPack device type, device id) of a __dlpack__ object."""
     import ctypes
 
     capsule = obj.__dlpack__()
@@ -179,8 +185,32 @@ def _dlpack_pointer(obj: Any) -> tuple[int, int]:
     data = ctypes.c_void_p.from_address(addr).value or 0
     # DLTensor: data(8) device(type 4, id 4) ndim(4) dtype(4) shape(8) strides(8) byte_offset(8)
     device = ctypes.c_int32.from_address(addr + 8).value
+    device_id = ctypes.c_int32.from_address(addr + 12).value
     offset = ctypes.c_uint64.from_address(addr + 40).value
-    return data + offset, device
+    return data + offset, device, device_id
+
+
+ANY_DEVICE = -2  # managed memory: any device may be handed it
+
+
+def array_device(obj: Any) -> int | None:
+    """The device a device array says its memory is on, as the stubs read it
+    (array_reads.h pointer_of): torch's get_device(), CuPy's data.device_id, a
+    DLPack tensor's device id (ANY_DEVICE for managed memory); None when the
+    object does not say (a data_ptr() or __cuda_array_interface__ object)."""
+    strategy = pointer_strategy(obj)
+    try:
+        if strategy == TORCH:
+            return int(obj.get_device())
+        if strategy == DATA_DOT_PTR:
+            device = getattr(obj.data, "device_id", None)
+            return int(device) if isinstance(device, int) and device >= 0 else None
+        if strategy == DLPACK:
+            _, kind, device = _dlpack_tensor(obj)
+            return device if kind == 2 else ANY_DEVICE  # kDLCUDA; kDLCUDAManaged
+    except Exception:  # noqa: BLE001 (then the driver is asked, as for an object that does not say)
+        return None
+    return None
 
 
 # -- constexpr values ------------------------------------------------------------------

@@ -18,7 +18,8 @@ from .. import _core
 from ..cache import Cache, TuningRecord
 from ..compile import compiler
 from ..compile.compiler import Binder
-from . import resolve, specialize, stubgen, torch_reader, tuples
+from . import resolve, specialize, stubgen, tensor_desc, torch_reader, tuples
+from .arrays import ANY_DEVICE, array_device, array_info, is_array
 from .resolve import Resolution, Resolved
 from .spec import KernelSpec, ReadRecorder, describe
 from .specialize import OPTION_NAMES, Shape, Slot
@@ -78,6 +79,18 @@ class LazyKernel(_core.LaunchBase):
         supplied = {k for c in self.spec.configs for k in c.kwargs} | self.spec.heuristic_names()
         self._supplied = supplied
         self.call_params = [p for p in self.spec.params if p.name not in supplied]
+        # Keywords a call may not pass: as Triton's Autotuner.run, which refuses a keyword a config
+        # also sets ("Conflicting meta-parameters" against Config.kwargs, or a repeated keyword
+        # against Config.all_kwargs(): num_warps, num_stages and num_ctas unless None, maxnreg and
+        # ir_override when given), name -> why. Other launch options pass through to every config.
+        self._config_sets = config_keywords(self.spec)
+        # What a heuristic sets, a call's keyword of that name is overwritten by (Triton's
+        # Heuristics.run); the heuristic sees the call's value, so it is kept (in the call key)
+        # for those a heuristic may read, dropped for the others (_kept_keywords: those their
+        # code names, then those the probe of the first call sees read).
+        self._overwritten = self.spec.heuristic_names() - set(self._config_sets)
+        self._kept_keywords: set[str] = self.spec.heuristics_may_read(self._overwritten)
+        self._refusal = _every_call_refusal(self.spec, self._config_sets)
         self._n_call = len(self.call_params)
         # The resolve-once table the stubs look winners up in; _first_call resolves its keys.
         self._core = _core.ResolveTable(self.name)
@@ -125,9 +138,14 @@ class LazyKernel(_core.LaunchBase):
         the positional ones: the index of its value in `names`, or a 1-tuple holding
         its default. None: not yet (the call goes to _run); False: never."""
         tail = self.call_params[nargs:]
-        if nargs > self._n_call or not set(names) <= {p.name for p in tail}:
+        dropped = set(names) - {p.name for p in tail}  # keywords no parameter takes: the plan leaves them out
+        if nargs > self._n_call or not dropped <= self._overwritten:
             return False
-        if self._python_heuristics or self._needs_probe or (nargs, *names) not in self._plans:
+        if self._python_heuristics or self._needs_probe:
+            return None
+        if dropped & self._kept_keywords:  # a heuristic reads the call's value: bound in Python
+            return False
+        if (nargs, *names) not in self._plans:
             return None
         return tuple(names.index(p.name) if p.name in names else (p.default,) for p in tail)
 
@@ -146,6 +164,8 @@ class LazyKernel(_core.LaunchBase):
         launch from C++ themselves: the JAX handler, C++ embedders.
         mode: "tune"; "record" (a cached winner or CaptureError: nothing may
         run on the stream); "first" (no tuning: the first config, not persisted)."""
+        if self._refusal:
+            raise TypeError(self._refusal)
         args = self._bind_call(args, kwargs)
         s = stream if type(stream) is int else self._stream(stream)
         # The call key from the generated stub if it is built, else from the
@@ -222,6 +242,8 @@ class LazyKernel(_core.LaunchBase):
         (the key `stub` answered, or the new stub's): resolved once, by this caller or
         by one it waits for (the kernel's table de-duplicates), and installed. The
         launcher then launches the call through that stub."""
+        if self._refusal:
+            raise TypeError(self._refusal)
         if stub is None:
             stub = self._add_stub(args)
             key = stub.key(args)
@@ -247,7 +269,7 @@ class LazyKernel(_core.LaunchBase):
         names = tuple(kwargs)
         out = self._bind(args, dict(kwargs))
         tail = [p.name for p in self.call_params[len(args):]]
-        if not self._python_heuristics and set(names) <= set(tail):
+        if not self._python_heuristics and set(names) - set(tail) <= self._overwritten - self._kept_keywords:
             # Parameters after the positional ones: from kwargs, else their defaults.
             picks = tuple((n, n in kwargs, self.spec.param(n).default) for n in tail)
             if len(picks) == 1 and picks[0][1]:
@@ -272,21 +294,25 @@ class LazyKernel(_core.LaunchBase):
                 values.append(p.default)
             else:
                 raise TypeError(f"kernel {self.name}: missing argument {p.name!r}")
-        for k in kwargs:
-            if k in self._supplied:
-                raise TypeError(f"kernel {self.name}: {k!r} is chosen by its autotune configs or heuristics; "
-                                "do not pass it")
+        for k in list(kwargs):
+            if k in self._config_sets:
+                raise TypeError(f"kernel {self.name}: {self._config_sets[k]}; do not pass it (Triton refuses it too: "
+                                "Conflicting meta-parameters)")
+            if k in self._overwritten:
+                if k not in self._kept_keywords:
+                    del kwargs[k]  # overwritten by its heuristic, which does not read it
+                continue
             if k not in OPTION_NAMES:
                 raise TypeError(f"kernel {self.name}: unexpected keyword argument {k!r}")
-            if self.spec.autotuned:
-                raise TypeError(f"kernel {self.name}: {k}= is set by the autotune configs")
             specialize.check_option(k, kwargs[k], f"kernel {self.name}")
         extra = ()
-        if kwargs:  # compile options: one interned token, so the stub keys it by identity
+        # Compile options, and the values of keywords a heuristic overwrites (it reads them): one
+        # interned token, so the stub keys it by identity; meta_kwargs gives them to the heuristics.
+        if kwargs:
             opts = tuple(sorted(kwargs.items()))
             extra += (self._interned.setdefault(("options", opts), opts),)
         if self._python_heuristics:
-            extra += (self._heuristics_token(values),)
+            extra += (self._heuristics_token(values, kwargs),)
         return tuple(values) + extra
 
     def split_extras(self, args: tuple) -> tuple[dict, Any]:
@@ -320,26 +346,30 @@ class LazyKernel(_core.LaunchBase):
         self._needs_probe = False
         named = dict(zip((p.name for p in self.call_params), args))
         read: set[str] = set()
+        recorders = []
         try:
             for layer in self.spec.heuristics:
                 cfg_kwargs = self.spec.configs[0].all_kwargs() if (layer.inside_autotune and self.spec.configs) else {}
                 for fn in layer.values.values():
                     rec = ReadRecorder({**named, **cfg_kwargs})
+                    recorders.append(rec)
                     fn(rec)
-                    read |= rec.read & named.keys()
+                    read |= named.keys() if ReadRecorder.ALL in rec.read else rec.read & named.keys()
         except Exception:
             read = {n for n in named if specialize.holds_array(named[n])}
+        seen = set().union(*(rec.read for rec in recorders))
+        self._kept_keywords |= self._overwritten if ReadRecorder.ALL in seen else seen & self._overwritten
         if any(specialize.holds_array(named[n]) for n in read):
             log.debug("kernel %s: heuristics read arrays (%s): evaluated in Python on every call", self.name, read)
             self._python_heuristics = True
         else:
             self._heuristic_reads = read
 
-    def _heuristics_token(self, values: list) -> Any:
+    def _heuristics_token(self, values: list, options: dict) -> Any:
         named = dict(zip((p.name for p in self.call_params), values))
         out = []
         for cfg in self.spec.configs or [None]:
-            out.append(tuple(sorted(self.meta_kwargs(cfg, named, {}).items(), key=lambda kv: kv[0])))
+            out.append(tuple(sorted(self.meta_kwargs(cfg, named, options).items(), key=lambda kv: kv[0])))
         token = tuple(out)
         return self._interned.setdefault(repr(token), token)
 
@@ -387,19 +417,59 @@ class LazyKernel(_core.LaunchBase):
         return [f"__extra{i}__" for i in range(n)]  # never read by name
 
     def _check_launchable(self, shape: Shape, args: tuple) -> None:
+        arrays = []
         for name, slot, v in zip(shape.names, shape.slots, shape.leaf_values(args)):
-            specialize.check_launchable(slot, v, f"kernel {self.name}, argument {name}")
+            what = f"kernel {self.name}, argument {name}"
+            specialize.check_launchable(slot, v, what)
+            if slot.kind == "ptr" and is_array(v):
+                arrays.append((what, v, array_info(v, what).ptr))
+            elif slot.kind == "desc":
+                arrays.append((f"{what} (the descriptor's base)", v.base, tensor_desc.read(v, what).ptr))
+        if arrays:
+            self._check_devices(arrays)
+
+    @staticmethod
+    def _check_devices(arrays: list) -> None:
+        """Refuses arrays the current device cannot read, before anything compiles or
+        launches: a launch goes to the current device, and one that reads another
+        device's memory faults and leaves the process's CUDA context unusable. The
+        stubs apply the same rule in C (python_args.h) and hand such a call here."""
+        ok, _ = _core.driver_status()
+        if not ok:  # no driver: the launch says so
+            return
+        current = _core.current_device()
+        for what, v, ptr in arrays:
+            device = array_device(v)
+            if ptr == 0 or device in (current, ANY_DEVICE) or _core.pointer_accessible(ptr):
+                continue  # Triton's launcher check: it passes memory of a peer with peer access enabled
+            if device is None:
+                device = _core.pointer_device(ptr)
+            if device < 0:
+                raise ValueError(f"{what}: the memory at 0x{ptr:x} cannot be read by a kernel on the current device "
+                                 f"(cuda:{current}): it is no device memory the driver knows (host memory?)")
+            raise ValueError(
+                f"{what}: the array is on cuda:{device}, but the current device is cuda:{current}, where the "
+                "kernel would launch and cannot read it. Make its device current first (torch.cuda.set_device("
+                f"{device}), `with torch.cuda.device({device}):`, cupy.cuda.Device({device}).use()), or move the "
+                f"array to cuda:{current}")
 
     # -- resolution (first call of a specialization) ------------------------------------
 
-    def meta_kwargs(self, cfg, named: dict, options: dict) -> dict:
-        """Options, heuristic values and config meta-parameters for one config,
-        in Triton's order (heuristics outside autotune do not see the config)."""
+    def outer_kwargs(self, named: dict, options: dict) -> dict:
+        """The keywords triton.autotune receives: the call's (options, values a
+        heuristic overwrites), then the values of heuristics outside it, in order."""
         kw = dict(options)
         for layer in self.spec.heuristics:
             if not layer.inside_autotune:
                 for k, fn in layer.values.items():
                     kw[k] = fn({**named, **kw})
+        return kw
+
+    def meta_kwargs(self, cfg, named: dict, options: dict) -> dict:
+        """Options, heuristic values and config meta-parameters for one config,
+        in Triton's order (heuristics outside autotune do not see the config; a
+        heuristic sees, and overwrites, a call's keyword of its name)."""
+        kw = self.outer_kwargs(named, options)
         if cfg is not None:
             kw.update(cfg.all_kwargs())
         for layer in self.spec.heuristics:
@@ -446,6 +516,38 @@ def _ahead():
 
         _ahead_pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="lazytriton-compile-ahead")
     return _ahead_pool
+
+
+def config_keywords(spec: KernelSpec) -> dict[str, str]:
+    """The keywords an autotuned kernel's configs set, each with why a call may
+    not pass it: a meta-parameter of Config.kwargs, or a launch option that
+    Config.all_kwargs() holds (what Triton's Autotuner.run passes besides the call's)."""
+    out: dict[str, str] = {}
+    for i, c in enumerate(spec.configs):
+        for k, v in c.all_kwargs().items():
+            if k in out:
+                continue
+            if k in c.kwargs:
+                out[k] = f"{k!r} is chosen by its autotune configs (config {i} sets {k}={v!r})"
+            else:
+                out[k] = (f"{k}= is set by the autotune configs (config {i} has {k}={v!r}; a triton.Config sets "
+                          "num_warps, num_stages and num_ctas unless given None, maxnreg and ir_override when given)")
+    return out
+
+
+def _every_call_refusal(spec: KernelSpec, config_sets: dict) -> str | None:
+    """Why Triton refuses every call of this kernel, or None: a heuristic outside
+    triton.autotune sets a keyword its configs set too (@triton.heuristics above
+    @triton.autotune hands its values to the autotuner as the call's keywords)."""
+    for layer in spec.heuristics:
+        if not layer.inside_autotune:
+            for k in layer.values:
+                if k in config_sets:
+                    return (f"kernel {spec.name}: its triton.heuristics, applied outside triton.autotune, sets {k}, "
+                            "which its autotune configs set too: Triton refuses every call of such a kernel "
+                            "(Conflicting meta-parameters). Put @triton.heuristics below @triton.autotune, or take "
+                            f"{k} out of the configs")
+    return None
 
 
 def kernel(fn: Any = None, *, cache: Cache | None = None, tune_options: TuneOptions | None = None) -> LazyKernel:

@@ -242,7 +242,8 @@ class Resolution:
         """The candidates the configs' early_config_prune keeps."""
         if not (self.spec.autotuned and len(cands) > 1):
             return cands
-        kept = self.spec.prune([c.config for c in cands], self.named, {})
+        # Triton's prune_configs gets the keywords the autotuner got: the call's, the outer heuristics'.
+        kept = self.spec.prune([c.config for c in cands], self.named, self.k.outer_kwargs(self.named, self.options))
         pruned = [c for c in cands if any(c.config is kc for kc in kept)]
         if len(pruned) < len(cands):
             log.info("kernel %s: pruned to %d of %d configs", self.k.name, len(pruned), len(cands))

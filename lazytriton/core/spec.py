@@ -42,11 +42,29 @@ class Param:
 
 
 class ReadRecorder(dict):
-    """Records which arguments a heuristic reads."""
+    """Records which arguments a heuristic reads (ALL: it went through them all)."""
+
+    ALL = "*"
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.read: set[str] = set()
+
+    def keys(self):  # also what {**args} and dict(args) read
+        self.read.add(self.ALL)
+        return super().keys()
+
+    def __iter__(self):
+        self.read.add(self.ALL)
+        return super().__iter__()
+
+    def items(self):
+        self.read.add(self.ALL)
+        return super().items()
+
+    def values(self):
+        self.read.add(self.ALL)
+        return super().values()
 
     def __getitem__(self, k):
         self.read.add(k)
@@ -55,6 +73,10 @@ class ReadRecorder(dict):
     def get(self, k, default=None):
         self.read.add(k)
         return super().get(k, default)
+
+    def __contains__(self, k):  # `"BLOCK" in args`: the answer depends on what the call passed
+        self.read.add(k)
+        return super().__contains__(k)
 
 
 @dataclass
@@ -101,6 +123,44 @@ class KernelSpec:
     def heuristic_names(self) -> set[str]:
         return {k for layer in self.heuristics for k in layer.values}
 
+    def heuristics_may_read(self, names: set[str]) -> set[str]:
+        """Of `names`, those a heuristic's code might read from its argument dict: whose
+        string appears in the code of the heuristic functions or of the functions they
+        reach (through their globals and closures); all of them for a heuristic that is
+        no Python function. A probe on one call's values (ReadRecorder) misses a read
+        in a branch that call did not take; this does not."""
+        seen: set[int] = set()
+        found: set[str] = set()
+
+        def visit(obj: Any, depth: int) -> bool:  # False: cannot be read
+            obj = getattr(obj, "__func__", obj)
+            code = getattr(obj, "__code__", None)
+            if code is None or id(code) in seen:
+                return code is not None
+            seen.add(id(code))
+            consts = _strings(code)
+            found.update(names & consts)
+            if depth < 4:
+                glob = getattr(obj, "__globals__", {})
+                for n in _code_names(code):
+                    g = glob.get(n)
+                    if callable(g) and not isinstance(g, type):
+                        visit(g, depth + 1)
+                for cell in getattr(obj, "__closure__", None) or ():
+                    try:
+                        v = cell.cell_contents
+                    except ValueError:
+                        continue
+                    if callable(v) and not isinstance(v, type):
+                        visit(v, depth + 1)
+            return True
+
+        for layer in self.heuristics:
+            for fn in layer.values.values():
+                if not visit(fn, 0):
+                    return set(names)
+        return found
+
     def prune(self, configs: list[triton.Config], named_args: dict, kwargs: dict) -> list[triton.Config]:
         """Triton's prune_configs_by semantics: early_config_prune, then perf_model/top_k."""
         pruned = configs
@@ -124,6 +184,25 @@ class KernelSpec:
                 order = sorted(range(len(pruned)), key=lambda i: est[i])
                 pruned = [pruned[i] for i in order[:top_k]]
         return pruned
+
+
+def _strings(code) -> set[str]:
+    """The string constants of a code object and of those nested in it."""
+    out: set[str] = set()
+    for c in code.co_consts:
+        if isinstance(c, str):
+            out.add(c)
+        elif hasattr(c, "co_consts"):
+            out |= _strings(c)
+    return out
+
+
+def _code_names(code) -> set[str]:
+    out = set(code.co_names) | set(code.co_freevars)
+    for c in code.co_consts:
+        if hasattr(c, "co_consts"):
+            out |= _code_names(c)
+    return out
 
 
 def is_gluon(fn: Any) -> bool:

@@ -375,7 +375,7 @@ OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "laun
 # backend_options). A C++ bundle call: those its C++ binder knows as options rather than
 # as constexprs (kOptionNames in csrc/embed/bundle_kernel.cc), plus the AMD ones.
 JAX_OPTION_NAMES = tuple(n for n in OPTION_NAMES if n not in ("ir_override", "launch_cooperative_grid"))
-BUNDLE_OPTION_NAMES = tuple(n for n in JAX_OPTION_NAMES if n != "enable_fp_fusion")
+BUNDLE_OPTION_NAMES = tuple(n for n in OPTION_NAMES if n not in ("ir_override", "enable_fp_fusion"))
 
 # The value each compile option takes (the fields of Triton's CUDAOptions / HIPOptions); None
 # is the backend's default. Checked where the option is given: Triton would fail on a wrong

@@ -50,7 +50,7 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
     out = []
     if s.kind == "ptr":
         member = f"{s.ctype()} s{i};"
-        out.append(f"if (!get_pointer({arg}, {s.dtype}, &a.s{i})) return false;")
+        out.append(f"if (!get_pointer({arg}, {s.dtype}, &a.s{i}, &a.devices)) return false;")
         out.append(f"{bit}ptr_bit({_cbool(s.specialize)}, a.s{i}) << {sh};")
     elif s.kind == "int":  # packed and keyed by encode.h's encode_int (an annotated slot takes a bool too)
         member = f"{s.ctype()} s{i};"
@@ -84,7 +84,7 @@ def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tu
         value_word += 2
     elif s.kind == "desc":
         member = f"{s.ctype()} s{i};"
-        out.append(f"if (!get_tensor_desc({arg}, {s.dtype}, {s.rank}, &a.s{i})) return false;")
+        out.append(f"if (!get_tensor_desc({arg}, {s.dtype}, {s.rank}, &a.s{i}, &a.devices)) return false;")
         for j in range(s.rank):
             out.append(f"a.key[{value_word}] = uint64_t(a.s{i}.block[{j}]);")
             value_word += 1
@@ -103,6 +103,10 @@ def generate(shape: Shape, module_name: str) -> str:
         member, lines, value_word = _arg_code(i, s, value_word, path)
         members.append(f"  {member}  // {shape.names[i]}: {s.code()}")
         body += [f"  {line}" for line in lines]
+    # The call's pointers, for when its arrays are not all on the current device (python_args.h).
+    pointers = [f"a.s{i}" if s.kind == "ptr" else f"a.s{i}.base" for i, s in enumerate(shape.slots)
+                if s.kind in ("ptr", "desc")]
+    reachable = " && ".join(f"accessible({p})" for p in pointers) or "true"
     pack, n_desc = [], 0
     for i, s in enumerate(shape.slots):
         if s.kind == "desc":  # encoded for the resolved kernel (may throw: inside the try)
@@ -139,9 +143,11 @@ constexpr uint64_t kShapeWord = 0x{shape.shape_word():016x}ULL;  // the key's la
 const char* kNames[] = {{{names}}};
 PyObject* g_names[kArgs + 1];
 
-// The call's arguments in their kernel parameter types, and its call key.
+// The call's arguments in their kernel parameter types, its call key and the
+// devices its arrays are on (array_reads.h fold_device).
 struct Args {{
   uint64_t key[kKeyWords] = {{}};
+  int devices = kNoArrays;
 {chr(10).join(members)}
 }};
 
@@ -156,11 +162,23 @@ struct Args {{
   return true;
 }}
 
+// Whether the call's arrays may be handed to a kernel on `device` (python_args.h launch_context):
+// all there, else each pointer accessible from it.
+[[maybe_unused]] bool arrays_here(const Args& a, int device) {{
+  return a.devices == kNoArrays || a.devices == device || ({reachable});
+}}
+
 // The C entry (stub_protocol.h StubEntry): what the launcher calls.
 StubResult launch_c(const void*, ResolveTable* kernel, PyObject* grid, cu::CUstream stream, PyObject* const* args,
                     Py_ssize_t n, PyObject** key) {{
   Args a;
   if (!read(args, n, a)) return StubResult::kOtherShape;
+  cu::CUcontext ctx = nullptr;
+  int device = -1;
+  // Arrays the current device cannot read: not this stub's call (before its key is resolved, so that
+  // no tuning trial runs on them either); Python then refuses it, naming the argument.
+  if (a.devices != kNoArrays && (ctx = launch_context(&device)) && !arrays_here(a, device))
+    return StubResult::kOtherShape;
   const Entry* e = kernel->find(a.key, kKeyWords);
   if (!e) return (*key = key_tuple(a.key, kKeyWords)) ? StubResult::kUnresolved : StubResult::kError;
   Dim3 g;
@@ -169,7 +187,8 @@ StubResult launch_c(const void*, ResolveTable* kernel, PyObject* grid, cu::CUstr
     void* params[{n_params}];
     size_t np = 0;
 {chr(10).join(pack)}
-    e->kernel->launch(stream, g, params, np);
+    if (ctx) e->kernel->launch(ctx, stream, g, params, np);
+    else e->kernel->launch(stream, g, params, np);
   }} catch (const std::exception& ex) {{
     raise(ex, kernel->name().c_str());
     return StubResult::kError;

@@ -88,8 +88,14 @@ def _supplied(spec: KernelSpec) -> set[str]:
 def _heuristic_reads(spec: KernelSpec, call_params: list) -> set[str] | None:
     """Call arguments the heuristics read, found by running them on stand-in
     values; None if they could not run on those (then every argument counts)."""
+    return _probe_heuristics(spec, call_params)[0]
+
+
+def _probe_heuristics(spec: KernelSpec, call_params: list) -> tuple[set[str] | None, set[str] | None]:
+    """(call arguments, names the heuristics set) the heuristics read, run on
+    stand-in values; (None, None) if they could not run on those."""
     if not spec.heuristics:
-        return set()
+        return set(), set()
     named = {p.name: (16 if p.default is inspect.Parameter.empty else p.default) for p in call_params}
     read: set[str] = set()
     try:
@@ -98,11 +104,22 @@ def _heuristic_reads(spec: KernelSpec, call_params: list) -> set[str] | None:
             for fn in layer.values.values():
                 rec = ReadRecorder({**named, **cfg})
                 fn(rec)
-                read |= rec.read & named.keys()
+                read |= named.keys() | spec.heuristic_names() if ReadRecorder.ALL in rec.read else rec.read
     except Exception as exc:  # a heuristic that needs real values: key on every argument instead
         log.debug("kernel %s: heuristics did not run on stand-in values (%s)", spec.name, exc)
-        return None
-    return read
+        return None, None
+    return read & named.keys(), read & spec.heuristic_names()
+
+
+def _overwritten(spec: KernelSpec, call_params: list) -> set[str]:
+    """The keywords a call may pass and the heuristics overwrite (Triton's Heuristics.run):
+    set by a heuristic, not by a config, and read by no heuristic, so that dropping the
+    call's value changes nothing. (One a heuristic reads would have to key each launch.)"""
+    _, self_read = _probe_heuristics(spec, call_params)
+    if self_read is None:
+        return set()
+    candidates = spec.heuristic_names() - {k for c in spec.configs for k in c.all_kwargs()} - self_read
+    return candidates - spec.heuristics_may_read(candidates)
 
 
 def _jsonable(value: Any) -> bool:
@@ -127,7 +144,7 @@ def describe(kernel: Any, source: str | None = None) -> dict:
             d["default"] = p.default
         params.append(d)
     return {"name": spec.name, "source": source or source_of(kernel), "autotuned": bool(spec.configs),
-            "params": params, "supplied": sorted(supplied)}
+            "params": params, "supplied": sorted(supplied), "overwritten": sorted(_overwritten(spec, call_params))}
 
 
 # -- variants --------------------------------------------------------------------------
@@ -327,6 +344,8 @@ def bind(desc: dict, args: tuple, kwargs: dict) -> tuple[list, dict]:
             values.append(p["default"])
         else:
             raise TypeError(f"kernel {desc['name']}: missing argument {p['name']!r}")
+    for k in desc.get("overwritten", ()):  # a heuristic overwrites it, reading it not (Triton's Heuristics.run)
+        kwargs.pop(k, None)
     bad = [k for k in kwargs if k not in BUNDLE_OPTION_NAMES]
     if bad:
         raise TypeError(f"kernel {desc['name']}: unexpected keyword argument(s) {bad}"

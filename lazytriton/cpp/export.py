@@ -73,6 +73,8 @@ def runtime_params(desc: dict, signature: str, constexprs: dict) -> list[tuple[s
     names = {p["name"] for p in desc["params"]}
     defaults = {p["name"]: p.get("default") for p in desc["params"]}
     for k, v in constexprs.items():
+        if k in desc.get("overwritten", ()):  # its heuristic overwrites it (Triton's Heuristics.run)
+            continue
         if k in desc["supplied"]:
             raise ValueError(f"kernel {name}: {k} is chosen by its autotune configs or heuristics; do not pass it")
         if k not in names and k not in BUNDLE_OPTION_NAMES:
@@ -204,6 +206,8 @@ def generate(desc: dict, signature: str, constexprs: dict, function: str | None 
     if not re.fullmatch(r"[A-Za-z_]\w*", function):
         raise ValueError(f"{function!r} is not a C++ function name")
     params = runtime_params(desc, signature, constexprs)
+    # A value its heuristic overwrites is not the launch's: left out of the C++ constexprs.
+    constexprs = {k: v for k, v in constexprs.items() if k not in desc.get("overwritten", ())}
     decl = [f"{_cpp_type(t)} {_cpp_name(n)}" for n, t in params]
     args = ", ".join(_cpp_name(n) for n, _ in params)
     plist = "".join(f", {d}" for d in decl)

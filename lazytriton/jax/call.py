@@ -188,10 +188,9 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
     operand_kw = {k: v for k, v in kwargs.items() if k in by_name and not by_name[k].is_constexpr}
     meta = {p.name: p.default for p in spec.params
             if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    # A keyword a heuristic sets stays a meta-parameter: the heuristic sees it and overwrites it
+    # (site.py), as Triton's Heuristics.run does.
     meta.update({k: v for k, v in kwargs.items() if k not in operand_kw})
-    for k in meta.keys() & spec.heuristic_names():
-        if k in kwargs:
-            raise TypeError(f"{label}: {k} is set by the kernel's triton.heuristics; do not pass it")
     runtime = [p for p in params if not p.is_constexpr]
     if aliases and any(is_ref(a) for a in [*args, *operand_kw.values()]):  # before any index check: the cause
         raise ValueError(f"{label}: input_output_aliases cannot be combined with Ref arguments: a Ref is already "

@@ -250,8 +250,10 @@ class Site:
             if "heuristics" in c:
                 c["heuristics"] = {k: _decode(v) for k, v in c["heuristics"].items()}
         self.lazy = _site_kernel(kernel, d, LazyKernel)
-        # Options of an untuned kernel went into its one config when its heuristics were frozen.
-        self.options = {} if self.lazy.spec.autotuned else d["options"]
+        # Options a Config carries went into each config (an untuned kernel's into its one config
+        # when its heuristics were frozen); the others (launch_pdl, debug, ...) are the call's.
+        self.options = ({k: v for k, v in d["options"].items() if k not in _CONFIG_FIELDS}
+                        if self.lazy.spec.autotuned else d["options"])
 
     def call_leaves(self, buffers: tuple) -> list:
         """One value per entry of the descriptor's "args" (a leaf): an array,

@@ -124,18 +124,16 @@ def _buffer(name: str, a: Any, label: str) -> dict:
 
 
 def _configs(spec, label: str, options: dict, meta: dict) -> tuple[list[dict], dict]:
-    """Candidate configs of this call site, and the compile options of an
-    untuned kernel. As in jax-triton, meta-parameters given by the caller drop
-    the autotune configs that set them to something else, and an autotuned
-    kernel's configs set num_warps/num_stages/num_ctas."""
+    """Candidate configs of this call site, and the compile options every
+    candidate takes. As in jax-triton, meta-parameters given by the caller drop
+    the autotune configs that set them to something else, an autotuned kernel's
+    configs set num_warps/num_stages/num_ctas, and its other options (launch_pdl,
+    debug, ...) reach every config, as Triton merges them."""
     if not spec.configs:
         opts = {k: v for k, v in options.items() if v is not None and v != OPTION_DEFAULTS.get(k)}
         return [{"kwargs": {}}], opts
     per_config = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages", "num_ctas")}
-    other = sorted(k for k, v in per_config.items() if k != "maxnreg" and v != OPTION_DEFAULTS.get(k))
-    if other:
-        raise NotImplementedError(f"{label}: backend_options {other} cannot be applied to an autotuned kernel by "
-                                  "lazytriton (a triton.Config carries no such field); only maxnreg can")
+    other = {k: v for k, v in per_config.items() if k != "maxnreg" and v is not None and v != OPTION_DEFAULTS.get(k)}
     cfg_keys = {k for c in spec.configs for k in c.kwargs}
     fixed = {k: v for k, v in meta.items() if k in cfg_keys}
     kept = [c for c in spec.configs if all(c.kwargs.get(k, v) == v for k, v in fixed.items())]
@@ -150,7 +148,7 @@ def _configs(spec, label: str, options: dict, meta: dict) -> tuple[list[dict], d
         if "maxnreg" not in d and per_config.get("maxnreg") is not None:
             d["maxnreg"] = per_config["maxnreg"]
         out.append(d)
-    return out, {}
+    return out, other
 
 
 def _heuristic_values(spec, label: str, named: dict, meta: dict) -> dict:

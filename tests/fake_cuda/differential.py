@@ -4,12 +4,19 @@ tests/test_differential.py in a process whose libcuda.so.1 is fake_cuda.c.
 For each kernel of tests/kernels/differential_kernels.py it makes seeded random
 *sequences* of calls on ONE kernel object, varying what Triton specializes on
 (None or an array, None or an int, ints near 1 / 16 / 2**31 / 2**63, bools,
-floats, dtypes, alignment, tuples, descriptor block shapes), and after every
-call compares what lazytriton handed the driver with what Triton's own
-`JITFunction.run` (its binder, compiler and launcher, unmodified) hands it for
-the same call: the compiled image launched (so the specialization: signature,
-constexprs, attrs, options), grid, block, shared memory and every parameter's
-bytes (sizes read from the cubin by the fake driver). An autotuned kernel's
+floats, dtypes, alignment, tuples, descriptor block shapes) and the keywords
+library code passes beside the arguments (launch options: num_warps,
+num_stages, num_ctas, maxnreg, launch_pdl, launch_cooperative_grid; values a
+triton.heuristics sets, which it overwrites; now and then a meta-parameter an
+autotune config sets), and after every call compares what lazytriton handed the
+driver with what Triton's own `JITFunction.run` (its binder, compiler and
+launcher, unmodified) hands it for the same call: the compiled image launched
+(so the specialization: signature, constexprs, attrs, options), grid, block,
+shared memory, launch attributes (PDL, cooperative, cluster) and every
+parameter's bytes (sizes read from the cubin by the fake driver). Whether
+Triton takes a call at all is what its own `kernel[grid](...)` does
+(Heuristics.run, Autotuner.run: "Conflicting meta-parameters", a keyword given
+twice); both must take, or both refuse, the same calls. An autotuned kernel's
 every launch (trials included) must be Triton's launch of one of its configs,
 and one specialization always the same config.
 
@@ -124,15 +131,40 @@ def records() -> list[dict]:
     return out
 
 
-def triton_runs(kernel, args: tuple, kwargs: dict, grid) -> list[tuple[dict, dict]]:
+def _bench_once(kernel_call, quantiles=None, **_):
+    """The autotuner's benchmarker here: each config's launch once (Triton's own call), no timing."""
+    kernel_call()
+    return [1.0, 1.0, 1.0]
+
+
+def triton_takes(kernel, args: tuple, kwargs: dict, grid) -> None:
+    """Raises what Triton raises for this call: its own kernel[grid](*args, **kwargs),
+    through Heuristics.run and Autotuner.run (their checks: a keyword a config sets too,
+    one given twice), on the fake driver. Its launches are dropped (triton_runs makes them)."""
+    k = kernel
+    while not isinstance(k, triton.runtime.JITFunction):
+        if isinstance(k, Autotuner):
+            k.__dict__["do_bench"] = _bench_once  # Triton 3.9's cached property; earlier: its attribute
+            k._do_bench = _bench_once
+        k = k.fn
+    try:
+        kernel[grid](*args, **dict(kwargs))
+    finally:
+        records()
+
+
+def triton_runs(kernel, args: tuple, kwargs: dict, grid, top: bool = True) -> list[tuple[dict, dict]]:
     """Per config, in Triton's order after its own pruning: (Triton's launch record,
     its specialization). Autotuner and Heuristics are walked with their own code
-    (prune_configs, the heuristic functions); the launch is JITFunction.run's."""
+    (prune_configs, the heuristic functions); the launch is JITFunction.run's. Raises
+    what Triton raises for the call (triton_takes)."""
+    if top:
+        triton_takes(kernel, args, kwargs, grid)
     if isinstance(kernel, Heuristics):
         named = dict(zip(kernel.arg_names, args))
         for v, heur in kernel.values.items():
             kwargs = {**kwargs, v: heur({**named, **kwargs})}
-        return triton_runs(kernel.fn, args, kwargs, grid)
+        return triton_runs(kernel.fn, args, kwargs, grid, top=False)
     if isinstance(kernel, Autotuner):
         kernel.nargs = dict(zip(kernel.arg_names, args))
         try:
@@ -143,7 +175,7 @@ def triton_runs(kernel, args: tuple, kwargs: dict, grid) -> list[tuple[dict, dic
         for config in configs:
             opts = {k: v for k, v in (("num_warps", config.num_warps), ("num_stages", config.num_stages),
                                       ("num_ctas", config.num_ctas)) if v is not None}
-            out += triton_runs(kernel.fn, args, {**kwargs, **config.all_kwargs(), **opts}, grid)
+            out += triton_runs(kernel.fn, args, {**kwargs, **config.all_kwargs(), **opts}, grid, top=False)
         return out
     compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
     (rec,) = records()
@@ -234,6 +266,10 @@ def heuristic_on_int(c: Calls):
     return (c.buf(), c.buf(), c.int_([16, 48, 100, 1000, 1001, 5000, 4096])), {"BLOCK": c.pick([64, 256])}, grid_1d
 
 
+def heuristic_over_tuned(c: Calls):
+    return (c.buf(("fp32", "fp16")), c.buf(("fp32",)), c.pick([16, 64, 100, 256, 1000])), {}, grid_1d
+
+
 def tuple_args(c: Calls):
     inner = (c.maybe(0.4, lambda: c.int_([1, 2, 5, 16, 32, 2**31, 2**31 + 16, -3])),
              c.maybe(0.4, lambda: c.pick([0.5, 2.0, 1])))
@@ -259,8 +295,57 @@ CASES = {"optional_inputs": (dk.optional_inputs, optional_inputs),
          "int_kinds": (dk.int_kinds, int_kinds),
          "tuned_heuristics": (dk.tuned_heuristics, tuned_heuristics),
          "heuristic_on_int": (dk.heuristic_on_int, heuristic_on_int),
+         "heuristic_over_tuned": (dk.heuristic_over_tuned, heuristic_over_tuned),
          "tuple_args": (dk.tuple_args, tuple_args),
          "desc_scale": (dk.desc_scale, desc_scale)}
+
+
+# -- keywords beside the arguments ------------------------------------------------------------------
+
+LAUNCH_OPTIONS = {"num_warps": [2, 4, 8], "num_stages": [2, 3], "num_ctas": [1], "maxnreg": [128],
+                  "launch_pdl": [True, False], "launch_cooperative_grid": [True, False]}
+
+
+def set_by(fn) -> tuple[set, set]:
+    """(names its triton.heuristics set, meta-parameters its autotune configs set)."""
+    heur, cfg = set(), set()
+    while not isinstance(fn, triton.runtime.JITFunction):
+        if isinstance(fn, Heuristics):
+            heur |= set(fn.values)
+        else:
+            cfg |= {k for c in fn.configs for k in c.kwargs}
+        fn = fn.fn
+    return heur, cfg
+
+
+def keywords(fn, c: Calls) -> dict:
+    """Keywords a call passes beside its arguments, as library code does: launch options
+    (Triton merges them with an autotuned kernel's configs, and refuses those a config
+    sets: num_warps, num_stages and num_ctas every triton.Config sets), values a
+    triton.heuristics sets (it overwrites them), and now and then a meta-parameter an
+    autotune config sets (refused). From the template's choices: specializations recur."""
+    r = c.r
+    heur, cfg = set_by(fn)
+    out = {}
+    if r.random() < (0.2 if cfg else 0.35):
+        for name in r.sample(sorted(LAUNCH_OPTIONS), r.choice([1, 1, 2])):
+            out[name] = r.choice(LAUNCH_OPTIONS[name])
+    for name in sorted(heur):
+        if r.random() < 0.3:
+            out[name] = r.choice([True, False, 0, 3])
+    if cfg and r.random() < 0.03:
+        out[sorted(cfg)[0]] = 64
+    return out
+
+
+def sweep(fn) -> list[dict]:
+    """Each keyword pattern once, after a kernel's random calls (which may miss some): each
+    launch option alone, two together, each value a heuristic sets, and a meta-parameter a
+    config sets (Triton refuses it)."""
+    heur, cfg = set_by(fn)
+    out = [{"num_warps": 2}, {"num_warps": 8}, {"num_stages": 2}, {"num_ctas": 1}, {"maxnreg": 128},
+           {"launch_pdl": True}, {"launch_cooperative_grid": True}, {"launch_pdl": True, "maxnreg": 128}]
+    return out + [{name: 3} for name in sorted(heur)] + [{name: 64} for name in sorted(cfg)]
 
 
 def for_lazytriton(v):
@@ -270,7 +355,7 @@ def for_lazytriton(v):
 
 
 def same(a: dict, b: dict) -> bool:
-    return all(a[k] == b[k] for k in ("image", "grid", "block", "shared", "params"))
+    return all(a[k] == b[k] for k in ("image", "grid", "block", "shared", "attrs", "params"))
 
 
 def short(v) -> str:
@@ -297,12 +382,19 @@ class Face:
         """The call's arguments as this face can pass them."""
         return args
 
+    def takes(self, kwargs: dict) -> bool:
+        """Whether this face can pass these keywords as Triton's call does."""
+        return True
+
 
 def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 def check_call(face: Face, i: int, args, kwargs, grid, report: dict) -> None:
+    if not face.takes(kwargs):
+        report["other_face"] += 1
+        return
     args = face.adapt(args)
     label = f"{face.name} {face.kernel_name} call {i}: ({', '.join(short(a) for a in args)}; {kwargs})"
     try:
@@ -333,7 +425,10 @@ def check_call(face: Face, i: int, args, kwargs, grid, report: dict) -> None:
             return
     # One specialization, one winner: the last launch is the config lazytriton runs from now on.
     named = dict(zip(face.k.spec.arg_names, args))
-    spec_key = json.dumps([[s for _, s in theirs], [repr(named.get(n)) for n in face.k.spec.tune_keys]],
+    # (A call's keywords too: lazytriton tunes apart each set of launch options, which are the compile's,
+    # and each value of a keyword a heuristic reads, which Triton's autotuner keys on neither.)
+    options = sorted((k, repr(v)) for k, v in kwargs.items())
+    spec_key = json.dumps([[s for _, s in theirs], [repr(named.get(n)) for n in face.k.spec.tune_keys], options],
                           sort_keys=True)
     winner = next(j for j, (rec, _) in enumerate(theirs) if same(ours[-1], rec))
     report["specializations"].add(json.dumps([s for _, s in theirs], sort_keys=True))
@@ -346,6 +441,11 @@ def check_call(face: Face, i: int, args, kwargs, grid, report: dict) -> None:
 # -- the JAX face ----------------------------------------------------------------------------------
 
 JAX_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "i32": "int32", "i64": "int64"}
+
+
+# jax-triton's compile options: num_warps/num_stages/num_ctas are triton_call's own arguments, the
+# others go in backend_options.
+JAX_EXPLICIT = ("num_warps", "num_stages", "num_ctas")
 
 
 def jax_call(face: Face, args, kwargs, grid, out_index: int) -> list[dict]:
@@ -377,9 +477,13 @@ def jax_call(face: Face, args, kwargs, grid, out_index: int) -> list[dict]:
     out = args[out_index]
     out_aval = jax.ShapeDtypeStruct((out.nbytes // out.dtype.itemsize,), jnp.dtype(JAX_DTYPES[out.tdtype]))
 
+    backend = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS and k not in JAX_EXPLICIT}
+    kwargs = {k: v for k, v in kwargs.items() if k not in backend}
+
     def f(*traced):
         operands = {**statics, **{n: t for (n, _), t in zip(arrays, traced)}}
-        return ltj.triton_call(kernel=face.fn, out_type=out_aval, grid=grid, **operands, **kwargs)
+        return ltj.triton_call(kernel=face.fn, out_type=out_aval, grid=grid, backend_options=backend or None,
+                               **operands, **kwargs)
 
     text = jax.jit(f).trace(*avals_in).lower(lowering_platforms=("cuda",)).as_text()
     m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
@@ -395,7 +499,7 @@ def jax_call(face: Face, args, kwargs, grid, out_index: int) -> list[dict]:
 
 
 class JaxFace(Face):
-    OUT = {"optional_inputs": 2, "int_kinds": 0, "tuned_heuristics": 2, "heuristic_on_int": 1}
+    OUT = {"optional_inputs": 2, "int_kinds": 0, "tuned_heuristics": 2, "heuristic_on_int": 1, "heuristic_over_tuned": 1}
 
     def call(self, args, kwargs, grid):
         if callable(grid):  # jax-triton's grid callables see the meta-parameters only: the rest by closure
@@ -406,6 +510,15 @@ class JaxFace(Face):
     def adapt(self, args: tuple) -> tuple:
         # XLA's buffers are aligned (to 16 bytes at least): so are this face's.
         return tuple(Buffer(a.ptr & ~15, a.tdtype, a.nbytes) if isinstance(a, Buffer) else a for a in args)
+
+    def takes(self, kwargs: dict) -> bool:
+        # jax-triton's rules where they differ from Triton's (lazytriton.jax follows them): an autotuned
+        # kernel's configs set num_warps/num_stages/num_ctas over the call's, and a meta-parameter the call
+        # gives drops the configs that set it otherwise; launch_cooperative_grid is no triton_call option.
+        _, cfg = set_by(self.fn)
+        if "launch_cooperative_grid" in kwargs:
+            return False
+        return not cfg or not (set(kwargs) & (cfg | set(JAX_EXPLICIT)))
 
 
 # -- the C++ bundle face ------------------------------------------------------------------------------
@@ -487,10 +600,17 @@ def bundle_face(calls: int, seed: int, templates: int, kernels, exe: str, report
         rng = random.Random(f"{seed}/bundle/{name}")
         counter = [0]
         n_calls = 0
+        todo = []
         for i in range(calls // 8):
             template = random.Random(f"{seed}/{name}/{rng.randrange(templates)}")
-            args, kwargs, grid = make(Calls(template, rng, counter))
-            label = f"bundle {name} call {i}: ({', '.join(short(a) for a in args)}; {kwargs})"
+            chosen = Calls(template, rng, counter)
+            args, kwargs, grid = make(chosen)
+            todo.append((f"call {i}", args, {**kwargs, **keywords(fn, chosen)}, grid))
+        for j, extra in enumerate(sweep(fn)):  # every keyword pattern once (keywords() may miss some)
+            args, kwargs, grid = make(Calls(random.Random(f"{seed}/{name}/sweep"), rng, counter))
+            todo.append((f"sweep {j}", args, {**kwargs, **extra}, grid))
+        for what, args, kwargs, grid in todo:
+            label = f"bundle {name} {what}: ({', '.join(short(a) for a in args)}; {kwargs})"
             try:
                 theirs = triton_runs(fn, args, dict(kwargs), grid)
             except Exception as exc:
@@ -549,26 +669,43 @@ def run(calls: int, seed: int, faces: list[str], kernels: list[str] | None, temp
             # The generated face builds one C++ stub per argument shape (~1 s each): fewer templates.
             n_templates = templates // 2 if face_name == "generated" else templates
             counter = [0]
-            report = {"calls": 0, "refused": 0, "specializations": set(), "failures": []}
+            report = {"calls": 0, "refused": 0, "other_face": 0, "keywords": 0, "specializations": set(),
+                      "failures": []}
             n = calls // 8 if face_name == "jax" else calls
             t0 = time.perf_counter()
             for i in range(n):
                 try:
                     template = random.Random(f"{seed}/{name}/{rng.randrange(n_templates)}")
-                    args, kwargs, grid = make(Calls(template, rng, counter))
-                    check_call(face, i, args, kwargs, grid, report)
+                    chosen = Calls(template, rng, counter)
+                    args, kwargs, grid = make(chosen)
+                    extra = keywords(fn, chosen)
+                    report["keywords"] += bool(extra)
+                    check_call(face, i, args, {**kwargs, **extra}, grid, report)
                 except Exception:
                     report["failures"].append(f"{face_name} {name} call {i}: the check raised\n"
                                               f"{traceback.format_exc()}")
                 if len(report["failures"]) >= 5:
                     break
+            swept = {"calls": 0, "refused": 0, "other_face": 0, "keywords": 0, "specializations": set(),
+                     "failures": []}
+            for j, extra in enumerate(sweep(fn)):  # on one template: one specialization but for the keywords
+                args, kwargs, grid = make(Calls(random.Random(f"{seed}/{name}/sweep"), rng, counter))
+                try:
+                    check_call(face, f"sweep {j}", args, {**kwargs, **extra}, grid, swept)
+                except Exception:
+                    swept["failures"].append(f"{face_name} {name} sweep {j}: the check raised\n"
+                                             f"{traceback.format_exc()}")
+            report["failures"] += swept["failures"]
             out["faces"].setdefault(face_name, {})[name] = {
-                "calls": report["calls"], "refused": report["refused"],
-                "specializations": len(report["specializations"]), "seconds": round(time.perf_counter() - t0, 1)}
+                "calls": report["calls"], "refused": report["refused"], "keywords": report["keywords"],
+                "other_face": report["other_face"], "specializations": len(report["specializations"]),
+                "sweep": {k: swept[k] for k in ("calls", "refused", "other_face")},
+                "seconds": round(time.perf_counter() - t0, 1)}
             out["failures"] += report["failures"]
-            print(f"{face_name:9s} {name:18s} {report['calls']:5d} calls, {len(report['specializations']):3d} "
-                  f"Triton specializations, {report['refused']:3d} refused by both, {len(report['failures'])} "
-                  f"failures ({time.perf_counter() - t0:.1f} s)", flush=True)
+            print(f"{face_name:9s} {name:20s} {report['calls']:5d} calls, {len(report['specializations']):3d} "
+                  f"Triton specializations, {report['refused']:3d} refused by both, {report['keywords']:3d} with "
+                  f"keywords; keyword sweep: {swept['calls']} calls, {swept['refused']} refused by both; "
+                  f"{len(report['failures'])} failures ({time.perf_counter() - t0:.1f} s)", flush=True)
     if "bundle" in faces:
         os.environ["LAZYTRITON_STUB_BUILD"] = "off"
         bundle_face(calls, seed, templates, kernels, os.environ["FAKE_CUDA_BUNDLE_CALLS_EXE"], out)

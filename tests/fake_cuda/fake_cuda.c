@@ -16,6 +16,13 @@
 // Device: one sm_90 GPU ("FAKE sm_90"; $FAKE_CUDA_CC=80 makes it sm_80). Memory calls hand out
 // addresses nothing reads. Contexts are per thread, as the driver's: none is current on a thread
 // until cuCtxSetCurrent, and cuTensorMapEncodeTiled refuses a thread without one.
+// $FAKE_CUDA_DEVICES=2 adds a second device: each device has its primary context, and the
+// addresses 0x7a0000000000-0x7affffffffff are device 1's memory, every other address device 0's
+// (a thread with no current context launches on device 0).
+// cuPointerGetAttribute answers their device (DEVICE_ORDINAL) and, as without peer access,
+// refuses DEVICE_POINTER for memory of another device than the current context's
+// (CUDA_ERROR_INVALID_VALUE), unless $FAKE_CUDA_PEER_ACCESS=1. A launch's record says on which
+// device it ran ("device").
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,7 +60,22 @@ typedef struct {
   unsigned numAttrs;
 } FakeLaunchConfig;  // CUlaunchConfig's layout
 
-static int g_ctx_token, g_event_token;
+#define MAX_DEVICES 8
+static int g_ctx_tokens[MAX_DEVICES], g_event_token;
+static __thread CUcontext g_current;  // NULL: none set on this thread (launches go to device 0)
+
+static int n_devices(void) {
+  static int count;  // read once: a launch asks (through cuPointerGetAttribute)
+  if (!count) {
+    const char* n = getenv("FAKE_CUDA_DEVICES");
+    int v = n ? atoi(n) : 1;
+    count = v < 1 ? 1 : v > MAX_DEVICES ? MAX_DEVICES : v;
+  }
+  return count;
+}
+static CUcontext current_ctx(void) { return g_current ? g_current : (CUcontext)&g_ctx_tokens[0]; }
+static int current_device(void) { return (int)((int*)current_ctx() - g_ctx_tokens); }
+static int device_of_address(CUdeviceptr p) { return (p >> 40) == 0x7a && n_devices() > 1 ? 1 : 0; }
 static CUdeviceptr g_next_alloc = 0x7e0000000000ull;
 
 #define OK return 0
@@ -63,7 +85,7 @@ CUresult cuDriverGetVersion(int* v) { *v = 13020; OK; }
 CUresult cuGetErrorName(CUresult e, const char** s) { *s = e ? "CUDA_ERROR_FAKE" : "CUDA_SUCCESS"; OK; }
 CUresult cuGetErrorString(CUresult e, const char** s) { *s = e ? "fake error" : "no error"; OK; }
 CUresult cuDeviceGet(CUdevice* d, int ordinal) { *d = ordinal; OK; }
-CUresult cuDeviceGetCount(int* n) { *n = 1; OK; }
+CUresult cuDeviceGetCount(int* n) { *n = n_devices(); OK; }
 CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
   (void)d;
   snprintf(name, (size_t)len, "FAKE sm_90");
@@ -90,12 +112,15 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
   }
   OK;
 }
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
+  if (d < 0 || d >= n_devices()) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  *c = &g_ctx_tokens[d];
+  OK;
+}
 // As the driver: a thread has no current context until one is set on it.
-static __thread CUcontext g_current;
-CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) { (void)d; *c = &g_ctx_token; OK; }
 CUresult cuCtxGetCurrent(CUcontext* c) { *c = g_current; OK; }
 CUresult cuCtxSetCurrent(CUcontext c) { g_current = c; OK; }
-CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; OK; }
+CUresult cuCtxGetDevice(CUdevice* d) { *d = current_device(); OK; }
 CUresult cuCtxSynchronize(void) { OK; }
 CUresult cuCtxGetLimit(size_t* v, int limit) { (void)limit; *v = 0; OK; }
 CUresult cuCtxSetLimit(int limit, size_t v) { (void)limit; (void)v; OK; }
@@ -189,7 +214,13 @@ CUresult cuFuncSetAttribute(void* f, int attr, int v) { (void)f, (void)attr, (vo
 CUresult cuFuncSetCacheConfig(void* f, int c) { (void)f, (void)c; OK; }
 CUresult cuOccupancyMaxActiveClusters(int* n, void* f, const void* config) { (void)f, (void)config; *n = 1; OK; }
 CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
-  (void)attr;
+  if (attr == 9) {  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    *(int*)data = device_of_address(p);
+    OK;
+  }
+  const char* peer = getenv("FAKE_CUDA_PEER_ACCESS");
+  if (attr == 3 && device_of_address(p) != current_device() && !(peer && *peer == '1'))
+    return 1;  // CUDA_ERROR_INVALID_VALUE: another device's memory, no peer access
   *(CUdeviceptr*)data = p;  // CU_POINTER_ATTRIBUTE_DEVICE_POINTER: itself
   OK;
 }
@@ -227,7 +258,7 @@ CUresult cuEventSynchronize(CUevent e) { (void)e; OK; }
 CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { (void)a, (void)b; *ms = 1.0f; OK; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; OK; }
 CUresult cuStreamIsCapturing(CUstream s, int* status) { (void)s; *status = 0; OK; }
-CUresult cuStreamGetCtx(CUstream s, CUcontext* c) { (void)s; *c = &g_ctx_token; OK; }
+CUresult cuStreamGetCtx(CUstream s, CUcontext* c) { (void)s; *c = current_ctx(); OK; }
 CUresult cuThreadExchangeStreamCaptureMode(int* mode) { (void)mode; OK; }
 
 CUresult cuTensorMapEncodeTiled(void* map, int type, uint32_t rank, void* addr, const uint64_t* dims,
@@ -286,8 +317,8 @@ static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, u
   FILE* out = fopen(path, "a");
   if (!out) return 1;
   fprintf(out, "{\"via\": \"%s\", \"kernel\": \"%s\", \"image\": \"%016llx\", \"grid\": [%u, %u, %u], "
-               "\"block\": %u, \"shared\": %u, \"attrs\": %u, \"params\": [",
-          how, name, (unsigned long long)fn->image_hash, gx, gy, gz, bx, shared, nattrs);
+               "\"block\": %u, \"shared\": %u, \"attrs\": %u, \"device\": %d, \"params\": [",
+          how, name, (unsigned long long)fn->image_hash, gx, gy, gz, bx, shared, nattrs, current_device());
   for (int i = 0; i < n; ++i) {
     fprintf(out, "%s\"", i ? ", " : "");
     const unsigned char* b = (const unsigned char*)params[i];

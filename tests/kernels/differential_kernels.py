@@ -82,6 +82,17 @@ def heuristic_on_int(x, out, n, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out + offs, v, mask=offs < n)
 
 
+@triton.heuristics({"SCALE": lambda a: 2 * a.get("SCALE", 1) if a["n"] > 100 else 1})
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2), triton.Config({"BLOCK": 128}, num_warps=4)],
+                 key=["n"])
+@triton.jit
+def heuristic_over_tuned(x, out, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    # Heuristics above autotune run first, on the call's keywords: SCALE's reads a SCALE the call passes.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * SCALE, mask=m)
+
+
 @triton.jit
 def tuple_args(xs, out, n, BLOCK: tl.constexpr):
     # xs = (pointer, (int or None, float or None), pointer or None)

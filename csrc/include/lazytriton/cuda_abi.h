@@ -18,6 +18,7 @@ using CUstream = struct CUstream_st*;
 using CUevent = struct CUevent_st*;
 
 constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
@@ -48,6 +49,9 @@ enum FuncAttr : int {
 };
 
 constexpr int CU_FUNC_CACHE_PREFER_SHARED = 1;
+// CUpointer_attribute
+constexpr int CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3;
+constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
 constexpr int CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1;
 constexpr unsigned CU_EVENT_DEFAULT = 0;
 constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;

@@ -59,6 +59,18 @@ void check(cu::CUresult code, const std::string& what);
 // context (or LAZYTRITON_DEVICE's) is made current, as the CUDA runtime would.
 cu::CUcontext current_context();
 int context_device(cu::CUcontext ctx);
+// context_device for a launch: remembered per thread for the context it last asked about
+// (a context handle is not reused for another device while the process holds modules in it).
+int launch_device(cu::CUcontext ctx);
+
+// The device ordinal of the memory at `ptr` (cuPointerGetAttribute DEVICE_ORDINAL), or -1 when
+// the driver does not tell (host memory, an address no allocation holds, a HIP runtime without it).
+int pointer_device(cu::CUdeviceptr ptr) noexcept;
+// Whether a kernel launched in the current context may read `ptr`: Triton's launcher check
+// (cuPointerGetAttribute DEVICE_POINTER answers anything but CUDA_ERROR_INVALID_VALUE): memory of
+// this device, of a peer with peer access enabled, managed or mapped host memory. True when
+// there is no driver to ask (a launch then fails for that reason).
+bool pointer_accessible(cu::CUdeviceptr ptr) noexcept;
 
 // The primary context of `device`, retained once for the life of the process.
 cu::CUcontext primary_context(int device);
