@@ -35,10 +35,21 @@ GROUPS = {
     # Issue 23: optional pointers switching between None and arrays in one process (CuPy), and a
     # Python int beyond int32 indexing an 8 GiB buffer through lazytriton.jax.
     "specialization": ["test_gpu_specialization.py"],
+    # Issue 36: arrays on the other GPU refused, one process driving both GPUs (torch, CuPy, a jit on
+    # device 1, shard_map over both with command buffers on). Needs two GPUs.
+    "two_devices": ["test_gpu_two_devices.py"],
     # The stubs' reads of torch tensors (the torch reader, torch's getters) and CuPy arrays: views at
     # offsets, dtypes, parameters and subclasses in one process.
     "array_reads": ["test_gpu_array_reads.py"],
 }
+
+
+def _gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
 @pytest.mark.parametrize("allocator", ["bfc", "platform"])
@@ -46,6 +57,8 @@ GROUPS = {
 def test_jax_tests_are_clean_under_memcheck(tmp_path, group, allocator):
     if shutil.which("compute-sanitizer") is None:
         pytest.skip("compute-sanitizer not installed")
+    if group == "two_devices" and _gpu_count() < 2:
+        pytest.skip("needs two GPUs")
     env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "ltcache"), "PYTHONUNBUFFERED": "1",
            "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     env.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)

@@ -133,3 +133,115 @@ def test_arrays_on_the_other_gpu_are_refused_and_the_context_survives(tmp_path, 
     r = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=str(HERE))], env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-6000:]
+
+
+# One process driving both devices with one autotuned kernel object (issue 36): calls that alternate
+# between the devices, first calls from two threads on two devices at once, torch and CuPy arrays;
+# then JAX: a jit placed on device 1, and shard_map over both devices with command buffers on. Fresh
+# random data each call, outputs poisoned first, compared with a reference.
+ONE_PROCESS = r"""
+import sys, threading
+sys.path.insert(0, {tests!r})
+import numpy as np
+import torch
+import triton
+import lazytriton
+from kernels import basic
+
+gen = torch.Generator().manual_seed(5)
+k = lazytriton.kernel(basic.matmul_kernel)
+
+
+def matmul_on(device, m, n=128, kk=64, arrays="torch"):
+    a = torch.randn(m, kk, generator=gen, dtype=torch.float16)
+    b = torch.randn(kk, n, generator=gen, dtype=torch.float16)
+    ref = a.float() @ b.float()
+    with torch.cuda.device(device):
+        a, b = a.to(f"cuda:{{device}}"), b.to(f"cuda:{{device}}")
+        c = torch.full((m, n), float("nan"), device=f"cuda:{{device}}", dtype=torch.float16)
+        if arrays == "cupy":
+            import cupy
+            with cupy.cuda.Device(device):
+                a, b, c = cupy.asarray(a), cupy.asarray(b), cupy.asarray(c)
+        grid = lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"]))
+        k[grid](a, b, c, m, n, kk, kk, 1, n, 1, n, 1)
+        out = torch.as_tensor(c, device=f"cuda:{{device}}").float().cpu()
+    err = (out - ref).abs().max().item()
+    assert err < 5e-2 * max(1.0, ref.abs().max().item()), (device, m, arrays, err)
+
+
+for device in (0, 1, 0, 1):
+    matmul_on(device, 256)
+try:
+    import cupy
+except ImportError:
+    cupy = None
+if cupy is not None:
+    for device in (1, 0, 1):
+        matmul_on(device, 256, arrays="cupy")
+
+# First calls of a new key from two threads, one per device, at once.
+errors = []
+def first(device):
+    try:
+        torch.cuda.set_device(device)
+        matmul_on(device, 384)
+    except BaseException as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=first, args=(d,)) for d in (0, 1)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+torch.cuda.set_device(0)
+for device in (1, 0):
+    matmul_on(device, 384)
+
+import jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import lazytriton.jax as ltj
+
+def mm(a, b):
+    m, kk = a.shape
+    n = b.shape[1]
+    return ltj.triton_call(a, b, m, n, kk, kk, 1, n, 1, n, 1, kernel=basic.matmul_kernel,
+                           out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                           grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])))
+
+def check(out, a, b):
+    ref = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+    err = np.abs(np.asarray(out, np.float32) - ref).max()
+    assert err < 5e-2 * max(1.0, np.abs(ref).max()), err
+
+dev1 = jax.devices()[1]
+f = jax.jit(mm)
+for step in range(3):
+    key = jax.random.key(step)
+    a = jax.device_put(jax.random.normal(key, (256, 64), jnp.float16), dev1)
+    b = jax.device_put(jax.random.normal(jax.random.fold_in(key, 1), (64, 128), jnp.float16), dev1)
+    out = f(a, b)
+    assert out.devices() == {{dev1}}
+    check(out, a, b)
+
+mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+g = jax.jit(jax.shard_map(mm, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d")))
+for step in range(4):
+    key = jax.random.key(100 + step)
+    a = jax.device_put(jax.random.normal(key, (512, 64), jnp.float16), NamedSharding(mesh, P("d")))
+    b = jax.device_put(jax.random.normal(jax.random.fold_in(key, 1), (64, 128), jnp.float16), NamedSharding(mesh, P()))
+    check(g(a, b), a, b)
+print("ok")
+"""
+
+
+def test_one_process_drives_both_gpus(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    env = dict(os.environ, LAZYTRITON_CACHE_DIR=str(tmp_path / "lazytriton"), XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1")
+    r = subprocess.run([sys.executable, "-c", ONE_PROCESS.format(tests=str(HERE))], env=env, capture_output=True,
+                       text=True, timeout=900, cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-6000:]
