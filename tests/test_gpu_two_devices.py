@@ -146,7 +146,7 @@ import numpy as np
 import torch
 import triton
 import lazytriton
-from kernels import basic
+from kernels import basic, jaxk
 
 gen = torch.Generator().manual_seed(5)
 k = lazytriton.kernel(basic.matmul_kernel)
@@ -205,7 +205,7 @@ import lazytriton.jax as ltj
 def mm(a, b):
     m, kk = a.shape
     n = b.shape[1]
-    return ltj.triton_call(a, b, m, n, kk, kk, 1, n, 1, n, 1, kernel=basic.matmul_kernel,
+    return ltj.triton_call(a, b, m, n, kk, kk, 1, n, 1, n, 1, kernel=jaxk.matmul_kernel,  # output last
                            out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
                            grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])))
 
