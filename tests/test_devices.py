@@ -56,6 +56,16 @@ def make_current(device):  # what torch.cuda.set_device does: that device's prim
     assert cuda.cuCtxSetCurrent(ctx) == 0
 
 
+class PtrLike:
+    # An object that does not say its device (data_ptr() alone): each pointer is put to the driver's
+    # check. (lazytriton's own DeviceArray is not: it records buffers its maker vouches for.)
+    def __init__(self, ptr, dtype, nbytes):
+        self.ptr, self.dtype, self.nbytes = ptr, dtype, nbytes
+
+    def data_ptr(self):
+        return self.ptr
+
+
 class CupyLike:
     # What lazytriton reads of a CuPy array: data.ptr, data.device_id (its MemoryPointer), dtype.
     class Mem:
@@ -93,8 +103,8 @@ class DLPackLike:
 
 n = 4096
 grid = (n // 1024,)
-on0 = [DeviceArray(0x7F0000000000 + i * (1 << 24), "fp32", 4 * n) for i in range(3)]
-on1 = [DeviceArray(0x7A0000000000 + i * (1 << 24), "fp32", 4 * n) for i in range(3)]
+on0 = [PtrLike(0x7F0000000000 + i * (1 << 24), "float32", 4 * n) for i in range(3)]
+on1 = [PtrLike(0x7A0000000000 + i * (1 << 24), "float32", 4 * n) for i in range(3)]
 k = lazytriton.kernel(basic.add_kernel)
 out = {{}}
 k[grid](*on0, n, BLOCK=1024, stream=0)
@@ -112,12 +122,16 @@ for name, args in calls.items():
         except ValueError as exc:
             out["refused"][name] = str(exc)
 out["launched_while_refusing"] = len(launches())
+# lazytriton's DeviceArray records a buffer its maker vouches for (the JAX handler's XLA buffers, stand-ins
+# for compiling ahead): never put to the check, wherever its address points.
+k[grid](*[DeviceArray(a.ptr, "fp32", a.nbytes) for a in on1], n, BLOCK=1024, stream=0)
+out["recorded"] = [r["device"] for r in launches()]
 k[grid](*on0, n, BLOCK=1024, stream=0)  # the right arrays again: launched as before
 out["after"] = [r["device"] for r in launches()]
 # A new argument shape on device 1 (fp16): refused before its specialization compiles.
 compiles = lazytriton.stats()["compiles"]
 try:
-    k[grid](*[DeviceArray(a.ptr, "fp16", 2 * n) for a in on1], n, BLOCK=1024, stream=0)
+    k[grid](*[PtrLike(a.ptr, "float16", 2 * n) for a in on1], n, BLOCK=1024, stream=0)
     out["new_shape"] = None
 except ValueError as exc:
     out["new_shape"] = str(exc)
@@ -161,6 +175,7 @@ def test_arrays_on_another_device_are_refused_before_any_launch(fake_driver, tmp
         assert msg.startswith(f"kernel add_kernel, argument {arg}: the array is on cuda:1, but the current device "
                               "is cuda:0"), msg
     assert out["launched_while_refusing"] == 0
+    assert out["recorded"] == [0]
     assert out["new_shape"] is not None and "argument x: the array is on cuda:1" in out["new_shape"]
     assert out["compiled_for_it"] == 0 and out["launched_for_it"] == 0
     assert out["on1"] == [1, 1, 1]

@@ -22,6 +22,7 @@ enum Strategy : int {
   kCudaArrayInterface = 3,
   kDLPack = 4,
   kTorch = 5,  // data_ptr() once is_cuda is True: a host tensor has a data_ptr() too
+  kRecorded = 6,  // lazytriton's DeviceArray: data_ptr(), a buffer its maker vouches for (no device check)
 };
 
 // Attribute names, interned once: PyObject_GetAttrString would build a new
@@ -361,6 +362,11 @@ inline bool pointer_of(PyObject* obj, ArrayReader& r, uint64_t* ptr, int* device
     case kDataPtrMethod:
       v = read_attr(obj, n.data_ptr, r.first, /*method=*/true);
       ok = read_u64(v, ptr);
+      break;
+    case kRecorded:
+      v = read_attr(obj, n.data_ptr, r.first, /*method=*/true);
+      ok = read_u64(v, ptr);
+      *device = kAnyDevice;
       break;
     case kDataDotPtr: {
       PyObject* mem = read_attr(obj, n.data, r.first);

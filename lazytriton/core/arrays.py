@@ -44,7 +44,10 @@ _TYPESTR = {
     "f2": "fp16", "f4": "fp32", "f8": "fp64",
 }
 
-NOT_ARRAY, DATA_PTR_METHOD, DATA_DOT_PTR, CUDA_ARRAY_INTERFACE, DLPACK, TORCH = range(6)
+NOT_ARRAY, DATA_PTR_METHOD, DATA_DOT_PTR, CUDA_ARRAY_INTERFACE, DLPACK, TORCH, RECORDED = range(7)
+# RECORDED: lazytriton's own DeviceArray, the record of a buffer whose maker vouches for it (the JAX
+# handler's XLA buffers, on the device XLA launches the call on; stand-ins for compiling ahead and for
+# tests): read by data_ptr(), and never put to the device check.
 
 # DLPack device types whose memory a kernel can read (python_args.h checks the
 # same): kDLCUDA and kDLCUDAManaged. Not kDLCPU (1) nor kDLCUDAHost (3).
@@ -79,6 +82,8 @@ def pointer_strategy(obj: Any) -> int:
         return NOT_ARRAY
     if _is_torch_tensor(obj):
         return TORCH  # data_ptr(), once is_cuda says the memory is on a GPU
+    if type(obj) is DeviceArray:
+        return RECORDED
     if callable(getattr(obj, "data_ptr", None)):
         return DATA_PTR_METHOD
     data = getattr(obj, "data", None)
@@ -135,7 +140,7 @@ def array_info(obj: Any, what: str = "argument") -> ArrayInfo:
     if strategy == TORCH and not obj.is_cuda:
         raise TypeError(f"{what}: the tensor is on {obj.device}, not on a CUDA device, so a Triton kernel cannot "
                         "read it: move it to the GPU first (.cuda())")
-    if strategy in (DATA_PTR_METHOD, TORCH):
+    if strategy in (DATA_PTR_METHOD, TORCH, RECORDED):
         ptr = int(obj.data_ptr())
     elif strategy == DATA_DOT_PTR:
         ptr = int(obj.data.ptr)
@@ -199,6 +204,8 @@ def array_device(obj: Any) -> int | None:
     DLPack tensor's device id (ANY_DEVICE for managed memory); None when the
     object does not say (a data_ptr() or __cuda_array_interface__ object)."""
     strategy = pointer_strategy(obj)
+    if strategy == RECORDED:
+        return ANY_DEVICE
     try:
         if strategy == TORCH:
             return int(obj.get_device())
