@@ -183,3 +183,20 @@ def test_arrays_on_another_device_are_refused_before_any_launch(fake_driver, tmp
                                          "device is cuda:1"), out["on1_refused"]
     assert out["on1_launched_while_refusing"] == 0
     assert out["peer"] == [1]
+
+
+@pytest.mark.parametrize("setting,want", [("1", "1"), ("7", "LAZYTRITON_DEVICE='7' names a device the driver cannot open"),
+                                          ("x", "LAZYTRITON_DEVICE='x' is not a valid setting")])
+def test_lazytriton_device_chooses_the_device_of_a_thread_with_none(fake_driver, tmp_path, setting, want):
+    """LAZYTRITON_DEVICE (a C++ program's device, and any thread's with no current context):
+    device 1 of two; a device the machine lacks, or no ordinal, is an error naming the setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAZYTRITON_")}
+    env.update(LD_LIBRARY_PATH=str(fake_driver), FAKE_CUDA_DEVICES="2", LAZYTRITON_DEVICE=setting)
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-c", "from lazytriton import _core; print(_core.current_device())"],
+                       env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    if setting == "1":
+        assert r.returncode == 0 and r.stdout.strip() == "1", out
+    else:
+        assert r.returncode != 0 and want in out, out

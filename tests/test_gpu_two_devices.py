@@ -245,3 +245,25 @@ def test_one_process_drives_both_gpus(tmp_path):
     r = subprocess.run([sys.executable, "-c", ONE_PROCESS.format(tests=str(HERE))], env=env, capture_output=True,
                        text=True, timeout=900, cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-6000:]
+
+
+def test_a_cpp_bundle_launches_on_device_1(tmp_path_factory, tmp_path, cache_dir):
+    """The ahead-of-time C++ program (examples/cpp, no Python in its process) on device 1
+    (LAZYTRITON_DEVICE=1: the device of a thread with no current context), launching the
+    winners tuned from Python on device 0 (the same GPU model): correct results there."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from test_embed import CMAKE, EXAMPLE, cmake_build, run
+    from test_gpu_embed import N, tune_into
+
+    if CMAKE is None:
+        pytest.skip("needs cmake (pip install cmake)")
+    build = tmp_path_factory.mktemp("example-build")
+    cmake_build(EXAMPLE, build)
+    tune_into(tmp_path / "bundle")
+    on1 = run(build / "vector_add_aot", tmp_path / "bundle", N, env={"LAZYTRITON_DEVICE": "1"})
+    assert on1.returncode == 0 and f"n={N}: ok (0 wrong)" in on1.stdout, on1.stdout + on1.stderr[-3000:]
+    # The setting is what chose the device: one that does not exist is refused by name.
+    none = run(build / "vector_add_aot", tmp_path / "bundle", N, env={"LAZYTRITON_DEVICE": "7"})
+    assert none.returncode != 0 and "LAZYTRITON_DEVICE" in none.stdout + none.stderr, none.stdout + none.stderr

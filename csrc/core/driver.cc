@@ -156,8 +156,15 @@ cu::CUcontext current_context() {
       throw Error(std::string("LAZYTRITON_DEVICE='") + env +
                   "' is not a valid setting: it takes a device ordinal >= 0 (or unset for device 0)");
     device = int(v);
+    try {
+      ctx = primary_context(device);
+    } catch (const Error& ex) {  // a device this machine does not have: say which setting chose it
+      throw Error(std::string("LAZYTRITON_DEVICE='") + env + "' names a device the driver cannot open: " +
+                  ex.what());
+    }
+  } else {
+    ctx = primary_context(device);
   }
-  ctx = primary_context(device);
   check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
   return ctx;
 }
