@@ -205,7 +205,7 @@ def _all_used_global_vals(fn: Any) -> dict:
     return merged
 
 
-def _used_globals(fn: Any) -> list:
+def _used_globals(fn: Any, used: dict | None = None) -> list:
     """Live values of every global the kernel (transitively) reads.
 
     fn.cache_key covers only constexpr globals and is memoised, so a global
@@ -214,7 +214,7 @@ def _used_globals(fn: Any) -> list:
     the live value from the defining namespace makes such edits visible.
     """
     items = []
-    for entry_key, entry_val in _all_used_global_vals(fn).items():
+    for entry_key, entry_val in (_all_used_global_vals(fn) if used is None else used).items():
         name = entry_key[0] if isinstance(entry_key, tuple) else entry_key
         recorded, namespace = entry_val if isinstance(entry_val, tuple) and len(entry_val) == 2 else (entry_val, None)
         current = namespace.get(name, recorded) if isinstance(namespace, dict) else recorded
@@ -257,9 +257,9 @@ def kernel_fingerprint(fn: Any) -> str:
     triton_key = fn.cache_key  # computing it also fills fn.used_global_vals
     used = _all_used_global_vals(fn)
     if any(_has_address(v[0] if isinstance(v, tuple) else v) for v in used.values()):
-        parts = {"code": _stable_code_key(fn), "globals": _used_globals(fn)}
+        parts = {"code": _stable_code_key(fn), "globals": _used_globals(fn, used)}
     else:
-        parts = {"cache_key": triton_key, "globals": _used_globals(fn)}
+        parts = {"cache_key": triton_key, "globals": _used_globals(fn, used)}
     check = getattr(fn, "is_gluon", None)
     if callable(check) and check():
         # Triton's cache_key hashes the source alone: a @gluon.jit function and a

@@ -283,9 +283,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     pool = compile_pool.get_pool() if max_workers is None and todo else None
     threads = None
     stop = threading.Event()
-    if not todo:
-        pass
-    elif pool is not None:
+    if todo and pool is not None:
         log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end in %d worker process(es)%s",
                  spec.name, len(todo), target_label(target), min(pool.workers, len(todo)),
                  "" if pool.ready() else " once the compile server is ready (until then: in this process)")
@@ -299,7 +297,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         threading.Thread(target=_front_ends, args=(spec, target, pool, None if wait_for_server else threads, todo,
                                                    outer, stop),
                          name="lazytriton-front-end", daemon=True).start()
-    else:
+    elif todo:
         log.info("kernel %s: compiling %d candidate(s) for %s in this process", spec.name, len(todo),
                  target_label(target))
         workers = max_workers or min(len(todo), os.cpu_count() or 1)

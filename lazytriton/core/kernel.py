@@ -164,18 +164,8 @@ class LazyKernel(_core.LaunchBase):
         launch from C++ themselves: the JAX handler, C++ embedders.
         mode: "tune"; "record" (a cached winner or CaptureError: nothing may
         run on the stream); "first" (no tuning: the first config, not persisted)."""
-        if self._refusal:
-            raise TypeError(self._refusal)
-        args = self._bind_call(args, kwargs)
+        args, shape, key = self._keyed_call(args, kwargs)
         s = stream if type(stream) is int else self._stream(stream)
-        # The call key from the generated stub if it is built, else from the
-        # table-driven one (same key): callers of resolve launch from C++ (the
-        # JAX handler, embedders), so no stub build is started for them.
-        shape = self._shape(args)
-        self._check_launchable(shape, args)
-        key = stubgen.stub_if_built(shape, self.name).key(args)
-        if key is None:
-            raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         # No table here: these callers de-duplicate first calls in their own
         # (the JAX call site's, the bundle's). A tuned winner also serves k[grid].
         entry = self._resolution(key, args, s, grid, shape, mode)
@@ -195,6 +185,21 @@ class LazyKernel(_core.LaunchBase):
         return Resolved(entry, names, tuple(args[:self._n_call]), types[:n_leaves], meta, dims, tuple(key),
                         list(shape.names[:n_leaves]))
 
+    def _keyed_call(self, args: tuple, kwargs: dict) -> tuple:
+        """(the bound call, its shape, its call key) for callers that resolve without
+        launching (resolve, compile_ahead): the key from the generated stub if it is
+        built, else from the table-driven one (same key); no stub build is started,
+        as these callers launch from C++ themselves or not at all."""
+        if self._refusal:
+            raise TypeError(self._refusal)
+        args = self._bind_call(args, kwargs)
+        shape = self._shape(args)
+        self._check_launchable(shape, args)
+        key = stubgen.stub_if_built(shape, self.name).key(args)
+        if key is None:
+            raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
+        return args, shape, key
+
     def compile_ahead(self, *args, target: Any = None, **kwargs) -> "Future[int]":
         """Starts compiling, in the background, every candidate config of a
         call with these arguments, and persists the binaries; nothing is tuned
@@ -208,12 +213,7 @@ class LazyKernel(_core.LaunchBase):
         device's. Returns a Future of the number of candidates compiled."""
         from ..compile.targets import device_target
 
-        args = self._bind_call(args, kwargs)
-        shape = self._shape(args)
-        self._check_launchable(shape, args)
-        key = stubgen.stub_if_built(shape, self.name).key(args)
-        if key is None:
-            raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
+        args, shape, key = self._keyed_call(args, kwargs)
         if target is None:
             target = device_target(_core.device_info(_core.current_device()))
         return _ahead().submit(Resolution(self, key, args, 0, None, shape).compile_ahead, target)
