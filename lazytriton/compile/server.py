@@ -106,10 +106,7 @@ def shadows(entry: str, here: str) -> bool:
 # -- compiling one job (in a forked child) -----------------------------------------------
 
 def _compile(job: dict):
-    import triton
-
-    from ..cache import CompiledBinary
-    from .ir_text import TextSource
+    from .ir_text import TextSource, compile_text
 
     env = job.get("env")
     if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
@@ -117,10 +114,11 @@ def _compile(job: dict):
             del os.environ[k]
         os.environ.update(env)
     try:
-        src = TextSource(job["ir"])
+        TextSource(job["ir"])
+        job["ir"]["options"]
     except Exception as exc:  # a job this lazytriton cannot read: the caller compiles it itself
         raise WorkerUnavailable(f"unreadable job: {type(exc).__name__}: {exc}") from None
-    return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["ir"]["options"]))
+    return compile_text(job["ir"], job["target"])
 
 
 def reason(exc: BaseException) -> str:
