@@ -277,7 +277,9 @@ def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cac
         pool.promote(b3)
         for f in futs:
             assert f.result(timeout=300)[0].cubin
-        assert order == ["running", "urgent", "b3", "b1", "b2"]
+        # Urgent jobs may start beside the busy worker (background ones yield to them).
+        queued = [n for n in order if n != "running"]
+        assert set(queued[:2]) == {"urgent", "b3"} and queued[2:] == ["b1", "b2"], order
     finally:
         pool.close()
 

@@ -41,7 +41,8 @@ def counters() -> dict:
 def timings() -> list[dict]:
     """Per compile-and-tune resolution of this process: kernel, candidates,
     compiled_s (when the last candidate was ready), front_end_s (Triton's front
-    end in this process, summed over candidates), in_threads (candidates
+    end in this process, summed over candidates), compile_s (every
+    candidate's front end and back end, summed: CPU seconds, about), in_threads (candidates
     compiled on threads here: the compile server was not ready), tuned_s
     (compile and tune, overlapped), at (time.perf_counter() when it ended).
     For benchmarks."""
@@ -297,6 +298,7 @@ class Resolution:
         _timings.append({"kernel": k.name, "candidates": len(pruned),
                          "compiled_s": max((c.extra.get("ready_s", 0.0) for c in pruned), default=0.0),
                          "front_end_s": sum(c.extra.get("front_end_s", 0.0) for c in pruned),
+                         "compile_s": sum(c.compile_s for c in pruned),
                          "in_threads": sum(c.extra.get("compiled_in") == "thread" for c in pruned),
                          "tuned_s": time.perf_counter() - t0, "at": time.perf_counter()})
         rec = TuningRecord(
