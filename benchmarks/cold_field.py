@@ -299,7 +299,8 @@ first = time.perf_counter() - t
 err = float(jnp.abs(outs[0].astype(jnp.float32) - (a.astype(jnp.float32) @ b.astype(jnp.float32))).max())
 st = lazytriton.stats()
 tm = resolve.timings()
-done({"first_s": first, "max_err": err, "compiles": st["compiles"], "tunes": st["tunes"],
+from lazytriton.compile import schedule
+done({"t0": t, "compile_history": schedule.history(), "first_s": first, "max_err": err, "compiles": st["compiles"], "tunes": st["tunes"],
       "record_hits": st["record_hits"], "sites": len(tm), "timings": tm})
 """
 
@@ -338,7 +339,8 @@ for k, args, grid in calls:
 torch.cuda.synchronize()
 first = time.perf_counter() - t
 st = lazytriton.stats()
-done({"first_s": first, "compiles": st["compiles"], "tunes": st["tunes"], "record_hits": st["record_hits"],
+from lazytriton.compile import schedule
+done({"t0": t, "compile_history": schedule.history(), "first_s": first, "compiles": st["compiles"], "tunes": st["tunes"], "record_hits": st["record_hits"],
       "timings": resolve.timings()})
 """
 

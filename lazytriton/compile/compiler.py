@@ -310,7 +310,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
         for c in todo:
             ticket = schedule.Ticket(functools.partial(_front_end, spec, target, pool, threads, c, outer[id(c)], stop),
-                                     priority)
+                                     priority, f"{spec.name} {c.label}")
             if id(c) in shared:
                 shared[id(c)][1].ticket = ticket
             schedule.submit(ticket)
