@@ -61,7 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
-from .cache.config import env_flag, env_seconds
+from .settings import env_flag, env_seconds
 
 log = logging.getLogger("lazytriton.distributed")
 

@@ -10,11 +10,11 @@ import triton
 import triton.language as tl
 
 from lazytriton.cache import keys
-from lazytriton.core.arrays import PointerArg
+from lazytriton.model.arrays import PointerArg
 from lazytriton.cache import Cache
 from lazytriton.compile.compiler import Binder, compile_one
 from lazytriton.compile.targets import device_target, target_for
-from lazytriton.core.spec import KernelSpecError, describe
+from lazytriton.model.spec import KernelSpecError, describe
 
 
 @triton.jit

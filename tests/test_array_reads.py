@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import lazytriton
-from lazytriton.core import stubgen
+from lazytriton.runtime import stubgen
 
 from kernels import basic
 
@@ -152,7 +152,7 @@ class InterfaceProperty:
 def test_an_interface_without_dtype_is_read_by_its_typestr(stub_of, cls):
     k = lazytriton.kernel(basic.add_kernel)
     args = (cls(BASE), cls(BASE + 0x10000), cls(BASE + 0x20000), 16, 1024)
-    assert k._shape(args) == k._shape(call(lambda p, d: lazytriton.core.arrays.DeviceArray(p, "fp32", 64)))
+    assert k._shape(args) == k._shape(call(lambda p, d: lazytriton.model.arrays.DeviceArray(p, "fp32", 64)))
     stub = stub_of(k, args)
     for _ in range(3):  # the first read finds no .dtype; later ones read the interface at once
         assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]

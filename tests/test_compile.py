@@ -17,11 +17,11 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.cache import Cache
 from lazytriton.compile.compiler import AllCandidatesFailed, Binder, Candidate, compile_all
-from lazytriton.core.resolve import Resolution
-from lazytriton.core.spec import describe
+from lazytriton.runtime.resolve import Resolution
+from lazytriton.model.spec import describe
 
 from kernels import basic
 

@@ -14,10 +14,10 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from lazytriton.compile import pool as compile_pool
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, Candidate, compile_all, compile_stream
 from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
-from lazytriton.core.spec import describe
+from lazytriton.model.spec import describe
 
 TARGET = GPUTarget("cuda", 90, 32)
 P = DeviceArray(0x7F0000000000, "fp16", 1 << 24)

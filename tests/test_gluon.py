@@ -16,11 +16,11 @@ import lazytriton
 from lazytriton.compile import pool as compile_pool
 from lazytriton.compile.ir_text import front_end
 from lazytriton.cache import keys
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import ast_source
-from lazytriton.core.resolve import Resolution
-from lazytriton.core.spec import describe
+from lazytriton.runtime.resolve import Resolution
+from lazytriton.model.spec import describe
 
 from kernels import basic, gluonk
 from test_compile import check_binary

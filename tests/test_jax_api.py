@@ -326,7 +326,7 @@ def test_python_floats_are_fp32_when_representable_else_fp64():
     from lazytriton.jax import ffi as jax_ffi
     from lazytriton.compile.compiler import Binder, compile_one
     from lazytriton.compile.targets import default_target
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.arrays import PointerArg
 
     call = lambda s: lambda x: ltj.triton_call(x, s, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731
     for s_val, want in ((42.0, "fp32"), (1e-30, "fp32"), (float("inf"), "fp32"), (0.0, "fp32"),

@@ -1,8 +1,8 @@
-"""lazytriton.core.specialize: Triton's rules written once.
+"""lazytriton.model.specialize: Triton's rules written once.
 
 Pinned: slot codes and shape digests name stubs and enter tuning keys (persistent
 records), so they must not change when the rules' code moves (the values below
-were computed before lazytriton.core.specialize existed, from stubgen's Slot/Shape).
+were computed before lazytriton.model.specialize existed, from stubgen's Slot/Shape).
 
 Cross-checked: the C++ bundle's description of a call (lazytriton.cpp.bundle) and
 the Python stubs' reading of it (LazyKernel._shape, and the call key the
@@ -16,9 +16,10 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton.compile.compiler import Binder
-from lazytriton.core import specialize, stubgen, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg
-from lazytriton.core.specialize import Flags, Shape, Slot
+from lazytriton.model import specialize, tuples
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DeviceArray, PointerArg
+from lazytriton.model.specialize import Flags, Shape, Slot
 from lazytriton.cpp import bundle
 
 from kernels import annotated, tuple_kernels

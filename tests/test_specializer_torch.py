@@ -14,8 +14,8 @@ PROBE = textwrap.dedent("""
     import triton, triton.language as tl
     from lazytriton.compile.compiler import Binder
     from lazytriton.compile.targets import default_target
-    from lazytriton.core.spec import describe
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.spec import describe
+    from lazytriton.model.arrays import PointerArg
 
     @triton.jit
     def k(x, n, BLOCK: tl.constexpr):

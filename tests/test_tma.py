@@ -5,7 +5,7 @@ parameters (checked against the cubin's own parameter table), validated
 (clear errors naming the kernel and the argument) and how config pre_hooks
 that set block shapes become part of each candidate's compile.
 
-Addresses are made up (lazytriton.core.arrays.DeviceArray); nothing is launched."""
+Addresses are made up (lazytriton.model.arrays.DeviceArray); nothing is launched."""
 import json
 import os
 import re
@@ -24,11 +24,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor as TritonTD
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import pre_hooks, stubgen, tensor_desc
-from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg, itemsize
+from lazytriton.model import pre_hooks, tensor_desc
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_all, compile_one
-from lazytriton.core.resolve import Resolution
-from lazytriton.core.spec import KernelSpecError, describe
+from lazytriton.runtime.resolve import Resolution
+from lazytriton.model.spec import KernelSpecError, describe
 
 from kernels import tma
 
@@ -215,8 +216,8 @@ ENCODE_WITHOUT_A_CONTEXT = """
 import json, sys, threading
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import tensor_desc
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model import tensor_desc
+from lazytriton.model.arrays import DeviceArray
 md = json.loads(open(sys.argv[1]).read())
 base = DeviceArray(0x7F0000000000, "fp16", 256 * 128 * 2, (256, 128))
 d = tensor_desc.read(lazytriton.TensorDescriptor.from_tensor(base, [64, 64]), "d").as_tuple()

@@ -12,12 +12,12 @@ import pytest
 import lazytriton
 from lazytriton import _core, paths
 from lazytriton.cpp import bundle, export as export_cpp
-from lazytriton.core import tensor_desc, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.model import tensor_desc, tuples
+from lazytriton.model.arrays import DeviceArray, PointerArg
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import default_target
-from lazytriton.core.resolve import Resolved
-from lazytriton.core.spec import describe
+from lazytriton.runtime.resolve import Resolved
+from lazytriton.model.spec import describe
 
 from kernels import tma
 from test_embed import CMAKE, CPP_CHECKS, check_lines, cmake_build, cmake_project, run

@@ -17,8 +17,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 import lazytriton  # noqa: E402
 from lazytriton import jax as ltj  # noqa: E402
 from lazytriton.jax import ffi as jax_ffi  # noqa: E402
-from lazytriton.core import stubgen
-from lazytriton.core.resolve import Resolution  # noqa: E402
+from lazytriton.runtime import stubgen
+from lazytriton.runtime.resolve import Resolution  # noqa: E402
 
 from kernels import tma  # noqa: E402
 from test_tma import hooked, _writes_nargs  # noqa: E402

@@ -13,10 +13,11 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import stubgen, tuples
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import stubgen
+from lazytriton.model import tuples
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, compile_one
-from lazytriton.core.tuner import runtime_args, written_buffers
+from lazytriton.runtime.tuner import runtime_args, written_buffers
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -420,8 +421,8 @@ def compiled_tuple_variant(kernel, source, args: tuple, kwargs: dict, meta: dict
     """(description, variant, cubin) of a call compiled for sm_90 without a GPU: what tuning would write."""
     from lazytriton.cpp import bundle
     from lazytriton.compile.compiler import Candidate, compile_all
-    from lazytriton.core.resolve import Resolved
-    from lazytriton.core.spec import describe
+    from lazytriton.runtime.resolve import Resolved
+    from lazytriton.model.spec import describe
 
     spec, desc = describe(kernel), bundle.describe(kernel, source)
     cand = Candidate(0, None, Binder(spec, TARGET).bind(args, kwargs))
@@ -453,7 +454,7 @@ def tuple_kernels():
 @pytest.fixture(scope="module")
 def tuple_bundle(tmp_path_factory):
     from lazytriton.cpp import bundle
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.arrays import PointerArg
 
     tk = tuple_kernels()
     d = tmp_path_factory.mktemp("tuple-bundle")
@@ -487,7 +488,7 @@ def test_bundle_variant_records_tuple_leaves(tuple_bundle):
 
 def test_bundle_refuses_none_inside_a_tuple():
     from lazytriton.cpp import bundle
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.arrays import PointerArg
 
     tk = tuple_kernels()
     desc = bundle.describe(tk.add_pair, "tuple_kernels:add_pair")

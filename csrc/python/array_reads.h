@@ -1,6 +1,6 @@
 // Reading array arguments from Python objects on the launch hot path, shared
 // by lazytriton._core, the launch stubs and the torch reader: per Python type,
-// how to find an array's device pointer and device (lazytriton.core.arrays
+// how to find an array's device pointer and device (lazytriton.model.arrays
 // decides once) and how each attribute is read (its descriptor, called
 // directly); per dtype object, its Triton dtype. CPython's C API only.
 #pragma once
@@ -14,7 +14,7 @@
 namespace lt::pyargs {
 
 // How to read the device pointer of an array-like type; decided once per
-// Python type by lazytriton.core.arrays.pointer_strategy.
+// Python type by lazytriton.model.arrays.pointer_strategy.
 enum Strategy : int {
   kNotArray = 0,
   kDataPtrMethod = 1,
@@ -52,7 +52,7 @@ inline const Names& names() {
 }
 
 inline PyObject* arrays_module() {
-  static PyObject* mod = PyImport_ImportModule("lazytriton.core.arrays");
+  static PyObject* mod = PyImport_ImportModule("lazytriton.model.arrays");
   return mod;
 }
 
@@ -86,7 +86,7 @@ inline int ask_python(const char* fn, PyObject* arg) {
   return int(v);
 }
 
-// lazytriton.core.arrays.<fn>(obj), asked once per type of `obj` and kept in
+// lazytriton.model.arrays.<fn>(obj), asked once per type of `obj` and kept in
 // `cache`; -1 (no Python error left set) if Python could not answer.
 template <int N>
 inline int answer_per_type(IdentityCache<N>& cache, const char* fn, PyObject* obj) {
@@ -99,7 +99,7 @@ inline int answer_per_type(IdentityCache<N>& cache, const char* fn, PyObject* ob
   return v;
 }
 
-// Triton dtype id (lazytriton.core.arrays.DTYPE_IDS) of a dtype object.
+// Triton dtype id (lazytriton.model.arrays.DTYPE_IDS) of a dtype object.
 inline int dtype_id(PyObject* dtype) {
   static IdentityCache<64> cache;
   int id;
@@ -252,7 +252,7 @@ inline PyObject* read_attr(PyObject* obj, PyObject* name, AttrPlan& plan, bool m
 }
 
 // How arrays of one Python type are read: where their pointer is (`strategy`,
-// decided by lazytriton.core.arrays.pointer_strategy) and a plan for each
+// decided by lazytriton.model.arrays.pointer_strategy) and a plan for each
 // attribute read: dtype, then `first` (is_cuda, data_ptr(), data,
 // __cuda_array_interface__ or __dlpack__(), by strategy), `second` (data.ptr,
 // planned for the type of `data`; torch's data_ptr()) and `third` (the device:
@@ -302,7 +302,7 @@ inline bool read_u64(PyObject* v, uint64_t* out) {
 
 struct DLDataType_ { uint8_t code, bits; uint16_t lanes; };
 // DLPack device types a kernel can read: kDLCUDA, kDLCUDAManaged (not kDLCPU,
-// nor kDLCUDAHost); lazytriton.core.arrays.DLPACK_DEVICE_TYPES says the same.
+// nor kDLCUDAHost); lazytriton.model.arrays.DLPACK_DEVICE_TYPES says the same.
 inline bool dlpack_device_ok(int32_t device_type) { return device_type == 2 || device_type == 13; }
 struct DLTensor_ {
   void* data;
@@ -504,7 +504,7 @@ inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr, int* devic
     bool interface = r->strategy == kCudaArrayInterface || r->strategy == kDataDotPtr;
     if (!interface || !PyErr_ExceptionMatches(PyExc_AttributeError)) return PyErr_Clear(), false;
     PyErr_Clear();
-    // As lazytriton.core.arrays.array_info reads it; the type's later objects too, once one had a typestr.
+    // As lazytriton.model.arrays.array_info reads it; the type's later objects too, once one had a typestr.
     bool typed = false;
     bool ok = interface_pointer(obj, *r, want_dtype, ptr, &typed);
     r->dtype_from_interface = typed;

@@ -24,8 +24,8 @@ namespace {
 // Interned names and lazily imported modules, kept for the life of the process.
 PyObject *s_stream, *s_run, *s_first_call, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
 PyObject* g_sys;
-PyObject* g_runtime;        // lazytriton.core.kernel
-PyObject* g_stream_handle;  // lazytriton.core.kernel.stream_handle as defined there
+PyObject* g_runtime;        // lazytriton.runtime.kernel
+PyObject* g_stream_handle;  // lazytriton.runtime.kernel.stream_handle as defined there
 
 constexpr Py_ssize_t kInlineArgs = 64;  // a bound call of more arguments is held on the heap
 
@@ -60,7 +60,7 @@ bool stream_of(PyObject* stream, cu::CUstream* out) {
   if (stream && PyLong_CheckExact(stream)) {
     s = Py_NewRef(stream);
   } else {
-    if (!g_runtime && !(g_runtime = PyImport_ImportModule("lazytriton.core.kernel"))) return false;
+    if (!g_runtime && !(g_runtime = PyImport_ImportModule("lazytriton.runtime.kernel"))) return false;
     PyObject* fn = PyObject_GetAttr(g_runtime, s_stream_handle);  // looked up per call, as Python does
     if (!fn) return false;
     if (!stream) stream = Py_None;
@@ -437,7 +437,7 @@ PyGetSetDef launch_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
-// lazytriton.core.kernel.stream_handle as core/kernel.py defines it, so that the
+// lazytriton.runtime.kernel.stream_handle as runtime/kernel.py defines it, so that the
 // launcher can tell it from a replacement (monkeypatching), which it then calls.
 PyObject* register_stream_handle(PyObject*, PyObject* fn) {
   PyObject* old = g_stream_handle;
@@ -447,7 +447,7 @@ PyObject* register_stream_handle(PyObject*, PyObject* fn) {
 }
 
 PyMethodDef register_def = {"register_stream_handle", register_stream_handle, METH_O,
-                            "Tell the launcher which function is lazytriton.core.kernel.stream_handle."};
+                            "Tell the launcher which function is lazytriton.runtime.kernel.stream_handle."};
 
 }  // namespace
 

@@ -13,10 +13,10 @@ from jax._src.state.types import TransformedRef
 
 from .. import _core
 from . import ffi as jax_ffi
-from ..core import tuples
-from ..core.arrays import DTYPE_IDS, triton_dtype
-from ..core.spec import PreHookRefused, describe
-from ..core.specialize import JAX_OPTION_NAMES, check_option
+from ..model import tuples
+from ..model.arrays import DTYPE_IDS, triton_dtype
+from ..model.spec import PreHookRefused, describe
+from ..model.specialize import JAX_OPTION_NAMES, check_option
 from .primitive import is_ref, triton_call_p
 from .site import describe_call
 from .types import Call, TensorDescriptor, hook_refusal
@@ -219,7 +219,7 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
     leaf_params, paths = [], []  # per entry of `values`: its parameter, and its path in a tuple argument
 
     def operand(p, path: tuple, v) -> None:
-        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.core.tuples)."""
+        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.model.tuples)."""
         what = tuples.leaf_name(p.name, path)
         if isinstance(v, TransformedRef):
             raise NotImplementedError(f"{label}: argument {what} is a transformed Ref (ref.at[...]); pass "

@@ -11,10 +11,11 @@ from typing import Any
 
 from .. import _core, paths
 from ..cache import keys
-from ..core import native, tensor_desc
-from ..core.arrays import DeviceArray
-from ..core.specialize import WIDE_FLOAT, needs_fp64
-from ..cache import config
+from ..runtime import native
+from ..model import tensor_desc
+from ..model.arrays import DeviceArray
+from ..model.specialize import WIDE_FLOAT, needs_fp64
+from .. import settings
 
 log = logging.getLogger("lazytriton.jax")
 
@@ -50,7 +51,7 @@ def handler_module():
         name = "lt_jax_ffi"
         src = paths.jax_handler_source().read_text()
         # LAZYTRITON_PREBUILT_HANDLER=0: ignore the prebuilt one (as a wheel built in isolation has none).
-        use_prebuilt = config.prebuilt_handler()
+        use_prebuilt = settings.prebuilt_handler()
         _module, how = (_prebuilt_handler(name, src, jaxlib.__version__) if use_prebuilt else None), "prebuilt"
         if _module is None:
             tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
@@ -203,7 +204,7 @@ def compile_ahead(descriptor: str, nbytes: list[int]) -> None:
     program of many kernels pays about its slowest compile on its first step,
     not the sum of them. `nbytes`: each buffer's size (inputs, then outputs).
     Failures are left to the first execution, which compiles and reports."""
-    if not config.compile_ahead() or not cuda_present():
+    if not settings.compile_ahead() or not cuda_present():
         return
     from .. import distributed
 
@@ -228,8 +229,8 @@ class Site:
     loaded the executable from JAX's persistent cache can resolve it too)."""
 
     def __init__(self, d: dict):
-        from ..core.kernel import LazyKernel
-        from ..core.spec import describe
+        from ..runtime.kernel import LazyKernel
+        from ..model.spec import describe
 
         self.d = d
         self.name = d["name"]
@@ -279,7 +280,7 @@ class Site:
         and replays see the same call."""
         leaves = self.call_leaves(buffers) if leaves is None else leaves
 
-        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.core.tuples)
+        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.model.tuples)
             return tuple(nest(x) for x in item) if isinstance(item, list) else leaves[item]
 
         return [nest(item) for item in self.d["layout"]]
@@ -290,7 +291,7 @@ class Site:
         args = self.call_args(buffers, leaves)
         mode = "tune"
         if capturing:
-            mode = "first" if config.capture_fallback() == "first_config" else "record"
+            mode = "first" if settings.capture_fallback() == "first_config" else "record"
         log.info("%s: resolving on its first execution (%s)", self.name,
                  "stream capturing" if capturing else "tuning allowed")
         if capturing:
@@ -339,8 +340,8 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
 
     import triton
 
-    from ..core import pre_hooks
-    from ..core.spec import describe
+    from ..model import pre_hooks
+    from ..model.spec import describe
 
     spec = describe(kernel)
     # Heuristics were evaluated at trace time (they chose the grid): their values

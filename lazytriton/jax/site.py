@@ -14,9 +14,9 @@ import triton
 
 from . import ffi as jax_ffi
 from ..cache import keys
-from ..core import pre_hooks, tuples
-from ..core.arrays import triton_dtype
-from ..core.spec import KernelSpecError
+from ..model import pre_hooks, tuples
+from ..model.arrays import triton_dtype
+from ..model.spec import KernelSpecError
 from .types import OPTION_DEFAULTS, Call, TensorDescriptor, hook_refusal, kernel_identity
 
 class _Aval:

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from ..cache import keys
-from ..core.spec import describe
+from ..model.spec import describe
 
 # Compile options lazytriton's compiler takes (backend_options= and the explicit arguments).
 OPTION_DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "debug": False, "launch_pdl": False}
@@ -90,7 +90,7 @@ class Call:
     out_types: list
     meta: dict  # meta-parameters: constexpr values, the kernel's defaults, names only the grid reads
     aliases: dict  # input index -> output index (the kernel writes that input; no parameter for the output)
-    # A tuple argument is flattened (lazytriton.core.tuples): each element is one value, `paths` gives its
+    # A tuple argument is flattened (lazytriton.model.tuples): each element is one value, `paths` gives its
     # path in the tuple (() for a whole parameter), `layout` per call parameter the index of its value,
     # or for a tuple argument nested lists of its elements' indices.
     call_params: list = dataclasses.field(default_factory=list)

@@ -19,10 +19,11 @@ from triton.backends.nvidia import driver as nvd
 
 import lazytriton
 from lazytriton.cpp import bundle
-from lazytriton.core import stubgen, tensor_desc, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg, itemsize
+from lazytriton.runtime import stubgen
+from lazytriton.model import tensor_desc, tuples
+from lazytriton.model.arrays import DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_one
-from lazytriton.core.spec import describe
+from lazytriton.model.spec import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tma, tuple_kernels  # noqa: E402

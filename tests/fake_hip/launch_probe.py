@@ -23,11 +23,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescr
 import lazytriton
 from lazytriton import _core
 from lazytriton.cpp import bundle
-from lazytriton.core import stubgen, tensor_desc, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.runtime import stubgen
+from lazytriton.model import tensor_desc, tuples
+from lazytriton.model.arrays import DeviceArray, PointerArg
 from lazytriton.compile.compiler import Binder, compile_one
 from lazytriton.compile.targets import ast_source, device_target
-from lazytriton.core.spec import describe
+from lazytriton.model.spec import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tma, tuple_kernels  # noqa: E402
