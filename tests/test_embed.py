@@ -101,9 +101,9 @@ def compile_variant(kernel, source: str, args: tuple, kwargs: dict, *, meta: dic
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target
     from lazytriton.runtime.resolve import Resolved
-    from lazytriton.model.spec import describe
+    from lazytriton.model.spec import kernel_spec
 
-    spec, desc, target = describe(kernel), bundle.describe(kernel, source), default_target()
+    spec, desc, target = kernel_spec(kernel), bundle.describe(kernel, source), default_target()
     cand = Candidate(0, None, Binder(spec, target).bind(args, kwargs))
     compile_all(spec, target, [cand])
     assert cand.binary is not None, cand.error
@@ -522,11 +522,11 @@ def test_annotated_scalars_are_recorded_in_their_types(annotated_bundle):
                                               (2**40, 48, 2**40, 2**40, 2**40, 255, 1, 2.5, 2.5, 2.5, 2.5)])
 def test_bundle_specialization_matches_tritons_binder(row):
     from lazytriton.compile.compiler import Binder
-    from lazytriton.model.spec import describe
+    from lazytriton.model.spec import kernel_spec
     from triton.backends.compiler import GPUTarget
 
     desc = bundle.describe(annotated.scalar_probe)
-    bound = Binder(describe(annotated.scalar_probe), GPUTarget("cuda", 90, 32)).bind(row, {})
+    bound = Binder(kernel_spec(annotated.scalar_probe), GPUTarget("cuda", 90, 32)).bind(row, {})
     for i, (p, v) in enumerate(zip(desc["params"], row)):
         spec, what = bundle.arg_spec(p, v), (p["name"], v)
         if bound.signature[p["name"]] == "constexpr":  # Triton folded it: == 1

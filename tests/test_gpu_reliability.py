@@ -308,7 +308,7 @@ def test_first_execution_already_under_capture(cache_dir, monkeypatch, fallback)
         lowering_platforms=("cuda",)).as_text()
     import re
 
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', lowered)
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', lowered)
     desc = re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1))
     inp = rand(rows * cols).reshape(rows, cols)
     dst = cp.asarray(np.random.default_rng().permutation(rows).astype(np.int32))

@@ -10,7 +10,7 @@ import lazytriton
 from lazytriton import _core
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import device_target
-from lazytriton.model.spec import describe
+from lazytriton.model.spec import kernel_spec
 from lazytriton.runtime.tuner import TuneOptions, runtime_args, tune
 
 from kernels import overlap
@@ -37,7 +37,7 @@ def expected(x0, out0, side0, winner_meta):
 def test_later_candidate_writing_more_buffers_is_covered(cache_dir, order):
     x, out, side = buffers()
     x0, out0, side0 = x.copy(), out.copy(), side.copy()
-    spec = describe(overlap.accumulate_side)
+    spec = kernel_spec(overlap.accumulate_side)
     dev = _core.device_info(_core.current_device())
     target = device_target(dev["capability"])
     binder = Binder(spec, target)
@@ -84,7 +84,7 @@ def _two_candidates():
     1 warp: different times), ready for _core's timing calls. The caller keeps
     the arrays alive: the kernels and the snapshot hold their raw pointers."""
     x, out, side = buffers()
-    spec = describe(overlap.accumulate_side)
+    spec = kernel_spec(overlap.accumulate_side)
     target = device_target(_core.device_info(_core.current_device())["capability"])
     names = ["x", "out", "side", "n"]
     from lazytriton.model.arrays import PointerArg, array_info

@@ -164,7 +164,7 @@ import lazytriton
 from lazytriton import _core
 from lazytriton.compile.compiler import Binder, compile_one
 from lazytriton.compile.targets import target_for
-from lazytriton.model.spec import describe
+from lazytriton.model.spec import kernel_spec
 from lazytriton.model.arrays import PointerArg
 import triton, triton.language as tl
 
@@ -172,7 +172,7 @@ import triton, triton.language as tl
 def k(x, BLOCK: tl.constexpr):
     tl.store(x + tl.arange(0, BLOCK), 1.0)
 
-spec = describe(k)
+spec = kernel_spec(k)
 for arch in ("gfx90a", "sm_90"):
     t = target_for(arch)
     b = compile_one(spec, t, Binder(spec, t).bind((), {"x": PointerArg(0x7f0000000000, "fp32"), "BLOCK": 64}))

@@ -82,9 +82,9 @@ def entry():
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target
     from lazytriton.model.arrays import PointerArg
-    from lazytriton.model.spec import describe
+    from lazytriton.model.spec import kernel_spec
 
-    spec, target = describe(basic.add_kernel), default_target()
+    spec, target = kernel_spec(basic.add_kernel), default_target()
     ptr = PointerArg(0x7F0000000000, "fp32")
     cand = Candidate(0, None, Binder(spec, target).bind((ptr, ptr, ptr, 16), {"BLOCK": 1024}))
     compile_all(spec, target, [cand])

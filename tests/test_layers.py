@@ -126,3 +126,19 @@ def test_the_check_reads_imports_inside_functions_and_type_checking_blocks():
     seen = {(m, t) for m, _, t in all_imports(mods)}
     assert ("lazytriton.runtime.resolve", "lazytriton.runtime.kernel") in seen
     assert ("lazytriton.cli", "lazytriton.cpp.export") in seen  # imported on use, inside main()
+
+
+def test_one_meaning_per_word():
+    """`describe` is a kernel's manifest entry (cpp/bundle.py, and lazy mode's cpp/embed.py
+    answering C++ Resolver::describe) and nothing else: the kernel's model is
+    `model.spec.kernel_spec`, a cache key's un-hashed fields `cache.keys.key_document`, the
+    JAX call site's JSON its payload (`jax/site.py` `site_payload`)."""
+    found = []
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and "describe" in node.name.lower():
+                found.append(f"{mod}.{node.name}")
+            if isinstance(node, (ast.FunctionDef, ast.arg, ast.Name)) and "descriptor" == getattr(
+                    node, "arg", getattr(node, "id", getattr(node, "name", ""))) and mod.startswith("lazytriton.jax"):
+                found.append(f"{mod}: {ast.unparse(node)}")
+    assert sorted(found) == ["lazytriton.cpp.bundle.describe", "lazytriton.cpp.embed.describe"], found

@@ -29,7 +29,7 @@ from lazytriton.runtime import stubgen
 from lazytriton.model.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_all, compile_one
 from lazytriton.runtime.resolve import Resolution
-from lazytriton.model.spec import KernelSpecError, describe
+from lazytriton.model.spec import KernelSpecError, kernel_spec
 
 from kernels import tma
 
@@ -114,7 +114,7 @@ def test_triton_and_lazytriton_descriptors_key_alike(cache_dir):
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32", "fp8e4nv", "i8", "u16", "i32"])
 def test_binder_type_is_dtype_and_block(dtype):
-    spec = describe(tma.tma_copy_kernel)
+    spec = kernel_spec(tma.tma_copy_kernel)
     info = tensor_desc.read(desc((256, 128), (16, 32), dtype=dtype), "d")
     bound = Binder(spec, SM90).bind((), {"in_desc": tensor_desc.bind_value(info), "out_ptr": PointerArg(BASE, dtype),
                                          "M": 16, "N": 32})
@@ -180,7 +180,7 @@ def meta_of(binary, **over) -> dict:
 
 @pytest.fixture(scope="module")
 def copy_sm90():
-    spec = describe(tma.tma_copy_kernel)
+    spec = kernel_spec(tma.tma_copy_kernel)
     info = tensor_desc.read(desc((256, 128), (64, 64)), "d")
     bound = Binder(spec, SM90).bind((), {"in_desc": tensor_desc.bind_value(info), "out_ptr": PointerArg(BASE, "fp16"),
                                          "M": 64, "N": 64})
@@ -290,7 +290,7 @@ def test_sm90_descriptor_is_a_128_byte_map_then_shape_and_strides(copy_sm90, tmp
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="no cuobjdump in Triton's wheel")
 @pytest.mark.parametrize("abi", [2, 1])
 def test_sm80_descriptor_is_decomposed(tmp_path, abi):
-    spec = describe(tma.tma_copy_kernel)
+    spec = kernel_spec(tma.tma_copy_kernel)
     d = desc((256, 128), (64, 64), padding="nan")
     info = tensor_desc.read(d, "d")
     bound = Binder(spec, SM80).bind((), {"in_desc": tensor_desc.bind_value(info), "out_ptr": PointerArg(BASE, "fp16"),

@@ -1,7 +1,7 @@
 // Reading array arguments from Python objects on the launch hot path, shared
 // by lazytriton._core, the launch stubs and the torch reader: per Python type,
 // how to find an array's device pointer and device (lazytriton.model.arrays
-// decides once) and how each attribute is read (its descriptor, called
+// decides once) and how each attribute is read (its type's getter, called
 // directly); per dtype object, its Triton dtype. CPython's C API only.
 #pragma once
 #include <Python.h>
@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+#include "seam.h"
 
 namespace lt::pyargs {
 
@@ -52,7 +54,7 @@ inline const Names& names() {
 }
 
 inline PyObject* arrays_module() {
-  static PyObject* mod = PyImport_ImportModule("lazytriton.model.arrays");
+  static PyObject* mod = PyImport_ImportModule(lt::seam::kArraysModule);
   return mod;
 }
 
@@ -104,7 +106,7 @@ inline int dtype_id(PyObject* dtype) {
   static IdentityCache<64> cache;
   int id;
   if (cache.get(dtype, &id)) return id;
-  id = ask_python("dtype_id", dtype);
+  id = ask_python(lt::seam::kDtypeId, dtype);
   if (id < 0) {
     PyErr_Clear();
     return -1;
@@ -115,7 +117,7 @@ inline int dtype_id(PyObject* dtype) {
 
 // -- attribute reads -----------------------------------------------------------------
 // The attributes a launch reads of each array (dtype, .data.ptr, data_ptr(), is_cuda)
-// are looked up once per type and then read by calling their descriptor directly, as
+// are looked up once per type and then read by calling their type's getter directly, as
 // CPython's own specialized attribute loads do: a C getter (getset), a C slot
 // (member) or a C method taking no arguments (when instances have no __dict__ to
 // shadow it). That skips the generic lookup, most of an attribute read's cost for
@@ -185,7 +187,7 @@ inline bool generic_lookup(PyTypeObject* t) {
   return ok;
 }
 
-// The plan for obj.<name> on objects of type t: the descriptor the generic lookup
+// The plan for obj.<name> on objects of type t: the getter the generic lookup
 // finds first on t's MRO, kept if it is one that may be called directly.
 inline AttrPlan plan_attr(PyTypeObject* t, PyObject* name, bool method) {
   AttrPlan p;
@@ -274,7 +276,7 @@ inline ArrayReader* reader_of(PyObject* obj) {
   PyTypeObject* t = Py_TYPE(obj);
   for (int i = 0; i < n; ++i)
     if (rows[i].type == t) return &rows[i];
-  int strategy = ask_python("pointer_strategy", obj);
+  int strategy = ask_python(lt::seam::kPointerStrategy, obj);
   if (strategy < 0) return PyErr_Clear(), nullptr;
   for (int i = 0; i < n; ++i)  // Python may have run another launch meanwhile
     if (rows[i].type == t) return &rows[i];
@@ -447,7 +449,7 @@ inline int typestr_dtype_id(PyObject* typestr) {
   if (len >= Py_ssize_t(sizeof(Seen::text))) return -1;  // longer than any typestr Triton takes
   for (int i = 0; i < n; ++i)
     if (std::strcmp(seen[i].text, text) == 0) return seen[i].id;
-  int id = ask_python("dtype_id", typestr);
+  int id = ask_python(lt::seam::kDtypeId, typestr);
   if (id < 0) return PyErr_Clear(), -1;
   if (n < 16) {
     std::memcpy(seen[n].text, text, size_t(len) + 1);

@@ -22,7 +22,7 @@ namespace lt::pyargs {
 // type by lazytriton.model.arrays.is_tensor_descriptor).
 inline bool is_tensor_desc_type(PyObject* obj) {
   static IdentityCache<16> cache;
-  return answer_per_type(cache, "is_tensor_descriptor", obj) == 1;
+  return answer_per_type(cache, lt::seam::kIsTensorDescriptor, obj) == 1;
 }
 
 // A value Triton's binder folds into a constexpr when it is passed for a
@@ -32,7 +32,7 @@ inline bool is_tensor_desc_type(PyObject* obj) {
 inline bool is_folded_constexpr(PyObject* obj) {
   if (obj == Py_None) return true;
   static IdentityCache<16> cache;
-  return answer_per_type(cache, "is_folded_constexpr", obj) == 1;
+  return answer_per_type(cache, lt::seam::kIsFoldedConstexpr, obj) == 1;
 }
 
 // `n` ints from a sequence attribute (list, tuple, torch.Size; items with __index__).
@@ -167,7 +167,7 @@ inline bool constexpr_index(PyObject* obj, uint64_t* index) {
   static IdentityCache<64> seen;
   int i;
   if (seen.get(obj, &i)) return *index = uint64_t(i), true;
-  i = ask_python("constexpr_index", obj);
+  i = ask_python(lt::seam::kConstexprIndex, obj);
   if (i < 0) return PyErr_Clear(), false;
   seen.put(obj, i);
   *index = uint64_t(i);

@@ -86,8 +86,8 @@ from lazytriton.model.arrays import PointerArg
 from lazytriton.compile.compiler import Binder, Candidate, compile_one
 from lazytriton.compile.targets import default_target
 from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
-from lazytriton.model.spec import describe
-spec, target = describe(demo_matmul), default_target()
+from lazytriton.model.spec import kernel_spec
+spec, target = kernel_spec(demo_matmul), default_target()
 binder = Binder(spec, target)
 p = PointerArg(1 << 20, "fp16")
 cfg = DEMO_CONFIGS[int(sys.argv[1])]

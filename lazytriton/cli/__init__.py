@@ -62,13 +62,13 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
     from lazytriton.model.arrays import PointerArg
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target, target_label
-    from lazytriton.model.spec import describe
+    from lazytriton.model.spec import kernel_spec
 
     target = default_target()  # LAZYTRITON_DEFAULT_ARCH: sm_90 unless set (e.g. gfx942)
     binary = "HSACO" if target.backend == "hip" else "cubin"
     print(f"No GPU found ({why}).\nCompiling the demo's {len(configs)} matmul candidates to {binary} for "
           f"{target_label(target)} instead (no launch):")
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     binder = Binder(spec, target)
     M = N = K = 2048
     ptr = PointerArg(1 << 20, "fp16")

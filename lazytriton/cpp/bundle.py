@@ -35,7 +35,7 @@ from ..model import specialize, tuples
 from ..model.arrays import is_array
 from ..cache import atomic_write
 from ..model.spec import KernelSpec, ReadRecorder
-from ..model.spec import describe as describe_spec
+from ..model.spec import kernel_spec
 from ..model.specialize import BUNDLE_OPTION_NAMES, check_option
 
 log = logging.getLogger("lazytriton.cpp.bundle")
@@ -55,7 +55,7 @@ def default_dir() -> Path:
 
 def _spec_of(kernel: Any) -> KernelSpec:
     spec = getattr(kernel, "spec", None)
-    return spec if isinstance(spec, KernelSpec) else describe_spec(kernel)
+    return spec if isinstance(spec, KernelSpec) else kernel_spec(kernel)
 
 
 def source_of(kernel: Any) -> str:
@@ -190,7 +190,7 @@ def _check_heuristics(desc: dict, lk: Any) -> None:
                            "description did not find; please report this")
 
 
-def describe_values(desc: dict, values: list, options: dict) -> tuple[list, list, dict, dict, list]:
+def specialize_values(desc: dict, values: list, options: dict) -> tuple[list, list, dict, dict, list]:
     """(types, specs, constexprs, key_values, layout) of a call's `values`: the kernel
     parameter type and Triton's specialization of each leaf (as the stubs read it,
     lazytriton.model.specialize), the constexprs (`options` among them), the keyed
@@ -230,7 +230,7 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
     `values`; `device` (the GPU's name) defaults to the current device's."""
     _check_heuristics(desc, lk)
     name = desc["name"]
-    types, specs, constexprs, key_values, layout = describe_values(desc, values, options)
+    types, specs, constexprs, key_values, layout = specialize_values(desc, values, options)
     i = len(types)  # leaves: a tuple argument has one per element (lazytriton.model.tuples), as resolved.types
     for k, v in {**constexprs, **resolved.meta}.items():
         if not _jsonable(v):

@@ -20,7 +20,7 @@ from .. import settings
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
-DESCRIPTOR_VERSION = 6  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
+PAYLOAD_VERSION = 6  # the call-site payload lazytriton.jax writes (v3: aliased inputs point at their
 # output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute; v4: heuristic values
 # per config, evaluated at trace time; v5: tuple arguments: "args" has one entry per leaf (a tuple
 # argument's elements, depth first) with its "name" ("xs[1][0]"), "layout" per call parameter the index
@@ -185,10 +185,10 @@ def register_kernel(identity: str, kernel: Any) -> str:
     return key
 
 
-def _resolve(descriptor: str, buffers: tuple, stream: int, device: int, capturing: bool) -> int:
-    site = _sites.get(descriptor)
+def _resolve(payload: str, buffers: tuple, stream: int, device: int, capturing: bool) -> int:
+    site = _sites.get(payload)
     if site is None:
-        site = _sites.setdefault(descriptor, Site(json.loads(descriptor)))
+        site = _sites.setdefault(payload, Site(json.loads(payload)))
     return site.resolve(buffers, stream, device, capturing).share()
 
 
@@ -198,7 +198,7 @@ def _resolve(descriptor: str, buffers: tuple, stream: int, device: int, capturin
 _AHEAD_BASE, _AHEAD_STRIDE = 0x7F0000000000, 1 << 36
 
 
-def compile_ahead(descriptor: str, nbytes: list[int]) -> None:
+def compile_ahead(payload: str, nbytes: list[int]) -> None:
     """When a program is lowered on a GPU machine, starts compiling its call
     site's candidates in the background (LazyKernel.compile_ahead), so that a
     program of many kernels pays about its slowest compile on its first step,
@@ -213,33 +213,33 @@ def compile_ahead(descriptor: str, nbytes: list[int]) -> None:
 
     def run():
         try:
-            site = _sites.get(descriptor)
+            site = _sites.get(payload)
             if site is None:
-                site = _sites.setdefault(descriptor, Site(json.loads(descriptor)))
+                site = _sites.setdefault(payload, Site(json.loads(payload)))
             buffers = tuple((_AHEAD_BASE + i * _AHEAD_STRIDE, n) for i, n in enumerate(nbytes))
             site.lazy.compile_ahead(*site.call_args(buffers), **site.options)
         except Exception as exc:  # noqa: BLE001  (the first execution resolves again and raises)
-            log.debug("%s: compiling ahead failed: %s", descriptor[:80], exc)
+            log.debug("%s: compiling ahead failed: %s", payload[:80], exc)
 
     threading.Thread(target=run, name="lazytriton-compile-ahead-site", daemon=True).start()
 
 
 class Site:
-    """One triton_call site, rebuilt from its descriptor (so a process that
+    """One triton_call site, rebuilt from its payload (so a process that
     loaded the executable from JAX's persistent cache can resolve it too)."""
 
     def __init__(self, d: dict):
         from ..runtime.kernel import LazyKernel
-        from ..model.spec import describe
+        from ..model.spec import kernel_spec
 
         self.d = d
         self.name = d["name"]
-        if d.get("v") != DESCRIPTOR_VERSION:
+        if d.get("v") != PAYLOAD_VERSION:
             raise RuntimeError(f"{self.name}: this executable was lowered by another lazytriton version "
-                               f"(descriptor v{d.get('v')}, this one reads v{DESCRIPTOR_VERSION}); re-trace the "
+                               f"(payload v{d.get('v')}, this one reads v{PAYLOAD_VERSION}); re-trace the "
                                "function (or clear JAX's persistent compilation cache)")
         kernel = _kernels.get(d["kernel"]["id"]) or _import_kernel(d["kernel"])
-        if keys.kernel_fingerprint(describe(kernel).fn) != d["kernel"]["fingerprint"]:
+        if keys.kernel_fingerprint(kernel_spec(kernel).fn) != d["kernel"]["fingerprint"]:
             raise RuntimeError(f"{self.name}: kernel {d['kernel']['name']} changed since this executable "
                                "was lowered; re-trace the function")
         # Callable constexprs (@triton.jit functions) travel by name: resolve them once.
@@ -257,7 +257,7 @@ class Site:
                         if self.lazy.spec.autotuned else d["options"])
 
     def call_leaves(self, buffers: tuple) -> list:
-        """One value per entry of the descriptor's "args" (a leaf): an array,
+        """One value per entry of the payload's "args" (a leaf): an array,
         a host TMA descriptor on a buffer, or a scalar. `buffers`: (address,
         bytes) of each buffer."""
         leaves = []
@@ -341,9 +341,9 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
     import triton
 
     from ..model import pre_hooks
-    from ..model.spec import describe
+    from ..model.spec import kernel_spec
 
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     # Heuristics were evaluated at trace time (they chose the grid): their values
     # become part of each config, so the compile uses exactly those values.
     # An untuned kernel whose options a Config cannot carry keeps evaluating them.

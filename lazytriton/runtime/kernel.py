@@ -22,7 +22,7 @@ from . import resolve, stubgen, torch_reader
 from ..model import specialize, tensor_desc, tuples
 from ..model.arrays import ANY_DEVICE, array_device, array_info, is_array
 from .resolve import Resolution, Resolved
-from ..model.spec import KernelSpec, ReadRecorder, describe
+from ..model.spec import KernelSpec, ReadRecorder, kernel_spec
 from ..model.specialize import OPTION_NAMES, Shape, Slot
 from .tuner import TuneOptions
 
@@ -73,7 +73,7 @@ class LazyKernel(_core.LaunchBase):
     _core.LaunchBase, read by the C launcher."""
 
     def __init__(self, kernel: Any, *, cache: Cache | None = None, tune_options: TuneOptions | None = None):
-        self.spec: KernelSpec = describe(kernel)
+        self.spec: KernelSpec = kernel_spec(kernel)
         self.name = self.spec.name
         self._cache = cache
         self.tune_options = TuneOptions.given(tune_options, f"kernel {self.name}")
