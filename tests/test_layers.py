@@ -1,9 +1,9 @@
 """lazytriton's packages are layers: a module imports from its own package and from
-packages on floors below it, never from its own floor or above, so packages form no
+packages on layers below it, never from its own layer or above, so packages form no
 circle. Every import counts: at module level, inside functions, and under
 `if TYPE_CHECKING:` (a type-only import is still an arrow between packages).
 
-The floors are declared once, in docs/architecture.md's "Packages are layers" table,
+The layers are declared once, in docs/architecture.md's "Packages are layers" table,
 which this test reads."""
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from test_layout import EXTENSIONS, PKG, _absolute, circles, modules
 DOC = PKG.parent / "docs" / "architecture.md"
 
 
-def floors() -> dict[str, int]:
-    """package -> floor, from the docs' table rows `| 4 | `runtime` | ... |`."""
+def layers() -> dict[str, int]:
+    """package -> layer, from the docs' table rows `| 4 | `runtime` | ... |`."""
     text = DOC.read_text()
     section = text.split("## Packages are layers", 1)[1].split("\n## ", 1)[0]
     out = {}
     for n, cell in re.findall(r"^\| (\d+) \| ([^|]+) \|", section, re.M):
         for name in re.findall(r"`([\w.]+)`", cell):
-            assert name not in out, f"docs/architecture.md puts {name} on two floors"
+            assert name not in out, f"docs/architecture.md puts {name} on two layers"
             out[name] = int(n)
     return out
 
@@ -59,7 +59,7 @@ def all_imports(mods: dict[str, Path]) -> list[tuple[str, int, str]]:
     return out
 
 
-def offences(mods: dict[str, Path], imports: list[tuple[str, int, str]], floor: dict[str, int]) -> list[str]:
+def offences(mods: dict[str, Path], imports: list[tuple[str, int, str]], layer: dict[str, int]) -> list[str]:
     found = []
     for mod, line, target in imports:
         src, dst = package(mod), package(target)
@@ -67,11 +67,11 @@ def offences(mods: dict[str, Path], imports: list[tuple[str, int, str]], floor: 
             continue
         path = mods[mod]
         where = f"{path.relative_to(PKG.parent) if path.is_relative_to(PKG.parent) else path}:{line}: {mod} imports {target}"
-        if src not in floor or dst not in floor:
-            found.append(f"{where}: package {src if src not in floor else dst} is on no floor of docs/architecture.md")
-        elif floor[dst] >= floor[src]:
-            found.append(f"{where}: {src} (floor {floor[src]}) may import only from floors below it, "
-                         f"{dst} is on floor {floor[dst]}")
+        if src not in layer or dst not in layer:
+            found.append(f"{where}: package {src if src not in layer else dst} is on no layer of docs/architecture.md")
+        elif layer[dst] >= layer[src]:
+            found.append(f"{where}: {src} (layer {layer[src]}) may import only from layers below it, "
+                         f"{dst} is on layer {layer[dst]}")
     return found
 
 
@@ -85,25 +85,25 @@ def package_graph(imports: list[tuple[str, int, str]]) -> dict[str, dict[str, li
     return graph
 
 
-def test_every_package_is_on_a_floor():
-    floor = floors()
-    assert {"settings", "model", "cache", "compile", "runtime", "jax", "cpp", "cli"} <= set(floor)
-    missing = sorted({package(m) for m in modules()} - set(floor))
-    assert not missing, f"packages on no floor of docs/architecture.md: {missing}"
-    assert not sorted(set(floor) - {package(m) for m in modules()} - {package(e) for e in EXTENSIONS}), \
+def test_every_package_is_on_a_layer():
+    layer = layers()
+    assert {"settings", "model", "cache", "compile", "runtime", "jax", "cpp", "cli"} <= set(layer)
+    missing = sorted({package(m) for m in modules()} - set(layer))
+    assert not missing, f"packages on no layer of docs/architecture.md: {missing}"
+    assert not sorted(set(layer) - {package(m) for m in modules()} - {package(e) for e in EXTENSIONS}), \
         "docs/architecture.md names a package lazytriton does not have"
 
 
-def test_no_import_runs_up_or_across_a_floor():
+def test_no_import_runs_up_or_across_a_layer():
     mods = modules()
-    assert offences(mods, all_imports(mods), floors()) == []
+    assert offences(mods, all_imports(mods), layers()) == []
 
 
 def test_packages_form_no_circle():
     assert circles(package_graph(all_imports(modules()))) == []
 
 
-def test_the_check_sees_a_type_only_import_up_a_floor(tmp_path):
+def test_the_check_sees_a_type_only_import_up_a_layer(tmp_path):
     """The checks can fail: an import under `if TYPE_CHECKING:` inside a function of the
     model, naming the runtime, is reported with its file and line, and closes a circle."""
     probe = tmp_path / "lazytriton" / "model" / "_probe.py"
@@ -112,10 +112,10 @@ def test_the_check_sees_a_type_only_import_up_a_floor(tmp_path):
                      "        from ..runtime import kernel\n")
     mods = {**modules(), "lazytriton.model._probe": probe}
     imports = all_imports(mods)
-    found = offences(mods, imports, floors())
+    found = offences(mods, imports, layers())
     assert len(found) == 1, found
     assert found[0].endswith("lazytriton/model/_probe.py:6: lazytriton.model._probe imports lazytriton.runtime.kernel:"
-                             " model (floor 1) may import only from floors below it, runtime is on floor 4")
+                             " model (layer 1) may import only from layers below it, runtime is on layer 4")
     assert any({"model", "runtime"} <= set(c) for c in circles(package_graph(imports)))
 
 
