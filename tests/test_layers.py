@@ -142,3 +142,13 @@ def test_one_meaning_per_word():
                     node, "arg", getattr(node, "id", getattr(node, "name", ""))) and mod.startswith("lazytriton.jax"):
                 found.append(f"{mod}: {ast.unparse(node)}")
     assert sorted(found) == ["lazytriton.cpp.bundle.describe", "lazytriton.cpp.embed.describe"], found
+
+
+def test_the_path_readme_once_named_still_imports():
+    """README named `lazytriton.core.arrays.DeviceArray` before the model moved to
+    lazytriton/model/; the old path is an alias of the new module, not a copy."""
+    import lazytriton.core.arrays as old
+    import lazytriton.model.arrays as new
+    from lazytriton.core.arrays import DeviceArray
+
+    assert old is new and DeviceArray is new.DeviceArray
