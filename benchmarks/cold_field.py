@@ -248,7 +248,7 @@ first = time.perf_counter() - t
 err = (c.float() - a.float() @ b.float()).abs().max().item()
 r = {"first_s": first, "max_err": err}
 if mode == "lazy":
-    from lazytriton.core import resolve
+    from lazytriton.runtime import resolve
     st = lazytriton.stats()
     from lazytriton.compile import pool
     tl = pool.server_timeline()
@@ -262,7 +262,7 @@ JAX16 = PRELUDE + r"""
 import jax, jax.numpy as jnp
 import lazytriton
 from lazytriton.jax import triton_call
-from lazytriton.core import resolve
+from lazytriton.runtime import resolve
 M = N = K_ = 1024
 R, C = 512, 2048
 E = 1 << 20
@@ -307,7 +307,7 @@ done({"t0": t, "compile_history": schedule.history(), "first_s": first, "max_err
 # The same 16 calls on the standalone face, one after another (torch arrays).
 STANDALONE16 = PRELUDE + r"""
 import lazytriton
-from lazytriton.core import resolve
+from lazytriton.runtime import resolve
 ahead = os.environ.get("LT_AHEAD") == "1"
 M = N = K_ = 1024
 R, C = 512, 2048

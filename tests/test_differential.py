@@ -185,7 +185,7 @@ def test_differential_on_triton_version(version, fake_driver, tmp_path):
 
 EMPTY_BUFFER = """
 import triton, triton.language as tl, lazytriton
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 
 @triton.autotune(configs=[triton.Config({"B": 32}), triton.Config({"B": 64})], key=["n"])
 @triton.jit

@@ -23,10 +23,10 @@ from triton.runtime.jit import create_function_from_signature
 from . import ir_text, pool as compile_pool, schedule
 from .server import reason
 from .targets import ast_source, target_label
-from ..core import tuples
+from ..model import tuples
 from ..cache import CompiledBinary
-from ..core.spec import KernelSpec
-from ..core.specialize import WIDE_FLOAT
+from ..model.spec import KernelSpec
+from ..model.specialize import WIDE_FLOAT
 
 log = logging.getLogger("lazytriton.compile.compiler")
 
@@ -75,7 +75,7 @@ class Bound:
     @property
     def flat_signature(self) -> dict[str, str]:
         """{leaf name: type}: a tuple parameter's elements as "xs[0]", "xs[1][0]"
-        (lazytriton.core.tuples), in the order of the kernel's parameters."""
+        (lazytriton.model.tuples), in the order of the kernel's parameters."""
         return tuples.flat_signature(self.signature)
 
 

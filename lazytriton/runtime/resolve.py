@@ -18,10 +18,10 @@ from .. import _core, distributed
 from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, settings
 from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream
 from ..compile.targets import device_target
-from . import pre_hooks, tensor_desc, tuples
-from .arrays import PointerArg, array_info, is_array
-from .spec import KernelSpecError, pre_hook_refusal
-from .specialize import OPTION_NAMES, Shape
+from ..model import pre_hooks, tensor_desc, tuples
+from ..model.arrays import PointerArg, array_info, is_array
+from ..model.spec import KernelSpecError, pre_hook_refusal
+from ..model.specialize import OPTION_NAMES, Shape
 from .tuner import tune
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class Resolved:
     names: list  # the kernel's call arguments, in order
     args: tuple  # their values in this call
     # Each leaf's kernel parameter type ("*fp16", "i32", "fp32", "u1") or "constexpr": one per
-    # argument, a tuple argument one per element (depth first; lazytriton.core.tuples), as entry.is_param.
+    # argument, a tuple argument one per element (depth first; lazytriton.model.tuples), as entry.is_param.
     types: list
     meta: dict  # the winner's meta-parameters (what a grid callable sees besides the arguments)
     grid: tuple | None  # (x, y, z) when a grid was given
@@ -85,7 +85,7 @@ class Resolution:
         self.extras = args[k.n_call:]
         self.names = [p.name for p in k.call_params]
         self.named = dict(zip(self.names, self.values))
-        # Leaves: an argument, or each element of a tuple argument (lazytriton.core.tuples).
+        # Leaves: an argument, or each element of a tuple argument (lazytriton.model.tuples).
         # Tuning, kernel parameters and written buffers are per leaf.
         n_leaves = shape.call_leaves(k.n_call)
         self.leaf_names = list(shape.names[:n_leaves])
