@@ -89,7 +89,7 @@ def build(suite: str, gpus: int, importable=cold.importable, only: set | None = 
     if with_field:
         groups.append(Group("field", "kernels of a package that imports torch and jax; a 16-kernel program",
                             {"field": list(field_group.ONE_ROWS), "field_program": list(field_group.PROGRAM_ROWS)},
-                            needs=("torch", "jax"), est_s=(q(130, 330), q(130, 330)), once=True))
+                            needs=("torch", "jax"), est_s=(q(130, 220), q(130, 220)), once=True))
     groups.append(cpu_group)
     notes = []
     if not with_field:
