@@ -13,10 +13,6 @@
 namespace lt {
 namespace {
 
-const char* const kOptionNames[] = {"num_warps",  "num_stages", "num_ctas",
-                                    "maxnreg",    "debug",      "launch_pdl",
-                                    "launch_cooperative_grid"};
-
 const char* arg_kind_name(Arg::Kind k) {
   switch (k) {
     case Arg::kPointer: return "a device pointer";
@@ -36,7 +32,7 @@ std::string arg_value_text(const Arg& a) {
 }
 
 bool is_option(const std::string& name) {
-  for (const char* o : kOptionNames)
+  for (const char* o : kCppOptionNames)
     if (name == o) return true;
   return false;
 }

@@ -7,13 +7,11 @@
 // params(args), key_words; the generated stub stays the steady-state path
 // (straight-line code, no table walk).
 //
-// Slot table (built by specialize.Shape.table(), one tuple per argument):
-//   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
-//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor,
-//         6 constexpr folded from the value (takes only None, a tl.constexpr, a @jit function)
-//   int_code: unannotated, the class (0 i32, 1 i64, 2 u64); annotated, the type
-//             (0 i8, 1 i16, 2 i32, 3 i64, 4 u8, 5 u16, 6 u32, 7 u64); a descriptor's rank
-//   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
+// Slot table (built by specialize.Shape.table(), one tuple per argument): the fields of
+// contract.SLOT_ROW, (kind, dtype, code, annotated, specialize, in_key, divisibility, float_code),
+// with the kinds and codes of contract.h (SlotKind; code: kIntTypes index when annotated, else
+// kIntClasses index, or a descriptor's rank; float_code: kFloatTypes index), generated from
+// lazytriton/core/contract.py.
 // Values are packed and keyed by encode.h, as in the generated stubs and the C++ bundles.
 // Tuple arguments (lazytriton.core.tuples): Stub(..., arg_names, paths, tuples)
 // reads slot i at paths[i] (argument index, then element indices) after
@@ -41,7 +39,7 @@ using namespace lt::pyargs;
 
 namespace {
 
-enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4, kDesc = 5, kFolded = 6 };
+using K = SlotKind;
 
 // Bounds of one call's stack storage. 512 slots: CUDA's classic 4 KB of kernel
 // parameters holds 512 8-byte ones; a key word per slot, two for a constexpr,
@@ -50,13 +48,12 @@ constexpr Py_ssize_t kMaxSlots = 512;
 constexpr size_t kMaxDescs = 16;
 constexpr size_t kMaxKeyWords = (2 * kMaxSlots + 63) / 64 + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
 
-const Ty kClassTypes[] = {Ty::kI32, Ty::kI64, Ty::kU64};  // specialize.INT_CLASSES
-// specialize._FIXED_CODES
-const Ty kFixedTypes[] = {Ty::kI8, Ty::kI16, Ty::kI32, Ty::kI64, Ty::kU8, Ty::kU16, Ty::kU32, Ty::kU64};
-const Ty kFloatTypes[] = {Ty::kFp16, Ty::kBf16, Ty::kFp32, Ty::kFp64};  // specialize._FLOAT_CODES
+template <class T, size_t N>
+constexpr int count(const T (&)[N]) { return int(N); }
 
 struct SlotSpec {
-  int kind, dtype, rank;
+  SlotKind kind;
+  int dtype, rank;
   bool annotated, specialize, in_key;
   IntSpec int_spec;  // ints: how encode_int packs them
   Ty ty;  // ints and floats: the parameter type
@@ -136,34 +133,34 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
     IntVal iv;
     double d = 0;
     switch (sl.kind) {
-      case kPtr:
+      case K::kPtr:
         if (!get_pointer(arg, sl.dtype, cell, &r.devices)) return false;
         key_bits |= ptr_bit(sl.specialize, *cell) << sh;
         break;
-      case kInt: {
+      case K::kInt: {
         uint64_t bits;
         if (!read_int(arg, &iv) || encode_int(sl.int_spec, iv, cell, &bits) != Fit::kOk) return false;
         key_bits |= bits << sh;
         if (sl.in_key) r.key[vw++] = iv.bits;
         break;
       }
-      case kFloat:
+      case K::kFloat:
         if (!(sl.annotated ? get_real(arg, &d) : get_float(arg, &d)) || encode_float(sl.ty, d, cell) != Fit::kOk)
           return false;
         if (sl.in_key) std::memcpy(&r.key[vw++], &d, 8);
         break;
-      case kBool:
+      case K::kBool:
         if (!read_int(arg, &iv) || encode_flag(sl.annotated, iv, cell) != Fit::kOk) return false;
         if (sl.in_key) r.key[vw++] = iv.bits;
         break;
-      case kDesc: {  // the block shape is the key: it is the kernel's type
+      case K::kDesc: {  // the block shape is the key: it is the kernel's type
         HostTensorDesc& desc = r.descs[r.n_desc++].d;
         desc = HostTensorDesc{};
         if (!get_tensor_desc(arg, sl.dtype, sl.rank, &desc, &r.devices)) return false;
         for (int j = 0; j < desc.rank; ++j) r.key[vw++] = uint64_t(desc.block[j]);
         break;
       }
-      case kFolded:  // an array or a number here is another shape
+      case K::kFolded:  // an array or a number here is another shape
         if (!is_folded_constexpr(arg)) return false;
         [[fallthrough]];
       default:  // constexpr
@@ -180,9 +177,9 @@ bool arrays_here(const Stub* s, const Read& r, int device) {
   if (r.devices == kNoArrays || r.devices == device) return true;
   size_t k = 0;
   for (Py_ssize_t i = 0; i < s->n; ++i) {
-    int kind = (*s->slots)[size_t(i)].kind;
-    if (kind == kPtr && !accessible(r.cell[size_t(i)])) return false;
-    if (kind == kDesc && !accessible(r.descs[k++].d.base)) return false;
+    SlotKind kind = (*s->slots)[size_t(i)].kind;
+    if (kind == K::kPtr && !accessible(r.cell[size_t(i)])) return false;
+    if (kind == K::kDesc && !accessible(r.descs[k++].d.base)) return false;
   }
   return true;
 }
@@ -210,7 +207,7 @@ StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, c
     size_t np = 0, k = 0;
     for (Py_ssize_t i = 0; i < s->n; ++i) {
       if (!e->is_param[size_t(i)]) continue;
-      if ((*s->slots)[size_t(i)].kind == kDesc) {
+      if ((*s->slots)[size_t(i)].kind == K::kDesc) {
         np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, r.descs[k].d, packed[k], &params[np],
                                kernel->name(), (*s->slot_names)[size_t(i)].c_str());
         ++k;
@@ -254,8 +251,8 @@ PyObject* stub_params(PyObject* self, PyObject* args) {
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
     const char* bytes = reinterpret_cast<const char*>(&r.cell[size_t(i)]);
-    PyObject* item = sl.kind == kConstexpr || sl.kind == kFolded ? Py_NewRef(Py_None)
-                     : sl.kind == kDesc ? desc_tuple(r.descs[k++].d)
+    PyObject* item = sl.kind == K::kConstexpr || sl.kind == K::kFolded ? Py_NewRef(Py_None)
+                     : sl.kind == K::kDesc ? desc_tuple(r.descs[k++].d)
                                         : PyBytes_FromStringAndSize(bytes, Py_ssize_t(sl.size));
     if (!item) return Py_DECREF(t), nullptr;
     PyTuple_SET_ITEM(t, i, item);
@@ -371,31 +368,35 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   size_t n_desc = 0, words = (2 * size_t(n) + 63) / 64 + 1;  // the bit words and the shape word, then per slot
   for (Py_ssize_t i = 0; i < n; ++i) {
     SlotSpec& sl = (*slots)[size_t(i)];
-    int int_code, annotated, specialize, in_key, divisibility, float_code;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &sl.kind, &sl.dtype, &int_code, &annotated,
+    int kind, int_code, annotated, specialize, in_key, divisibility, float_code;
+    static_assert(kSlotRowFields == 8, "a slot table row's fields (contract.SLOT_ROW) are parsed here");
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &kind, &sl.dtype, &int_code, &annotated,
                           &specialize, &in_key, &divisibility, &float_code))
       return fail(nullptr);
+    if (kind < 0 || kind >= kNumSlotKinds) return fail("Stub: bad kind in a slot table row");
+    sl.kind = SlotKind(kind);
     sl.annotated = annotated, sl.specialize = specialize, sl.in_key = in_key;
     sl.rank = int_code;
     sl.ty = Ty::kPtr;
-    if (sl.kind == kInt) {
-      if (int_code < 0 || int_code >= (annotated ? 8 : 3)) return fail("Stub: bad int_code in a slot table row");
-      sl.ty = annotated ? kFixedTypes[int_code] : kClassTypes[int_code];
+    if (sl.kind == K::kInt) {
+      if (int_code < 0 || int_code >= (annotated ? count(kIntTypes) : count(kIntClasses)))
+        return fail("Stub: bad int_code in a slot table row");
+      sl.ty = annotated ? kIntTypes[int_code] : kIntClasses[int_code];
       sl.int_spec = {sl.ty, sl.annotated, sl.specialize, bool(divisibility)};
-    } else if (sl.kind == kFloat) {
-      if (float_code < 0 || float_code > 3) return fail("Stub: bad float_code in a slot table row");
+    } else if (sl.kind == K::kFloat) {
+      if (float_code < 0 || float_code >= count(kFloatTypes)) return fail("Stub: bad float_code in a slot table row");
       sl.ty = kFloatTypes[float_code];
-    } else if (sl.kind == kBool) {
+    } else if (sl.kind == K::kBool) {
       sl.ty = Ty::kU1;
     }
-    sl.size = sl.kind == kInt || sl.kind == kFloat || sl.kind == kBool ? param_bytes(sl.ty) : 8;
-    if (sl.kind == kDesc) {
+    sl.size = sl.kind == K::kInt || sl.kind == K::kFloat || sl.kind == K::kBool ? param_bytes(sl.ty) : 8;
+    if (sl.kind == K::kDesc) {
       if (sl.rank < 1 || sl.rank > kMaxDescRank) return fail("Stub: a descriptor slot's rank is 1 to 5");
       if (++n_desc > kMaxDescs)
         return fail("Stub: more than 16 tensor descriptor slots "
                     "(LAZYTRITON_STUB_BUILD=sync builds the generated stub, which has no such bound)");
     }
-    words += sl.kind == kDesc ? size_t(sl.rank) : sl.kind == kConstexpr || sl.kind == kFolded ? 2 : sl.in_key;
+    words += sl.kind == K::kDesc ? size_t(sl.rank) : sl.kind == K::kConstexpr || sl.kind == K::kFolded ? 2 : sl.in_key;
   }
   if (words != size_t(key_words)) return fail("Stub: key_words does not match the slot table");  // read() relies on it
   auto* slot_names = new std::vector<std::string>;  // a descriptor's errors name its slot

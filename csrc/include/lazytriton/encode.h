@@ -11,34 +11,24 @@
 #include <cstring>
 #include <string_view>
 
+#include "lazytriton/contract.h"
 #include "lazytriton/scalar_bits.h"
 
 namespace lt {
 
-// A scalar kernel parameter type as Triton spells it ("i32", "fp16", "u1"),
-// plus pointers and host tensor descriptors.
-enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64, kDesc };
-
+// Ty, the kernel parameter types, is generated into contract.h (lazytriton/core/contract.py).
 inline bool is_int(Ty t) { return t >= Ty::kI8 && t <= Ty::kU64; }
 inline bool is_float(Ty t) { return t >= Ty::kFp16 && t <= Ty::kFp64; }
 
 // A scalar type's Ty ("i32" -> kI32; Triton's "i1" is u1); false if `name` is not one.
 inline bool scalar_type(std::string_view name, Ty* out) {
-  struct Named { std::string_view name; Ty ty; };
-  static constexpr Named kTypes[] = {{"i8", Ty::kI8}, {"i16", Ty::kI16}, {"i32", Ty::kI32}, {"i64", Ty::kI64},
-                                     {"u8", Ty::kU8}, {"u16", Ty::kU16}, {"u32", Ty::kU32}, {"u64", Ty::kU64},
-                                     {"u1", Ty::kU1}, {"i1", Ty::kU1}, {"fp16", Ty::kFp16}, {"bf16", Ty::kBf16},
-                                     {"fp32", Ty::kFp32}, {"fp64", Ty::kFp64}};
-  for (const auto& t : kTypes)
-    if (name == t.name) return *out = t.ty, true;
+  if (name == "i1") return *out = Ty::kU1, true;
+  for (int t = int(Ty::kPtr) + 1; t < int(Ty::kDesc); ++t)
+    if (name == kTyNames[t]) return *out = Ty(t), true;
   return false;
 }
 
-inline const char* type_name(Ty t) {
-  static const char* const kNames[] = {"ptr", "i8", "i16", "i32", "i64", "u8", "u16", "u32",
-                                       "u64", "u1", "fp16", "bf16", "fp32", "fp64", "desc"};
-  return kNames[int(t)];
-}
+inline const char* type_name(Ty t) { return kTyNames[int(t)]; }
 
 // Bytes of a kernel parameter of type `t` (a descriptor's are per ABI: tensor_desc.h).
 inline size_t param_bytes(Ty t) {
