@@ -46,7 +46,7 @@ using K = SlotKind;
 // a descriptor's rank for a descriptor.
 constexpr Py_ssize_t kMaxSlots = 512;
 constexpr size_t kMaxDescs = 16;
-constexpr size_t kMaxKeyWords = (2 * kMaxSlots + 63) / 64 + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
+constexpr size_t kMaxKeyWords = key_bit_words(kMaxSlots) + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
 
 template <class T, size_t N>
 constexpr int count(const T (&)[N]) { return int(N); }
@@ -123,24 +123,22 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
   r.n_desc = 0;
   r.devices = kNoArrays;
   r.key[s->key_words - 1] = s->shape_word;
-  size_t vw = (2 * size_t(s->n) + 63) / 64;
+  size_t vw = key_bit_words(size_t(s->n));
   for (Py_ssize_t i = 0; i < s->n; ++i) {
     const SlotSpec& sl = (*s->slots)[size_t(i)];
     PyObject* arg = s->layout ? item_at(args, s->layout->paths[size_t(i)]) : args[i];
-    uint64_t& key_bits = r.key[size_t(2 * i) / 64];
-    const int sh = int((2 * i) % 64);
     uint64_t* cell = &r.cell[size_t(i)];
     IntVal iv;
     double d = 0;
     switch (sl.kind) {
       case K::kPtr:
         if (!get_pointer(arg, sl.dtype, cell, &r.devices)) return false;
-        key_bits |= ptr_bit(sl.specialize, *cell) << sh;
+        key_put_bits(r.key, size_t(i), ptr_bit(sl.specialize, *cell));
         break;
       case K::kInt: {
         uint64_t bits;
         if (!read_int(arg, &iv) || encode_int(sl.int_spec, iv, cell, &bits) != Fit::kOk) return false;
-        key_bits |= bits << sh;
+        key_put_bits(r.key, size_t(i), bits);
         if (sl.in_key) r.key[vw++] = iv.bits;
         break;
       }
@@ -203,18 +201,12 @@ StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, c
   try {
     void* params[kMaxSlots + kMaxDescs * kMaxDescParams];
     DescParams packed[kMaxDescs];  // uninitialized: packing writes what it passes
-    const LaunchMeta& m = e->kernel->meta();
-    size_t np = 0, k = 0;
-    for (Py_ssize_t i = 0; i < s->n; ++i) {
-      if (!e->is_param[size_t(i)]) continue;
-      if ((*s->slots)[size_t(i)].kind == K::kDesc) {
-        np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, r.descs[k].d, packed[k], &params[np],
-                               kernel->name(), (*s->slot_names)[size_t(i)].c_str());
-        ++k;
-      } else {
-        params[np++] = &r.cell[size_t(i)];
-      }
-    }
+    size_t k = 0;  // descriptor slots are always parameters: the k-th one is r.descs[k]
+    size_t np = pack_params(*e->kernel, kernel->name(), size_t(s->n), [&](size_t i) -> ParamRef {
+      if (!e->is_param[i]) return {};
+      if ((*s->slots)[i].kind == K::kDesc) return {nullptr, &r.descs[k++].d, (*s->slot_names)[i].c_str()};
+      return {&r.cell[i]};
+    }, packed, params);
     if (ctx) e->kernel->launch(ctx, stream, g, params, np);
     else e->kernel->launch(stream, g, params, np);
   } catch (const std::exception& ex) {
@@ -365,7 +357,7 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
                  n, key_words, kMaxSlots, kMaxKeyWords);
     return fail(nullptr);
   }
-  size_t n_desc = 0, words = (2 * size_t(n) + 63) / 64 + 1;  // the bit words and the shape word, then per slot
+  size_t n_desc = 0, words = key_bit_words(size_t(n)) + 1;  // the bit words and the shape word, then per slot
   for (Py_ssize_t i = 0; i < n; ++i) {
     SlotSpec& sl = (*slots)[size_t(i)];
     int kind, int_code, annotated, specialize, in_key, divisibility, float_code;

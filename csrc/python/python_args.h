@@ -12,6 +12,7 @@
 #include <string>
 
 #include "array_reads.h"
+#include "lazytriton/call_layout.h"
 #include "lazytriton/encode.h"
 #include "lazytriton/resolve_table.h"
 #include "lazytriton/tensor_desc.h"

@@ -235,9 +235,7 @@ class BundleKernel {
 
 class Resolver;
 
-// A variant's launch metadata ("launch" in the manifest, Triton's metadata by
-// field name) as the runtime reads it. Throws lt::Error on malformed input.
-LaunchMeta launch_meta_from_json(const std::string& text);
+// A variant's launch metadata ("launch" in the manifest) is read by kernel.h's launch_meta_from_json.
 
 // A directory of tuned winners: manifest.json + cubins/. Copyable handle.
 class Bundle {

@@ -24,6 +24,7 @@ struct LaunchMeta {
   // metadata spells it out as cluster_dims.
   unsigned cluster[3] = {1, 1, 1};
   unsigned shared = 0;  // dynamic shared memory bytes
+  unsigned tmem_size = 0;  // columns of tensor memory (sm_100+)
   uint64_t global_scratch_size = 0, global_scratch_align = 1;
   uint64_t profile_scratch_size = 0, profile_scratch_align = 1;
   bool cooperative = false;  // launch_cooperative_grid
@@ -38,9 +39,14 @@ struct LaunchMeta {
   int tensordesc_abi = kTensorDescAbiLatest;
 };
 
+// Decodes launch metadata given as JSON: Triton's (a compiled kernel's) or lazytriton's (a
+// bundle variant's); the one reader of both (kernel.cc). Throws lt::Error naming a bad field.
+LaunchMeta launch_meta_from_json(const std::string& text);
+
 struct KernelImage {
   std::string cubin;
   LaunchMeta meta;
+  std::string metadata_json;  // the metadata `meta` was decoded from, where kept (Python's kernels)
 };
 
 struct Dim3 {
@@ -117,6 +123,7 @@ class Kernel {
   cu::CUfunction load(cu::CUcontext ctx);
 
   std::shared_ptr<const KernelImage> image_;
+  std::vector<cu::CUlaunchAttribute> attrs_;  // what the metadata asks of every launch (kernel.cc kLaunchAttrs)
   static constexpr size_t kMaxContexts = 16;
   std::array<Loaded, kMaxContexts> loaded_{};
   std::atomic<size_t> n_loaded_{0};
