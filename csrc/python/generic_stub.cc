@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "slot_table.h"
 #include "stub_protocol.h"
 
 using namespace lt;
@@ -50,15 +51,6 @@ constexpr size_t kMaxKeyWords = key_bit_words(kMaxSlots) + 2 * kMaxSlots + kMaxD
 
 template <class T, size_t N>
 constexpr int count(const T (&)[N]) { return int(N); }
-
-struct SlotSpec {
-  SlotKind kind;
-  int dtype, rank;
-  bool annotated, specialize, in_key;
-  IntSpec int_spec;  // ints: how encode_int packs them
-  Ty ty;  // ints and floats: the parameter type
-  size_t size;  // bytes of the kernel parameter
-};
 
 using Path = std::vector<Py_ssize_t>;
 
@@ -95,13 +87,6 @@ bool tuples_match(const Layout& l, PyObject* const* args) {
   return true;
 }
 
-// A descriptor's storage, left uninitialized until read() fills it: a call
-// zeroes only what it uses.
-union DescCell {
-  DescCell() {}
-  HostTensorDesc d;
-};
-
 // One call's values, on the stack: 8 bytes per argument (a parameter reads
 // its low bytes, little-endian), the descriptors (in argument order), the key
 // and the devices its arrays are on (array_reads.h fold_device).
@@ -113,8 +98,8 @@ struct Read {
   int devices = kNoArrays;
 };
 
-// False: not this shape (no Python error set). The generated stub reads the same
-// way (stubgen._arg_code); both pack through encode.h.
+// False: not this shape (no Python error set). The generated stub reads through the same
+// read_slot (slot_table.h), with its table folded in.
 bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
   if (!s->slots || n != s->n_args) return false;
   if (s->layout && !tuples_match(*s->layout, args)) return false;
@@ -124,60 +109,11 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
   r.devices = kNoArrays;
   r.key[s->key_words - 1] = s->shape_word;
   size_t vw = key_bit_words(size_t(s->n));
-  for (Py_ssize_t i = 0; i < s->n; ++i) {
-    const SlotSpec& sl = (*s->slots)[size_t(i)];
-    PyObject* arg = s->layout ? item_at(args, s->layout->paths[size_t(i)]) : args[i];
-    uint64_t* cell = &r.cell[size_t(i)];
-    IntVal iv;
-    double d = 0;
-    switch (sl.kind) {
-      case K::kPtr:
-        if (!get_pointer(arg, sl.dtype, cell, &r.devices)) return false;
-        key_put_bits(r.key, size_t(i), ptr_bit(sl.specialize, *cell));
-        break;
-      case K::kInt: {
-        uint64_t bits;
-        if (!read_int(arg, &iv) || encode_int(sl.int_spec, iv, cell, &bits) != Fit::kOk) return false;
-        key_put_bits(r.key, size_t(i), bits);
-        if (sl.in_key) r.key[vw++] = iv.bits;
-        break;
-      }
-      case K::kFloat:
-        if (!(sl.annotated ? get_real(arg, &d) : get_float(arg, &d)) || encode_float(sl.ty, d, cell) != Fit::kOk)
-          return false;
-        if (sl.in_key) std::memcpy(&r.key[vw++], &d, 8);
-        break;
-      case K::kBool:
-        if (!read_int(arg, &iv) || encode_flag(sl.annotated, iv, cell) != Fit::kOk) return false;
-        if (sl.in_key) r.key[vw++] = iv.bits;
-        break;
-      case K::kDesc: {  // the block shape is the key: it is the kernel's type
-        HostTensorDesc& desc = r.descs[r.n_desc++].d;
-        desc = HostTensorDesc{};
-        if (!get_tensor_desc(arg, sl.dtype, sl.rank, &desc, &r.devices)) return false;
-        for (int j = 0; j < desc.rank; ++j) r.key[vw++] = uint64_t(desc.block[j]);
-        break;
-      }
-      case K::kFolded:  // an array or a number here is another shape
-        if (!is_folded_constexpr(arg)) return false;
-        [[fallthrough]];
-      default:  // constexpr
-        constexpr_key(arg, &r.key[vw]);
-        vw += 2;
-    }
-  }
-  return true;
-}
-
-// Whether the call's arrays may be handed to a kernel on `device` (python_args.h launch_context):
-// all there, else each pointer accessible from it.
-bool arrays_here(const Stub* s, const Read& r, int device) {
-  if (r.devices == kNoArrays || r.devices == device) return true;
-  size_t k = 0;
-  for (Py_ssize_t i = 0; i < s->n; ++i) {
-    SlotKind kind = (*s->slots)[size_t(i)].kind;
-    if (kind == K::kPtr && !accessible(r.cell[size_t(i)])) return false;
-    if (kind == K::kDesc && !accessible(r.descs[k++].d.base)) return false;
+  for (size_t i = 0; i < size_t(s->n); ++i) {
+    const SlotSpec& sl = (*s->slots)[i];
+    PyObject* arg = s->layout ? item_at(args, s->layout->paths[i]) : args[i];
+    if (!read_slot(sl, arg, i, &r.cell[i], &r.descs[r.n_desc].d, r.key, &vw, &r.devices)) return false;
+    r.n_desc += sl.kind == K::kDesc;
   }
   return true;
 }
@@ -192,7 +128,8 @@ StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, c
   int device = -1;
   // Arrays the current device cannot read: not this stub's call (before its key is resolved, so that
   // no tuning trial runs on them either); Python then refuses it, naming the argument.
-  if (r.devices != kNoArrays && (ctx = launch_context(&device)) && !arrays_here(s, r, device))
+  if (r.devices != kNoArrays && (ctx = launch_context(&device)) &&
+      !arrays_here(s->slots->data(), size_t(s->n), r.cell, r.descs, r.devices, device))
     return StubResult::kOtherShape;
   const Entry* e = kernel->find(r.key, s->key_words);
   if (!e) return (*key = key_tuple(r.key, s->key_words)) ? StubResult::kUnresolved : StubResult::kError;
@@ -201,11 +138,9 @@ StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, c
   try {
     void* params[kMaxSlots + kMaxDescs * kMaxDescParams];
     DescParams packed[kMaxDescs];  // uninitialized: packing writes what it passes
-    size_t k = 0;  // descriptor slots are always parameters: the k-th one is r.descs[k]
-    size_t np = pack_params(*e->kernel, kernel->name(), size_t(s->n), [&](size_t i) -> ParamRef {
-      if (!e->is_param[i]) return {};
-      if ((*s->slots)[i].kind == K::kDesc) return {nullptr, &r.descs[k++].d, (*s->slot_names)[i].c_str()};
-      return {&r.cell[i]};
+    size_t k = 0;
+    size_t np = pack_params(*e->kernel, kernel->name(), size_t(s->n), [&](size_t i) {
+      return param_of((*s->slots)[i], *e, i, r.cell, r.descs, &k, (*s->slot_names)[i].c_str());
     }, packed, params);
     if (ctx) e->kernel->launch(ctx, stream, g, params, np);
     else e->kernel->launch(stream, g, params, np);
@@ -237,19 +172,7 @@ PyObject* stub_params(PyObject* self, PyObject* args) {
   Read r;
   call_items(args, &items, &n);
   if (!read(s, items, n, r)) Py_RETURN_NONE;
-  PyObject* t = PyTuple_New(s->n);
-  if (!t) return nullptr;
-  size_t k = 0;
-  for (Py_ssize_t i = 0; i < s->n; ++i) {
-    const SlotSpec& sl = (*s->slots)[size_t(i)];
-    const char* bytes = reinterpret_cast<const char*>(&r.cell[size_t(i)]);
-    PyObject* item = sl.kind == K::kConstexpr || sl.kind == K::kFolded ? Py_NewRef(Py_None)
-                     : sl.kind == K::kDesc ? desc_tuple(r.descs[k++].d)
-                                        : PyBytes_FromStringAndSize(bytes, Py_ssize_t(sl.size));
-    if (!item) return Py_DECREF(t), nullptr;
-    PyTuple_SET_ITEM(t, i, item);
-  }
-  return t;
+  return params_tuple(s->slots->data(), size_t(s->n), r.cell, r.descs);
 }
 
 // A path from a tuple of ints; false with an error set.
@@ -359,36 +282,25 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   }
   size_t n_desc = 0, words = key_bit_words(size_t(n)) + 1;  // the bit words and the shape word, then per slot
   for (Py_ssize_t i = 0; i < n; ++i) {
-    SlotSpec& sl = (*slots)[size_t(i)];
-    int kind, int_code, annotated, specialize, in_key, divisibility, float_code;
+    int kind, dtype, code, annotated, specialize, in_key, divisibility, float_code;
     static_assert(kSlotRowFields == 8, "a slot table row's fields (contract.SLOT_ROW) are parsed here");
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &kind, &sl.dtype, &int_code, &annotated,
-                          &specialize, &in_key, &divisibility, &float_code))
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &kind, &dtype, &code, &annotated, &specialize,
+                          &in_key, &divisibility, &float_code))
       return fail(nullptr);
     if (kind < 0 || kind >= kNumSlotKinds) return fail("Stub: bad kind in a slot table row");
-    sl.kind = SlotKind(kind);
-    sl.annotated = annotated, sl.specialize = specialize, sl.in_key = in_key;
-    sl.rank = int_code;
-    sl.ty = Ty::kPtr;
-    if (sl.kind == K::kInt) {
-      if (int_code < 0 || int_code >= (annotated ? count(kIntTypes) : count(kIntClasses)))
-        return fail("Stub: bad int_code in a slot table row");
-      sl.ty = annotated ? kIntTypes[int_code] : kIntClasses[int_code];
-      sl.int_spec = {sl.ty, sl.annotated, sl.specialize, bool(divisibility)};
-    } else if (sl.kind == K::kFloat) {
-      if (float_code < 0 || float_code >= count(kFloatTypes)) return fail("Stub: bad float_code in a slot table row");
-      sl.ty = kFloatTypes[float_code];
-    } else if (sl.kind == K::kBool) {
-      sl.ty = Ty::kU1;
-    }
-    sl.size = sl.kind == K::kInt || sl.kind == K::kFloat || sl.kind == K::kBool ? param_bytes(sl.ty) : 8;
-    if (sl.kind == K::kDesc) {
-      if (sl.rank < 1 || sl.rank > kMaxDescRank) return fail("Stub: a descriptor slot's rank is 1 to 5");
+    if (kind == int(K::kInt) && (code < 0 || code >= (annotated ? count(kIntTypes) : count(kIntClasses))))
+      return fail("Stub: bad int_code in a slot table row");
+    if (kind == int(K::kFloat) && (float_code < 0 || float_code >= count(kFloatTypes)))
+      return fail("Stub: bad float_code in a slot table row");
+    if (kind == int(K::kDesc)) {
+      if (code < 1 || code > kMaxDescRank) return fail("Stub: a descriptor slot's rank is 1 to 5");
       if (++n_desc > kMaxDescs)
         return fail("Stub: more than 16 tensor descriptor slots "
                     "(LAZYTRITON_STUB_BUILD=sync builds the generated stub, which has no such bound)");
     }
-    words += sl.kind == K::kDesc ? size_t(sl.rank) : sl.kind == K::kConstexpr || sl.kind == K::kFolded ? 2 : sl.in_key;
+    const SlotSpec sl = (*slots)[size_t(i)] =
+        slot_spec(kind, dtype, code, annotated, specialize, in_key, divisibility, float_code);
+    words += value_words(sl);
   }
   if (words != size_t(key_words)) return fail("Stub: key_words does not match the slot table");  // read() relies on it
   auto* slot_names = new std::vector<std::string>;  // a descriptor's errors name its slot

@@ -31,7 +31,7 @@ inline bool scalar_type(std::string_view name, Ty* out) {
 inline const char* type_name(Ty t) { return kTyNames[int(t)]; }
 
 // Bytes of a kernel parameter of type `t` (a descriptor's are per ABI: tensor_desc.h).
-inline size_t param_bytes(Ty t) {
+constexpr size_t param_bytes(Ty t) {
   switch (t) {
     case Ty::kI8: case Ty::kU8: case Ty::kU1: return 1;
     case Ty::kI16: case Ty::kU16: case Ty::kFp16: case Ty::kBf16: return 2;
