@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "json.h"
 
@@ -145,16 +146,11 @@ LaunchMeta launch_meta_from(const json::Value& m, const std::string& what) {
   m.as_object(what);
   LaunchMeta l;
   l.name = m.at("name", what).as_string(what + ".name");
-  l.num_warps = int(opt_int(m, "num_warps", 4, what));
-  l.num_ctas = int(opt_int(m, "num_ctas", 1, what));
-  l.shared = unsigned(opt_int(m, "shared", 0, what));
-  l.tmem_size = unsigned(opt_int(m, "tmem_size", 0, what));
-  l.global_scratch_size = uint64_t(opt_int(m, "global_scratch_size", 0, what));
-  l.global_scratch_align = uint64_t(opt_int(m, "global_scratch_align", 1, what));
-  l.profile_scratch_size = uint64_t(opt_int(m, "profile_scratch_size", 0, what));
-  l.profile_scratch_align = uint64_t(opt_int(m, "profile_scratch_align", 1, what));
-  l.cooperative = opt_bool(m, "launch_cooperative_grid", false, what);
-  l.pdl = opt_bool(m, "launch_pdl", false, what);
+  LaunchMeta::each_field(l, [&](const char* name, auto& v) {  // absent or null: LaunchMeta's default
+    using T = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, bool>) v = opt_bool(m, name, v, what);
+    else v = T(opt_int(m, name, int64_t(v), what));
+  });
   // The binary's target. Triton's: target = {backend, arch, warp_size}, its arch the number (90) on
   // CUDA and the name ("gfx942") on HIP (its top-level "arch" is "sm90" then). lazytriton's: arch
   // (a number) or gfx, and warp_size.

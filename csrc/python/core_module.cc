@@ -59,17 +59,8 @@ py::dict tma_meta_to_dict(const TmaMeta& t) {
 py::dict meta_to_dict(const LaunchMeta& m) {
   py::dict d;
   d["name"] = m.name;
-  d["num_warps"] = m.num_warps;
-  d["num_ctas"] = m.num_ctas;
-  d["shared"] = m.shared;
-  d["tmem_size"] = m.tmem_size;
-  d["global_scratch_size"] = m.global_scratch_size;
-  d["global_scratch_align"] = m.global_scratch_align;
-  d["profile_scratch_size"] = m.profile_scratch_size;
-  d["profile_scratch_align"] = m.profile_scratch_align;
+  LaunchMeta::each_field(m, [&](const char* name, const auto& v) { d[name] = v; });
   d["cluster_dims"] = py::make_tuple(m.cluster[0], m.cluster[1], m.cluster[2]);
-  d["launch_cooperative_grid"] = m.cooperative;
-  d["launch_pdl"] = m.pdl;
   d["arch"] = m.arch;
   if (!m.gfx.empty()) d["gfx"] = m.gfx;
   d["warp_size"] = m.warp_size;

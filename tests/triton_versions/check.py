@@ -413,6 +413,11 @@ NOT_FOR_LAUNCH = {
     "clc": _COMPILE_OPTION + " (cluster launch control is lowered into the kernel, sm_100+)",
     "min_shared_mem": _COMPILE_OPTION + " (the shared memory it reserves is in shared)",
 }
+# Fields named by a prefix, with the reason.
+NOT_FOR_LAUNCH_PREFIXES = {
+    "TRITON_": "a cache-invalidating environment variable that was set at compile time (TRITON_DISABLE_LINE_INFO, "
+               "...): Triton records it with the compile; it shaped the binary, a launch does not read it",
+}
 
 
 def metadata_differences(theirs: dict, ours: dict) -> list[str]:
@@ -420,7 +425,7 @@ def metadata_differences(theirs: dict, ours: dict) -> list[str]:
     (`ours`: _core.Kernel(...).metadata) nor lists as irrelevant to launching."""
     out = []
     for f in sorted(theirs):
-        if f in NOT_FOR_LAUNCH:
+        if f in NOT_FOR_LAUNCH or any(f.startswith(p) for p in NOT_FOR_LAUNCH_PREFIXES):
             continue
         if f not in LAUNCH_FIELDS:
             out.append(f"{f}={theirs[f]!r}: a metadata field lazytriton neither reads (kernel.cc launch_meta_from, "

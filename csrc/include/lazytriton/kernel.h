@@ -37,6 +37,23 @@ struct LaunchMeta {
   // the Triton version that compiled it.
   std::vector<TmaMeta> tensordesc;
   int tensordesc_abi = kTensorDescAbiLatest;
+
+  // The plain fields (numbers and flags), each with its name in Triton's metadata: read by the
+  // decoder (kernel.cc launch_meta_from) and reported back (Python's Kernel.metadata) through
+  // this one list. f(name, field) for each; M: LaunchMeta or const LaunchMeta.
+  template <class M, class F>
+  static void each_field(M& m, F&& f) {
+    f("num_warps", m.num_warps);
+    f("num_ctas", m.num_ctas);
+    f("shared", m.shared);
+    f("tmem_size", m.tmem_size);
+    f("global_scratch_size", m.global_scratch_size);
+    f("global_scratch_align", m.global_scratch_align);
+    f("profile_scratch_size", m.profile_scratch_size);
+    f("profile_scratch_align", m.profile_scratch_align);
+    f("launch_cooperative_grid", m.cooperative);
+    f("launch_pdl", m.pdl);
+  }
 };
 
 // Decodes launch metadata given as JSON: Triton's (a compiled kernel's) or lazytriton's (a
