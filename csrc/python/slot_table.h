@@ -116,7 +116,7 @@ inline bool arrays_here(const SlotSpec* table, size_t n, const uint64_t* cells, 
 
 // Slot i of a resolved call as a kernel parameter (call_layout.h pack_params); `*k` counts the
 // descriptors so far (a descriptor slot is always a parameter).
-inline ParamRef param_of(const SlotSpec& s, const Entry& e, size_t i, uint64_t* cells, const DescCell* descs,
+__attribute__((always_inline)) inline ParamRef param_of(const SlotSpec& s, const Entry& e, size_t i, uint64_t* cells, const DescCell* descs,
                          size_t* k, const char* name) {
   if (!e.is_param[i]) return {};
   if (s.kind == SlotKind::kDesc) return {nullptr, &descs[(*k)++].d, name};

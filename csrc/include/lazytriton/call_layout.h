@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "lazytriton/kernel.h"
 
@@ -35,23 +36,37 @@ struct ParamRef {
   const char* name = "";
 };
 
+// One step of pack_params: slot i's parameter(s) at out[np] on.
+template <class At>
+inline void pack_param(const LaunchMeta& m, const std::string& kernel, size_t i, At& at, DescParams* descs,
+                       void** out, size_t& np, size_t& nd) {
+  const ParamRef p = at(i);
+  if (p.desc) {
+    np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, nd, *p.desc, descs[nd], out + np, kernel, p.name);
+    ++nd;
+  } else if (p.cell) {
+    out[np++] = p.cell;
+  }
+}
+
 // The kernel parameters of slots 0..n-1 into `out` (`at(i)`: slot i's ParamRef, asked in
 // order); descriptors are encoded into `descs` (one per descriptor, uninitialized storage is
 // fine). Returns how many parameters it wrote. `kernel` names the kernel in errors.
 template <class At>
 inline size_t pack_params(const Kernel& k, const std::string& kernel, size_t n, At&& at, DescParams* descs,
                           void** out) {
-  const LaunchMeta& m = k.meta();
   size_t np = 0, nd = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const ParamRef p = at(i);
-    if (p.desc) {
-      np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, nd, *p.desc, descs[nd], out + np, kernel, p.name);
-      ++nd;
-    } else if (p.cell) {
-      out[np++] = p.cell;
-    }
-  }
+  for (size_t i = 0; i < n; ++i) pack_param(k.meta(), kernel, i, at, descs, out, np, nd);
+  return np;
+}
+
+// The same for a number of slots known at compile time (a generated stub): unrolled, so that
+// each at(i) folds for its slot.
+template <class At, size_t... I>
+inline size_t pack_params(const Kernel& k, const std::string& kernel, std::index_sequence<I...>, At&& at,
+                          DescParams* descs, void** out) {
+  size_t np = 0, nd = 0;
+  (pack_param(k.meta(), kernel, I, at, descs, out, np, nd), ...);
   return np;
 }
 

@@ -14,6 +14,14 @@
 #include "lazytriton/contract.h"
 #include "lazytriton/scalar_bits.h"
 
+// The encoders run on every launch, once per argument: inlined, so that a slot whose
+// rule is a constant (a generated stub's) folds into straight-line code.
+#if defined(__GNUC__)
+#define LT_ENCODER inline __attribute__((always_inline))
+#else
+#define LT_ENCODER inline
+#endif
+
 namespace lt {
 
 // Ty, the kernel parameter types, is generated into contract.h (lazytriton/core/contract.py).
@@ -68,12 +76,12 @@ struct IntSpec {
 };
 
 // Triton's class of an unannotated int: i32 if it fits, else i64, else u64.
-inline Ty int_class(IntVal v) {
+LT_ENCODER Ty int_class(IntVal v) {
   if (v.big) return Ty::kU64;
   return v.value() >= INT32_MIN && v.value() <= INT32_MAX ? Ty::kI32 : Ty::kI64;
 }
 
-inline bool int_fits(IntVal v, Ty t) {
+LT_ENCODER bool int_fits(IntVal v, Ty t) {
   if (v.big) return t == Ty::kU64;
   int64_t x = v.value();
   switch (t) {
@@ -92,7 +100,7 @@ inline bool int_fits(IntVal v, Ty t) {
 // The parameter's bytes into `cell` (little-endian: the low bytes of the
 // value) and its 2 key bits into *bits (bit 0: == 1, bit 1: % 16). The call
 // key's value word, where the slot has one, is v.bits.
-inline Fit encode_int(const IntSpec& s, IntVal v, void* cell, uint64_t* bits) {
+LT_ENCODER Fit encode_int(const IntSpec& s, IntVal v, void* cell, uint64_t* bits) {
   if (v.is_bool && !s.annotated) return Fit::kNotInt;
   if (!s.annotated && int_class(v) != s.ty) return Fit::kWrongClass;
   if (s.annotated && !int_fits(v, s.ty)) return Fit::kOutOfRange;
@@ -105,7 +113,7 @@ inline Fit encode_int(const IntSpec& s, IntVal v, void* cell, uint64_t* bits) {
 // A bool parameter (u1) as its low byte, as Triton's launcher passes it (the
 // kernel reads bit 0). Unannotated: a bool only; annotated tl.int1: an int too.
 // The key's value word is v.bits.
-inline Fit encode_flag(bool annotated, IntVal v, void* cell) {
+LT_ENCODER Fit encode_flag(bool annotated, IntVal v, void* cell) {
   if (!v.is_bool && !annotated) return Fit::kNotBool;
   if (v.big) return Fit::kOutOfRange;
   uint8_t low = uint8_t(v.bits);
@@ -116,7 +124,7 @@ inline Fit encode_flag(bool annotated, IntVal v, void* cell) {
 // A float parameter in its type, as Triton's launcher packs it (fp16 rounded
 // to even, refused past its range; bf16 truncated). The key's value word is
 // the double's bits.
-inline Fit encode_float(Ty t, double d, void* cell) {
+LT_ENCODER Fit encode_float(Ty t, double d, void* cell) {
   switch (t) {
     case Ty::kFp16: {
       uint16_t h;
@@ -141,6 +149,6 @@ inline Fit encode_float(Ty t, double d, void* cell) {
 }
 
 // A pointer's key bit: 16-byte aligned, where alignment is keyed (tt.divisibility 16).
-inline uint64_t ptr_bit(bool align, uint64_t addr) { return uint64_t(align && addr % 16 == 0); }
+LT_ENCODER uint64_t ptr_bit(bool align, uint64_t addr) { return uint64_t(align && addr % 16 == 0); }
 
 }  // namespace lt
