@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..cache import config
 from . import native
-from .specialize import Shape
+from .specialize import Shape, Slot  # noqa: F401 (Slot: shapes are built with it here too)
 
 log = logging.getLogger("lazytriton.core.stubgen")
 
