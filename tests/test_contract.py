@@ -1,10 +1,10 @@
-"""The numbers Python and C++ share come from one place: lazytriton/core/contract.py,
+"""The numbers Python and C++ share come from one place: lazytriton/model/contract.py,
 from which csrc/include/lazytriton/contract.h is generated (and checked in)."""
 import difflib
 import re
 from pathlib import Path
 
-from lazytriton.core import arrays, contract, specialize
+from lazytriton.model import arrays, contract, specialize
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "include" / "lazytriton" / "contract.h"
@@ -15,8 +15,8 @@ def test_header_is_generated_from_contract():
     if want != have:
         diff = "\n".join(difflib.unified_diff(have.splitlines(), want.splitlines(), "checked in", "generated",
                                               lineterm="", n=0))
-        raise AssertionError(f"{HEADER} is not what lazytriton/core/contract.py generates; run "
-                             f"`python lazytriton/core/contract.py` to regenerate it:\n{diff}")
+        raise AssertionError(f"{HEADER} is not what lazytriton/model/contract.py generates; run "
+                             f"`python lazytriton/model/contract.py` to regenerate it:\n{diff}")
 
 
 def test_python_faces_read_the_contract():

@@ -1,7 +1,7 @@
 // The slot table, read: how each slot of a call's argument shape is read from Python,
 // packed and keyed. One reader for both Python stubs: the table-driven stub
 // (generic_stub.cc) walks a table made at run time from specialize.Shape.table(); a
-// generated stub (lazytriton.core.stubgen) embeds the same rows as constants and calls
+// generated stub (lazytriton.runtime.stubgen) embeds the same rows as constants and calls
 // read_slot once per slot, which the compiler folds into straight-line code.
 #pragma once
 #include <Python.h>

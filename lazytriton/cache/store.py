@@ -30,7 +30,7 @@ from typing import Any, Iterator, Optional
 
 from .keys import FORMAT_VERSION
 from . import archive, files
-from .config import env_flag, env_seconds, settings
+from ..settings import env_flag, env_seconds, settings
 from .entries import (KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, CompiledBinary, EntryInfo,
                       TuningRecord, check_key, decode, decode_record, encode_binary, encode_record, peek_binary_head)
 

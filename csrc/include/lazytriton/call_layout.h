@@ -5,7 +5,7 @@
 // bit 1: an int % 16 == 0), key_bit_words(n) words of them; then each slot's value words (an
 // autotune key's value, a constexpr's two, a descriptor's block shape); last, one word that
 // keeps apart keys of different layouts in one table (a stub's shape word, a bundle's context,
-// a call site's buffer count). lazytriton.core.specialize.Shape writes the same layout for the
+// a call site's buffer count). lazytriton.model.specialize.Shape writes the same layout for the
 // Python stubs (key_words, bit_words, value_words).
 //
 // The kernel parameters: pack_params, the one loop that turns a call's slots into the

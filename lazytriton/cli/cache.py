@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from . import USED_KEYS_ENV, Cache
-from .config import env_flag
+from ..cache import USED_KEYS_ENV, Cache
+from ..settings import env_flag
 
 
 def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -168,7 +168,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     what = f" of kernel {args.kernel}" if args.kernel else ""
     stubs = ""
     if not args.kernel:
-        from ..core.native import clear_stubs
+        from ..runtime.native import clear_stubs
 
         n = clear_stubs(cache.root)
         stubs = f" and {n} launch stub{'' if n == 1 else 's'}"
