@@ -30,7 +30,7 @@ def runtime_library() -> Path:
 
 def stub_source_dir() -> Path:
     """Sources built at run time: the headers the generated stubs include
-    (array_reads.h, python_args.h, stub_protocol.h: they need Python, so they are
+    (array_reads.h, python_args.h, slot_table.h, stub_protocol.h: they need Python, so they are
     not public headers), the torch tensor reader and the FFI handler."""
     return _PKG / "src"
 

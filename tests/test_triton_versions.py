@@ -100,3 +100,32 @@ def test_matrix_follows_tritons_knobs(cache_dir, tmp_path, monkeypatch):
     assert not report["failures"], "\n".join(report["failures"])
     assert report["cases"]["constexpr_kinds"]["compiled"] == 1
     assert any((tmp_path / "triton").rglob("*.cubin"))  # the workers wrote to this test's cache
+
+
+def test_every_metadata_field_is_read_or_said_irrelevant(cache_dir):
+    """The matrix compares every field of Triton's metadata: one that lazytriton neither reads
+    nor lists as irrelevant to launching, or reads differently, fails naming it."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lazytriton import _core
+    from lazytriton.cache.entries import CompiledBinary
+
+    @triton.jit
+    def copy(x, n, B: tl.constexpr):
+        i = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(x + i, tl.load(x + i, mask=i < n) + 1, mask=i < n)
+
+    check = _module("lt_triton_matrix", MATRIX / "check.py")
+    ck = triton.compile(ASTSource(copy, {"x": "*fp32", "n": "i32", "B": "constexpr"}, {(2,): 64}),
+                        target=GPUTarget("cuda", 90, 32))
+    theirs = ck.metadata._asdict()
+    ours = _core.Kernel(ck.asm["cubin"], CompiledBinary.from_triton(ck).metadata).metadata
+    assert check.metadata_differences(theirs, ours) == []
+    [why] = check.metadata_differences({**theirs, "launch_new_thing": 1}, ours)
+    assert why.startswith("launch_new_thing=1: a metadata field lazytriton neither reads"), why
+    [why] = check.metadata_differences(theirs, {**ours, "shared": theirs["shared"] + 16})
+    assert why.startswith("shared: Triton has"), why
+    assert set(check.LAUNCH_FIELDS).isdisjoint(check.NOT_FOR_LAUNCH)

@@ -3,15 +3,16 @@
 #include <cstring>
 #include <vector>
 
+#include "lazytriton/encode.h"
 #include "lazytriton/tuning.h"
 
 namespace lt {
 
 void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key) {
-  std::memset(key, 0, alignment_key_words(n) * sizeof(uint64_t));
-  key[0] = n;  // sites with different buffer counts never share a key
-  for (size_t i = 0; i < n; ++i)
-    if (buffers[i] % 16 == 0) key[1 + i / 64] |= uint64_t(1) << (i % 64);
+  const size_t bits = key_bit_words(n);
+  std::memset(key, 0, bits * sizeof(uint64_t));
+  for (size_t i = 0; i < n; ++i) key_put_bits(key, i, ptr_bit(true, buffers[i]));
+  key[bits] = n;  // sites with different buffer counts never share a key
 }
 
 void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n,
@@ -33,23 +34,21 @@ void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const 
     heap_params.resize(ns + e.descs.size() * kMaxDescParams);
     out = heap_params.data();
   }
-  size_t np = 0, k = 0;
-  for (size_t i = 0; i < ns; ++i) {
+  HostTensorDesc desc;  // the descriptor being packed (pack_params packs each before asking for the next)
+  size_t np = pack_params(*e.kernel, m.name, ns, [&](size_t i) -> ParamRef {
     const ParamSource& s = e.sources[i];
     if (s.buffer >= 0 && size_t(s.buffer) >= n)
       throw Error("kernel " + m.name + ": parameter " + std::to_string(i) + " reads buffer " +
                   std::to_string(s.buffer) + " of " + std::to_string(n));
     if (s.desc >= 0) {
       const DescSource& ds = e.descs[size_t(s.desc)];
-      HostTensorDesc d = ds.desc;
-      d.base = buffers[s.buffer];
-      np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, d, descs[k], out + np, m.name, ds.name.c_str());
-      ++k;
-      continue;
+      desc = ds.desc;
+      desc.base = buffers[s.buffer];
+      return {nullptr, &desc, ds.name.c_str()};
     }
     slots[i] = s.buffer >= 0 ? buffers[s.buffer] : s.bits;
-    out[np++] = &slots[i];
-  }
+    return {&slots[i]};
+  }, descs, out);
   for (const ZeroSpec& z : e.zero)
     if (z.bytes && size_t(z.buffer) < n) zero_buffer(stream, {buffers[z.buffer], z.bytes});
   e.kernel->launch(ctx, stream, e.grid, out, np, arena);

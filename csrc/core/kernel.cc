@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <type_traits>
+
+#include "json.h"
 
 namespace lt {
 
@@ -125,6 +128,116 @@ struct StreamOrderedBlock {
 };
 }  // namespace
 
+// ---- Triton's launch metadata -------------------------------------------------
+
+namespace {
+
+const std::string* opt_string(const json::Value& obj, const char* key) {
+  const json::Value* v = obj.find(key);
+  return v && v->kind == json::Value::kString ? &v->s : nullptr;
+}
+
+}  // namespace
+
+// The one reader of launch metadata, by field name so that any Triton 3.x layout works:
+// Triton's own (a compiled kernel's metadata, handed over by Python as JSON) and the one
+// lazytriton writes back (a bundle variant's "launch", Kernel.metadata in Python).
+LaunchMeta launch_meta_from(const json::Value& m, const std::string& what) {
+  m.as_object(what);
+  LaunchMeta l;
+  l.name = m.at("name", what).as_string(what + ".name");
+  LaunchMeta::each_field(l, [&](const char* name, auto& v) {  // absent or null: LaunchMeta's default
+    using T = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, bool>) v = opt_bool(m, name, v, what);
+    else v = T(opt_int(m, name, int64_t(v), what));
+  });
+  // The binary's target. Triton's: target = {backend, arch, warp_size}, its arch the number (90) on
+  // CUDA and the name ("gfx942") on HIP (its top-level "arch" is "sm90" then). lazytriton's: arch
+  // (a number) or gfx, and warp_size.
+  const json::Value* t = m.find("target");
+  if (t && t->kind == json::Value::kObject && t->find("arch")) {
+    const std::string* backend = opt_string(*t, "backend");
+    if (backend && *backend == "hip") l.gfx = t->at("arch", what).as_string(what + ".target.arch");
+    else l.arch = int(opt_int(*t, "arch", 0, what + ".target"));
+    l.warp_size = int(opt_int(*t, "warp_size", l.warp_size, what + ".target"));
+  } else if (const json::Value* a = m.find("arch"); a && a->kind == json::Value::kInt) {
+    l.arch = int(a->i);
+  }
+  if (const std::string* g = opt_string(m, "gfx")) l.gfx = *g;
+  l.warp_size = int(opt_int(m, "warp_size", l.warp_size, what));
+  // CTAs per cluster: (num_ctas, 1, 1), or 3.5's cluster_dims.
+  l.cluster[0] = unsigned(l.num_ctas);
+  if (const json::Value* c = m.find("cluster_dims"); c && c->kind == json::Value::kArray)
+    for (size_t i = 0; i < c->items.size() && i < 3; ++i)
+      l.cluster[i] = unsigned(std::max<int64_t>(1, c->items[i].as_int(what + ".cluster_dims")));
+  // Host tensor descriptors: how each was lowered, and the Triton version's parameter layout.
+  if (const json::Value* td = m.find("tensordesc_meta"); td && td->kind == json::Value::kArray)
+    for (const json::Value& e : td->items) {
+      std::string w = what + ".tensordesc_meta";
+      TmaMeta tm;
+      tm.swizzle = int(opt_int(e, "swizzle", 0, w));
+      tm.elem_size = int(opt_int(e, "elem_size", 0, w));
+      tm.elem_type = int(opt_int(e, "elem_type", 0, w));
+      const auto& block = e.at("block_size", w).as_array(w + ".block_size");
+      if (block.empty() || block.size() > size_t(kMaxDescRank)) throw Error(w + ": block_size must have 1 to 5 entries");
+      tm.rank = int(block.size());
+      for (size_t i = 0; i < block.size(); ++i) tm.block[i] = uint32_t(block[i].as_int(w + ".block_size"));
+      tm.fp4_padded = opt_bool(e, "fp4_padded", false, w);
+      tm.im2col = opt_bool(e, "is_im2col", false, w);
+      l.tensordesc.push_back(tm);
+    }
+  if (const json::Value* a = m.find("lt_tensordesc_abi"); a && a->kind != json::Value::kNull)
+    l.tensordesc_abi = int(a->as_int(what + ".lt_tensordesc_abi"));
+  else if (const std::string* v = opt_string(m, "triton_version"))
+    l.tensordesc_abi = tensor_desc_abi_of(*v);
+  return l;
+}
+
+LaunchMeta launch_meta_from_json(const std::string& text) {
+  return launch_meta_from(json::parse(text, "launch metadata"), "launch metadata");
+}
+
+namespace {
+
+// Every launch attribute Triton can ask for, and when (Triton's launcher: programmatic
+// dependent launch, a cooperative grid, clusters with their scheduling policy). Set once per
+// kernel (Kernel::Kernel), with room for all of them at once. A new one: its row here, the
+// LaunchMeta field it reads (kernel.h, read in launch_meta_from above), its id and value in
+// cuda_abi.h.
+struct LaunchAttr {
+  cu::LaunchAttrId id;
+  bool (*set)(const LaunchMeta& m, cu::CUlaunchAttributeValue& v);  // false: not asked for
+};
+constexpr LaunchAttr kLaunchAttrs[] = {
+    {cu::LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION,
+     [](const LaunchMeta& m, cu::CUlaunchAttributeValue& v) { return m.pdl && (v.programmaticStreamSerializationAllowed = 1); }},
+    {cu::LAUNCH_ATTR_COOPERATIVE,
+     [](const LaunchMeta& m, cu::CUlaunchAttributeValue& v) { return m.cooperative && (v.cooperative = 1); }},
+    {cu::LAUNCH_ATTR_CLUSTER_DIMENSION,
+     [](const LaunchMeta& m, cu::CUlaunchAttributeValue& v) {
+       v.clusterDim = {m.cluster[0], m.cluster[1], m.cluster[2]};
+       return m.num_ctas != 1;
+     }},
+    {cu::LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+     [](const LaunchMeta& m, cu::CUlaunchAttributeValue& v) {
+       v.clusterSchedulingPolicyPreference = cu::CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+       return m.num_ctas != 1;
+     }},
+};
+
+std::vector<cu::CUlaunchAttribute> launch_attrs(const LaunchMeta& m) {
+  std::vector<cu::CUlaunchAttribute> out;
+  out.reserve(std::size(kLaunchAttrs));
+  for (const LaunchAttr& a : kLaunchAttrs) {
+    cu::CUlaunchAttribute attr{};
+    attr.id = a.id;
+    if (a.set(m, attr.value)) out.push_back(attr);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string check_fits(const LaunchMeta& m, const DeviceInfo& dev) {
   // The binary's vendor and architecture first: nothing else is comparable across them.
   if (!m.gfx.empty() && !dev.hip)
@@ -150,6 +263,10 @@ std::string check_fits(const LaunchMeta& m, const DeviceInfo& dev) {
            " does not support";
   if (m.cooperative && !dev.cooperative)
     return "needs a cooperative launch which " + dev.name + " does not support";
+  // Triton's loader refuses these too (CompiledKernel._init_handles): columns of tensor memory.
+  if (const unsigned tmem = m.arch == 107 ? 576 : 512; m.tmem_size > tmem)
+    return "needs " + std::to_string(m.tmem_size) + " columns of tensor memory but " + dev.name + " has " +
+           std::to_string(tmem);
   int cc = dev.cc_major * 10 + dev.cc_minor;
   if (!dev.hip && m.arch && (m.arch / 10 != dev.cc_major || m.arch > cc))
     return "was compiled for sm_" + std::to_string(m.arch) + " but " + dev.name + " is sm_" +
@@ -157,7 +274,8 @@ std::string check_fits(const LaunchMeta& m, const DeviceInfo& dev) {
   return "";
 }
 
-Kernel::Kernel(std::shared_ptr<const KernelImage> image) : image_(std::move(image)) {}
+Kernel::Kernel(std::shared_ptr<const KernelImage> image)
+    : image_(std::move(image)), attrs_(launch_attrs(image_->meta)) {}
 
 Kernel::~Kernel() {
   // Modules are unloaded only if the driver is still usable; at process exit
@@ -290,22 +408,6 @@ void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** pa
   args[n] = &scratch.global;
   args[n + 1] = &scratch.profile;
 
-  // Each attribute is zeroed only when it is used: most launches use none, and
-  // four zeroed 72-byte attributes were a measurable part of a launch's host cost.
-  cu::CUlaunchAttribute attrs[4];
-  unsigned nattrs = 0;
-  auto attr = [&](cu::LaunchAttrId id) -> cu::CUlaunchAttributeValue& {
-    attrs[nattrs] = cu::CUlaunchAttribute{};
-    attrs[nattrs].id = id;
-    return attrs[nattrs++].value;
-  };
-  if (m.pdl) attr(cu::LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION).programmaticStreamSerializationAllowed = 1;
-  if (m.cooperative) attr(cu::LAUNCH_ATTR_COOPERATIVE).cooperative = 1;
-  if (m.num_ctas != 1) {
-    attr(cu::LAUNCH_ATTR_CLUSTER_DIMENSION).clusterDim = {m.cluster[0], m.cluster[1], m.cluster[2]};
-    attr(cu::LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE).clusterSchedulingPolicyPreference =
-        cu::CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
-  }
   cu::CUlaunchConfig cfg{};
   // The user's grid counts clusters: each program is a cluster of num_ctas CTAs.
   cfg.gridDimX = grid.x * m.cluster[0];
@@ -315,8 +417,8 @@ void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** pa
   cfg.blockDimY = cfg.blockDimZ = 1;
   cfg.sharedMemBytes = m.shared;
   cfg.hStream = stream;
-  cfg.attrs = attrs;
-  cfg.numAttrs = nattrs;
+  cfg.attrs = const_cast<cu::CUlaunchAttribute*>(attrs_.data());  // the driver only reads them
+  cfg.numAttrs = unsigned(attrs_.size());
   cu::CUresult r = d.cuLaunchKernelEx(&cfg, fn, args, nullptr);
   if (r != cu::CUDA_SUCCESS) check(r, kname(m) + ": cuLaunchKernelEx");  // the message only on failure: no allocation
   counters().launches.fetch_add(1, std::memory_order_relaxed);

@@ -3,17 +3,14 @@
 #include <cstdio>
 #include <cstring>
 
+#include "lazytriton/contract.h"
 #include "lazytriton/driver.h"
 
 namespace lt {
 
 namespace {
 
-// lazytriton.model.arrays.DTYPES order.
-constexpr int kDtypeBytes[] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, 1, 1, 1, 1, 1};
-constexpr int kNumDtypes = int(sizeof(kDtypeBytes) / sizeof(kDtypeBytes[0]));
-bool is_float_dtype(int d) { return d >= 9; }  // fp16 .. fp8e5b16
-constexpr int kFp32 = 11;
+bool is_float_dtype(int d) { return d >= 0 && d < kNumDtypes && kDtypeIsFloat[d]; }
 
 // Triton: "The TMA dtype enum values are slightly different on host vs device".
 int tma_dtype_device_to_host(int t) { return t == 8 ? 10 : t == 9 ? 8 : t == 10 ? 9 : t; }

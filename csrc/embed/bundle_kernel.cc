@@ -13,10 +13,6 @@
 namespace lt {
 namespace {
 
-const char* const kOptionNames[] = {"num_warps",  "num_stages", "num_ctas",
-                                    "maxnreg",    "debug",      "launch_pdl",
-                                    "launch_cooperative_grid"};
-
 const char* arg_kind_name(Arg::Kind k) {
   switch (k) {
     case Arg::kPointer: return "a device pointer";
@@ -36,7 +32,7 @@ std::string arg_value_text(const Arg& a) {
 }
 
 bool is_option(const std::string& name) {
-  for (const char* o : kOptionNames)
+  for (const char* o : kCppOptionNames)
     if (name == o) return true;
   return false;
 }
@@ -70,13 +66,14 @@ void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
       constexprs.push_back(kv);  // a different option is a different binary
     }
   std::sort(constexprs.begin(), constexprs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  bit_words = (2 * args.size() + 63) / 64;
+  // The call key (call_layout.h): the bits, the key values, then the context.
+  bit_words = key_bit_words(args.size());
   for (auto& r : args)
     if (r.key_word >= 0) {
-      r.key_word = int(1 + bit_words + key_names.size());
+      r.key_word = int(bit_words + key_names.size());
       key_names.push_back(r.name);
     }
-  key_len = 1 + bit_words + key_names.size();
+  key_len = bit_words + key_names.size() + 1;
 }
 
 void BundleKernel::Impl::check_constexprs(const Constants& given) const {
@@ -338,7 +335,7 @@ void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
     double d = pack_float(r, a, slot);
     std::memcpy(&word, &d, 8);
   }
-  c.key[1 + (2 * i) / 64] |= bits << ((2 * i) % 64);
+  key_put_bits(c.key, i, bits);
   if (r.key_word >= 0) c.key[r.key_word] = word;
 }
 
@@ -347,25 +344,17 @@ void BundleKernel::Impl::read(const Arg* a, size_t n, Call& c) const {
     fail("takes " + std::to_string(args.size()) + " runtime arguments (" + sorted_names(arg_names()) + "), got " +
          std::to_string(n));
   }
-  for (size_t w = 1; w <= bit_words; ++w) c.key[w] = 0;
+  for (size_t w = 0; w < bit_words; ++w) c.key[w] = 0;
   c.n_desc = 0;
   for (size_t i = 0; i < n; ++i) pack(i, a[i], c);
 }
 
 size_t BundleKernel::Impl::params(const Entry& e, Call& c, void** out, DescParams* dps) const {
-  const LaunchMeta& m = e.kernel->meta();
-  size_t np = 0, k = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (!e.is_param[i]) continue;
-    if (args[i].ty == Ty::kDesc) {
-      np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, c.descs[c.slots[i]], dps[k], out + np, desc.name,
-                             args[i].name.c_str());
-      ++k;
-    } else {
-      out[np++] = &c.slots[i];
-    }
-  }
-  return np;
+  return pack_params(*e.kernel, desc.name, args.size(), [&](size_t i) -> ParamRef {
+    if (!e.is_param[i]) return {};
+    if (args[i].ty == Ty::kDesc) return {nullptr, &c.descs[c.slots[i]], args[i].name.c_str()};
+    return {&c.slots[i]};
+  }, dps, out);
 }
 
 void BundleKernel::Impl::launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const {
@@ -386,7 +375,7 @@ void BundleKernel::launch(Stream stream, Dim3 grid, const Arg* args, size_t n) c
   Call c;
   k.read(args, n, c);
   cu::CUcontext ctx = current_context();
-  c.key[0] = reinterpret_cast<uint64_t>(ctx);
+  c.key[k.key_len - 1] = reinterpret_cast<uint64_t>(ctx);
   const Entry* e = k.table->find(c.key, k.key_len);
   if (!e) {
     GridFn fixed = [grid](const Meta&) { return grid; };  // what lazy-mode tuning launches with
@@ -400,7 +389,7 @@ void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, si
   Call c;
   k.read(args, n, c);
   cu::CUcontext ctx = current_context();
-  c.key[0] = reinterpret_cast<uint64_t>(ctx);
+  c.key[k.key_len - 1] = reinterpret_cast<uint64_t>(ctx);
   const Entry* e = k.entry(args, c, stream.handle, &grid);
   Dim3 g = grid(static_cast<const Winner*>(e->user.get())->meta);
   k.launch_entry(*e, ctx, stream.handle, g, c);
@@ -410,7 +399,7 @@ const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, con
   const Impl& k = *impl_;
   Call c;
   k.read(args, n, c);
-  c.key[0] = reinterpret_cast<uint64_t>(current_context());
+  c.key[k.key_len - 1] = reinterpret_cast<uint64_t>(current_context());
   const Entry* e = k.entry(args, c, stream.handle, grid ? &grid : nullptr);
   return *static_cast<const Winner*>(e->user.get());
 }
@@ -418,7 +407,7 @@ const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, con
 std::string BundleKernel::Impl::call_spec(const Call& c) const {
   std::string out;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string s = spec_suffix(args[i], c.key[1 + (2 * i) / 64] >> ((2 * i) % 64) & 3);
+    std::string s = spec_suffix(args[i], key_bits_of(c.key, i));
     out += (i ? "," : "") + args[i].type + (s.empty() ? "" : ":" + s);
   }
   return out;

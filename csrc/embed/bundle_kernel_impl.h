@@ -9,6 +9,7 @@
 #include "bundle_manifest.h"
 #include "bundle_signature.h"
 #include "lazytriton/bundle.h"
+#include "lazytriton/call_layout.h"
 #include "lazytriton/encode.h"
 #include "lazytriton/resolve_table.h"
 
@@ -19,7 +20,7 @@ using namespace sigtypes;
 
 constexpr size_t kMaxArgs = 64;
 constexpr size_t kMaxDescArgs = 8;  // tensor descriptor arguments per kernel
-constexpr size_t kMaxKey = 1 + (2 * kMaxArgs + 63) / 64 + kMaxArgs;
+constexpr size_t kMaxKey = key_bit_words(kMaxArgs) + kMaxArgs + 1;
 
 // One runtime argument: how to read, check and pack it.
 struct RtArg {
@@ -35,8 +36,8 @@ struct RtArg {
   int64_t desc_block[kMaxDescRank] = {};
 };
 
-// A call's packed parameters and its key: [context, 2 specialization bits
-// per argument, key values]. A descriptor's slot is its index in `descs`.
+// A call's packed parameters and its key (call_layout.h: 2 specialization bits per
+// argument, key values, the context). A descriptor's slot is its index in `descs`.
 struct Call {
   uint64_t slots[kMaxArgs];
   uint64_t key[kMaxKey];

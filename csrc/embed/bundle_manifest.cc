@@ -28,16 +28,6 @@ Constants constants_from(const json::Value& obj, const std::string& what) {
   return out;
 }
 
-bool opt_bool(const json::Value& obj, const char* key, bool dflt, const std::string& what) {
-  const json::Value* v = obj.find(key);
-  return v && v->kind != json::Value::kNull ? v->as_bool(what + "." + key) : dflt;
-}
-
-int64_t opt_int(const json::Value& obj, const char* key, int64_t dflt, const std::string& what) {
-  const json::Value* v = obj.find(key);
-  return v && v->kind != json::Value::kNull ? v->as_int(what + "." + key) : dflt;
-}
-
 ParamDesc param_from(const json::Value& p, const std::string& what) {
   ParamDesc d;
   d.name = p.at("name", what).as_string(what + ".name");
@@ -53,48 +43,6 @@ ParamDesc param_from(const json::Value& p, const std::string& what) {
     d.dflt = constant_from(*v, w + ".default");
   }
   return d;
-}
-
-LaunchMeta launch_from(const json::Value& m, const std::string& what) {
-  LaunchMeta l;
-  l.name = m.at("name", what).as_string(what + ".name");
-  l.num_warps = int(opt_int(m, "num_warps", 4, what));
-  l.num_ctas = int(opt_int(m, "num_ctas", 1, what));
-  l.shared = unsigned(opt_int(m, "shared", 0, what));
-  l.global_scratch_size = uint64_t(opt_int(m, "global_scratch_size", 0, what));
-  l.global_scratch_align = uint64_t(opt_int(m, "global_scratch_align", 1, what));
-  l.profile_scratch_size = uint64_t(opt_int(m, "profile_scratch_size", 0, what));
-  l.profile_scratch_align = uint64_t(opt_int(m, "profile_scratch_align", 1, what));
-  l.cooperative = opt_bool(m, "launch_cooperative_grid", false, what);
-  l.pdl = opt_bool(m, "launch_pdl", false, what);
-  if (const json::Value* a = m.find("gfx"); a && a->kind == json::Value::kString) l.gfx = a->s;
-  else l.arch = int(opt_int(m, "arch", 0, what));
-  l.warp_size = int(opt_int(m, "warp_size", 32, what));
-  l.cluster[0] = unsigned(l.num_ctas);
-  if (const json::Value* c = m.find("cluster_dims"); c && c->kind == json::Value::kArray)
-    for (size_t i = 0; i < c->items.size() && i < 3; ++i)
-      l.cluster[i] = unsigned(std::max<int64_t>(1, c->items[i].as_int(what + ".cluster_dims")));
-  // Host tensor descriptors: how each was lowered, and the Triton version's parameter layout.
-  if (const json::Value* t = m.find("tensordesc_meta"); t && t->kind == json::Value::kArray)
-    for (const json::Value& e : t->items) {
-      std::string w = what + ".tensordesc_meta";
-      TmaMeta tm;
-      tm.swizzle = int(opt_int(e, "swizzle", 0, w));
-      tm.elem_size = int(opt_int(e, "elem_size", 0, w));
-      tm.elem_type = int(opt_int(e, "elem_type", 0, w));
-      const auto& block = e.at("block_size", w).as_array(w + ".block_size");
-      if (block.empty() || block.size() > size_t(kMaxDescRank)) throw Error(w + ": block_size must have 1 to 5 entries");
-      tm.rank = int(block.size());
-      for (size_t i = 0; i < block.size(); ++i) tm.block[i] = uint32_t(block[i].as_int(w + ".block_size"));
-      tm.fp4_padded = opt_bool(e, "fp4_padded", false, w);
-      tm.im2col = opt_bool(e, "is_im2col", false, w);
-      l.tensordesc.push_back(tm);
-    }
-  if (const json::Value* a = m.find("lt_tensordesc_abi"); a && a->kind != json::Value::kNull)
-    l.tensordesc_abi = int(a->as_int(what + ".lt_tensordesc_abi"));
-  else if (const json::Value* v = m.find("triton_version"); v && v->kind == json::Value::kString)
-    l.tensordesc_abi = tensor_desc_abi_of(v->s);
-  return l;
 }
 
 std::vector<std::string> strings_from(const json::Value& a, const std::string& what) {
@@ -131,7 +79,7 @@ std::shared_ptr<Variant> variant_from(const json::Value& v, const KernelDesc& d,
   out->key_values = v.at("key_values", what).as_object(what + ".key_values");
   for (const auto& b : v.at("is_param", what).as_array(what + ".is_param")) out->is_param.push_back(b.as_bool(what));
   out->meta = constants_from(v.at("meta", what), what + ".meta");
-  out->launch = launch_from(v.at("launch", what), what + ".launch");
+  out->launch = launch_meta_from(v.at("launch", what), what + ".launch");
   out->cubin_file = v.at("cubin", what).as_string(what + ".cubin");
   if (const json::Value* s = v.find("cubin_size"); s && s->kind != json::Value::kNull)
     out->cubin_size = s->as_int(what + ".cubin_size");
@@ -163,9 +111,5 @@ std::string sorted_names(const std::vector<std::string>& names) {
 }
 
 }  // namespace manifest
-
-LaunchMeta launch_meta_from_json(const std::string& text) {
-  return manifest::launch_from(json::parse(text, "launch metadata"), "launch metadata");
-}
 
 }  // namespace lt

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "bundle_json.h"
+#include "../core/json.h"
 #include "lazytriton/bundle.h"
 
 namespace lt {

@@ -13,7 +13,7 @@ namespace lt {
 bool BundleKernel::Impl::matches(const Variant& v, const Call& c, const std::string& target) const {
   if (v.target != target || !compatible(v)) return false;
   for (size_t i = 0; i < args.size(); ++i)
-    if (v.specs[args[i].call_index] != spec_suffix(args[i], c.key[1 + (2 * i) / 64] >> ((2 * i) % 64) & 3))
+    if (v.specs[args[i].call_index] != spec_suffix(args[i], key_bits_of(c.key, i)))
       return false;
   for (size_t k = 0; k < key_names.size(); ++k) {
     auto it = std::find_if(v.key_values.begin(), v.key_values.end(), [&](const auto& kv) { return kv.first == key_names[k]; });
@@ -21,7 +21,7 @@ bool BundleKernel::Impl::matches(const Variant& v, const Call& c, const std::str
     const json::Value& j = it->second;
     uint64_t word = j.kind == json::Value::kUInt ? j.u : j.kind == json::Value::kBool ? uint64_t(j.b) : uint64_t(j.i);
     if (j.kind == json::Value::kFloat) std::memcpy(&word, &j.f, 8);
-    if (word != c.key[1 + bit_words + k]) return false;
+    if (word != c.key[bit_words + k]) return false;
   }
   return true;
 }
@@ -40,7 +40,7 @@ std::string BundleKernel::Impl::describe_call(const Call& c, const std::string& 
   for (const auto& [k, v] : constexprs) out += " " + k + "=" + v.repr();
   for (size_t k = 0; k < key_names.size(); ++k) {
     const RtArg& r = *std::find_if(args.begin(), args.end(), [&](const RtArg& a) { return a.name == key_names[k]; });
-    uint64_t w = c.key[1 + bit_words + k];
+    uint64_t w = c.key[bit_words + k];
     double d;
     std::memcpy(&d, &w, 8);
     out += " " + r.name + "=" +
@@ -145,7 +145,7 @@ std::shared_ptr<Variant> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc
 }
 
 std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, const ResolveCtx& rc) {
-  auto ctx = reinterpret_cast<cu::CUcontext>(key[0]);
+  auto ctx = reinterpret_cast<cu::CUcontext>(key.back());  // the key's last word
   const DeviceInfo& dev = device_info(context_device(ctx));
   const std::string& target = dev.arch;  // "sm_90" or "gfx942"
   std::shared_ptr<Variant> v = find_variant(*rc.call, target, dev.name);

@@ -7,13 +7,6 @@
 
 namespace lt {
 
-namespace {
-const char* const kDtypeNames[] = {"u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
-                                   "fp16", "bf16", "fp32", "fp64",
-                                   "fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16"};
-constexpr int kNumDtypes = int(sizeof(kDtypeNames) / sizeof(kDtypeNames[0]));
-}  // namespace
-
 const char* dtype_name(int d) { return d >= 0 && d < kNumDtypes ? kDtypeNames[d] : "?"; }
 
 int dtype_from_name(std::string_view name) {

@@ -36,63 +36,14 @@ struct Claim {
 };
 
 
-// One entry of Triton's tensordesc_meta.
-TmaMeta tma_meta_from(const py::dict& d) {
-  TmaMeta t;
-  t.swizzle = dict_int(d, "swizzle", 0);
-  t.elem_size = dict_int(d, "elem_size", 0);
-  t.elem_type = dict_int(d, "elem_type", 0);
-  auto block = d["block_size"].cast<std::vector<int64_t>>();
-  if (block.empty() || block.size() > size_t(kMaxDescRank))
-    throw py::value_error("tensordesc_meta: block_size must have 1 to 5 entries");
-  t.rank = int(block.size());
-  for (int i = 0; i < t.rank; ++i) t.block[i] = uint32_t(block[size_t(i)]);
-  t.fp4_padded = d.contains("fp4_padded") && d["fp4_padded"].cast<bool>();
-  t.im2col = d.contains("is_im2col") && d["is_im2col"].cast<bool>();
-  return t;
+// Launch metadata from Python (Triton's, or a Kernel's .metadata) as JSON, decoded by the
+// one reader bundles use too (kernel.h launch_meta_from_json).
+std::string meta_json(const py::dict& d) {
+  return py::module_::import("json").attr("dumps")(d, py::arg("default") = py::module_::import("builtins").attr("str"))
+      .cast<std::string>();
 }
 
-
-// Triton launch metadata, read by field name so any 3.x layout works.
-LaunchMeta meta_from(const py::dict& d) {
-  LaunchMeta m;
-  m.name = d["name"].cast<std::string>();
-  m.num_warps = dict_int(d, "num_warps", 4);
-  m.num_ctas = dict_int(d, "num_ctas", 1);
-  m.shared = unsigned(dict_u64(d, "shared", 0));
-  m.global_scratch_size = dict_u64(d, "global_scratch_size", 0);
-  m.global_scratch_align = dict_u64(d, "global_scratch_align", 1);
-  m.profile_scratch_size = dict_u64(d, "profile_scratch_size", 0);
-  m.profile_scratch_align = dict_u64(d, "profile_scratch_align", 1);
-  m.cooperative = dict_int(d, "launch_cooperative_grid", 0) != 0;
-  m.pdl = dict_int(d, "launch_pdl", 0) != 0;
-  // CUDA: Triton's "arch" is a string ("sm90"), the target's arch the number (90).
-  // HIP: both are the name ("gfx942"), kept as the binary's target.
-  if (d.contains("target") && py::isinstance<py::dict>(d["target"]) && d["target"].cast<py::dict>().contains("arch")) {
-    auto t = d["target"].cast<py::dict>();
-    if (t.contains("backend") && t["backend"].cast<std::string>() == "hip")
-      m.gfx = t["arch"].cast<std::string>();
-    else
-      m.arch = py::int_(t["arch"]);
-    if (t.contains("warp_size") && !t["warp_size"].is_none()) m.warp_size = t["warp_size"].cast<int>();
-  } else if (d.contains("arch") && py::isinstance<py::int_>(d["arch"])) {
-    m.arch = d["arch"].cast<int>();
-  }
-  if (d.contains("gfx") && py::isinstance<py::str>(d["gfx"])) m.gfx = d["gfx"].cast<std::string>();
-  m.warp_size = dict_int(d, "warp_size", m.warp_size);
-  m.cluster[0] = unsigned(m.num_ctas);
-  if (d.contains("cluster_dims") && !d["cluster_dims"].is_none()) {
-    auto c = d["cluster_dims"].cast<std::vector<unsigned>>();
-    for (size_t i = 0; i < c.size() && i < 3; ++i) m.cluster[i] = std::max(1u, c[i]);
-  }
-  if (d.contains("tensordesc_meta") && !d["tensordesc_meta"].is_none())
-    for (py::handle t : d["tensordesc_meta"]) m.tensordesc.push_back(tma_meta_from(py::reinterpret_borrow<py::dict>(t)));
-  if (d.contains("lt_tensordesc_abi"))
-    m.tensordesc_abi = d["lt_tensordesc_abi"].cast<int>();
-  else if (d.contains("triton_version") && py::isinstance<py::str>(d["triton_version"]))
-    m.tensordesc_abi = tensor_desc_abi_of(d["triton_version"].cast<std::string>());
-  return m;
-}
+LaunchMeta meta_from(const py::dict& d) { return launch_meta_from_json(meta_json(d)); }
 
 py::dict tma_meta_to_dict(const TmaMeta& t) {
   py::dict d;
@@ -108,16 +59,8 @@ py::dict tma_meta_to_dict(const TmaMeta& t) {
 py::dict meta_to_dict(const LaunchMeta& m) {
   py::dict d;
   d["name"] = m.name;
-  d["num_warps"] = m.num_warps;
-  d["num_ctas"] = m.num_ctas;
-  d["shared"] = m.shared;
-  d["global_scratch_size"] = m.global_scratch_size;
-  d["global_scratch_align"] = m.global_scratch_align;
-  d["profile_scratch_size"] = m.profile_scratch_size;
-  d["profile_scratch_align"] = m.profile_scratch_align;
+  LaunchMeta::each_field(m, [&](const char* name, const auto& v) { d[name] = v; });
   d["cluster_dims"] = py::make_tuple(m.cluster[0], m.cluster[1], m.cluster[2]);
-  d["launch_cooperative_grid"] = m.cooperative;
-  d["launch_pdl"] = m.pdl;
   d["arch"] = m.arch;
   if (!m.gfx.empty()) d["gfx"] = m.gfx;
   d["warp_size"] = m.warp_size;
@@ -282,12 +225,22 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](py::bytes cubin, const py::dict& meta) {
              auto img = std::make_shared<KernelImage>();
              img->cubin = std::string(cubin);
-             img->meta = meta_from(meta);
+             img->metadata_json = meta_json(meta);
+             img->meta = launch_meta_from_json(img->metadata_json);
              return std::make_shared<Kernel>(std::move(img));
            }),
            py::arg("cubin"), py::arg("metadata"))
       .def_property_readonly("name", [](const Kernel& k) { return k.meta().name; })
-      .def_property_readonly("metadata", [](const Kernel& k) { return meta_to_dict(k.meta()); })
+      // Every field it was given (a bundle written from it carries them all, for the one decoder to
+      // read back), with the decoded ones as the runtime reads them.
+      .def_property_readonly("metadata",
+                             [](const Kernel& k) {
+                               py::dict d = k.image().metadata_json.empty()
+                                                ? py::dict()
+                                                : py::module_::import("json").attr("loads")(k.image().metadata_json);
+                               for (auto [key, v] : meta_to_dict(k.meta())) d[key] = v;
+                               return d;
+                             })
       .def_property_readonly("cubin", [](const Kernel& k) { return py::bytes(k.image().cubin); })
       .def("load", [](Kernel& k) { k.function(current_context()); }, "Load the module in the current context.")
       .def("launch",

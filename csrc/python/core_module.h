@@ -23,9 +23,6 @@ inline cu::CUstream as_stream(uint64_t s) { return reinterpret_cast<cu::CUstream
 inline int dict_int(const py::dict& d, const char* k, int dflt) {
   return d.contains(k) && !d[k].is_none() ? d[k].cast<int>() : dflt;
 }
-inline uint64_t dict_u64(const py::dict& d, const char* k, uint64_t dflt) {
-  return d.contains(k) && !d[k].is_none() ? d[k].cast<uint64_t>() : dflt;
-}
 
 // A descriptor argument as Python hands it over (core_module.cc).
 HostTensorDesc host_desc_from(py::handle h, std::string* name = nullptr);

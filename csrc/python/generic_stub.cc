@@ -7,13 +7,11 @@
 // params(args), key_words; the generated stub stays the steady-state path
 // (straight-line code, no table walk).
 //
-// Slot table (built by specialize.Shape.table(), one tuple per argument):
-//   (kind, dtype, int_code, annotated, specialize, in_key, divisibility, float_code)
-//   kind: 0 ptr, 1 int, 2 float, 3 bool, 4 constexpr, 5 host tensor descriptor,
-//         6 constexpr folded from the value (takes only None, a tl.constexpr, a @jit function)
-//   int_code: unannotated, the class (0 i32, 1 i64, 2 u64); annotated, the type
-//             (0 i8, 1 i16, 2 i32, 3 i64, 4 u8, 5 u16, 6 u32, 7 u64); a descriptor's rank
-//   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
+// Slot table (built by specialize.Shape.table(), one tuple per argument): the fields of
+// contract.SLOT_ROW, (kind, dtype, code, annotated, specialize, in_key, divisibility, float_code),
+// with the kinds and codes of contract.h (SlotKind; code: kIntTypes index when annotated, else
+// kIntClasses index, or a descriptor's rank; float_code: kFloatTypes index), generated from
+// lazytriton/model/contract.py.
 // Values are packed and keyed by encode.h, as in the generated stubs and the C++ bundles.
 // Tuple arguments (lazytriton.model.tuples): Stub(..., arg_names, paths, tuples)
 // reads slot i at paths[i] (argument index, then element indices) after
@@ -34,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "slot_table.h"
 #include "stub_protocol.h"
 
 using namespace lt;
@@ -41,27 +40,17 @@ using namespace lt::pyargs;
 
 namespace {
 
-enum Kind { kPtr = 0, kInt = 1, kFloat = 2, kBool = 3, kConstexpr = 4, kDesc = 5, kFolded = 6 };
+using K = SlotKind;
 
 // Bounds of one call's stack storage. 512 slots: CUDA's classic 4 KB of kernel
 // parameters holds 512 8-byte ones; a key word per slot, two for a constexpr,
 // a descriptor's rank for a descriptor.
 constexpr Py_ssize_t kMaxSlots = 512;
 constexpr size_t kMaxDescs = 16;
-constexpr size_t kMaxKeyWords = (2 * kMaxSlots + 63) / 64 + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
+constexpr size_t kMaxKeyWords = key_bit_words(kMaxSlots) + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
 
-const Ty kClassTypes[] = {Ty::kI32, Ty::kI64, Ty::kU64};  // specialize.INT_CLASSES
-// specialize._FIXED_CODES
-const Ty kFixedTypes[] = {Ty::kI8, Ty::kI16, Ty::kI32, Ty::kI64, Ty::kU8, Ty::kU16, Ty::kU32, Ty::kU64};
-const Ty kFloatTypes[] = {Ty::kFp16, Ty::kBf16, Ty::kFp32, Ty::kFp64};  // specialize._FLOAT_CODES
-
-struct SlotSpec {
-  int kind, dtype, rank;
-  bool annotated, specialize, in_key;
-  IntSpec int_spec;  // ints: how encode_int packs them
-  Ty ty;  // ints and floats: the parameter type
-  size_t size;  // bytes of the kernel parameter
-};
+template <class T, size_t N>
+constexpr int count(const T (&)[N]) { return int(N); }
 
 using Path = std::vector<Py_ssize_t>;
 
@@ -98,13 +87,6 @@ bool tuples_match(const Layout& l, PyObject* const* args) {
   return true;
 }
 
-// A descriptor's storage, left uninitialized until read() fills it: a call
-// zeroes only what it uses.
-union DescCell {
-  DescCell() {}
-  HostTensorDesc d;
-};
-
 // One call's values, on the stack: 8 bytes per argument (a parameter reads
 // its low bytes, little-endian), the descriptors (in argument order), the key
 // and the devices its arrays are on (array_reads.h fold_device).
@@ -116,8 +98,8 @@ struct Read {
   int devices = kNoArrays;
 };
 
-// False: not this shape (no Python error set). The generated stub reads the same
-// way (stubgen._arg_code); both pack through encode.h.
+// False: not this shape (no Python error set). The generated stub reads through the same
+// read_slot (slot_table.h), with its table folded in.
 bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
   if (!s->slots || n != s->n_args) return false;
   if (s->layout && !tuples_match(*s->layout, args)) return false;
@@ -126,63 +108,12 @@ bool read(const Stub* s, PyObject* const* args, Py_ssize_t n, Read& r) {
   r.n_desc = 0;
   r.devices = kNoArrays;
   r.key[s->key_words - 1] = s->shape_word;
-  size_t vw = (2 * size_t(s->n) + 63) / 64;
-  for (Py_ssize_t i = 0; i < s->n; ++i) {
-    const SlotSpec& sl = (*s->slots)[size_t(i)];
-    PyObject* arg = s->layout ? item_at(args, s->layout->paths[size_t(i)]) : args[i];
-    uint64_t& key_bits = r.key[size_t(2 * i) / 64];
-    const int sh = int((2 * i) % 64);
-    uint64_t* cell = &r.cell[size_t(i)];
-    IntVal iv;
-    double d = 0;
-    switch (sl.kind) {
-      case kPtr:
-        if (!get_pointer(arg, sl.dtype, cell, &r.devices)) return false;
-        key_bits |= ptr_bit(sl.specialize, *cell) << sh;
-        break;
-      case kInt: {
-        uint64_t bits;
-        if (!read_int(arg, &iv) || encode_int(sl.int_spec, iv, cell, &bits) != Fit::kOk) return false;
-        key_bits |= bits << sh;
-        if (sl.in_key) r.key[vw++] = iv.bits;
-        break;
-      }
-      case kFloat:
-        if (!(sl.annotated ? get_real(arg, &d) : get_float(arg, &d)) || encode_float(sl.ty, d, cell) != Fit::kOk)
-          return false;
-        if (sl.in_key) std::memcpy(&r.key[vw++], &d, 8);
-        break;
-      case kBool:
-        if (!read_int(arg, &iv) || encode_flag(sl.annotated, iv, cell) != Fit::kOk) return false;
-        if (sl.in_key) r.key[vw++] = iv.bits;
-        break;
-      case kDesc: {  // the block shape is the key: it is the kernel's type
-        HostTensorDesc& desc = r.descs[r.n_desc++].d;
-        desc = HostTensorDesc{};
-        if (!get_tensor_desc(arg, sl.dtype, sl.rank, &desc, &r.devices)) return false;
-        for (int j = 0; j < desc.rank; ++j) r.key[vw++] = uint64_t(desc.block[j]);
-        break;
-      }
-      case kFolded:  // an array or a number here is another shape
-        if (!is_folded_constexpr(arg)) return false;
-        [[fallthrough]];
-      default:  // constexpr
-        constexpr_key(arg, &r.key[vw]);
-        vw += 2;
-    }
-  }
-  return true;
-}
-
-// Whether the call's arrays may be handed to a kernel on `device` (python_args.h launch_context):
-// all there, else each pointer accessible from it.
-bool arrays_here(const Stub* s, const Read& r, int device) {
-  if (r.devices == kNoArrays || r.devices == device) return true;
-  size_t k = 0;
-  for (Py_ssize_t i = 0; i < s->n; ++i) {
-    int kind = (*s->slots)[size_t(i)].kind;
-    if (kind == kPtr && !accessible(r.cell[size_t(i)])) return false;
-    if (kind == kDesc && !accessible(r.descs[k++].d.base)) return false;
+  size_t vw = key_bit_words(size_t(s->n));
+  for (size_t i = 0; i < size_t(s->n); ++i) {
+    const SlotSpec& sl = (*s->slots)[i];
+    PyObject* arg = s->layout ? item_at(args, s->layout->paths[i]) : args[i];
+    if (!read_slot(sl, arg, i, &r.cell[i], &r.descs[r.n_desc].d, r.key, &vw, &r.devices)) return false;
+    r.n_desc += sl.kind == K::kDesc;
   }
   return true;
 }
@@ -197,7 +128,8 @@ StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, c
   int device = -1;
   // Arrays the current device cannot read: not this stub's call (before its key is resolved, so that
   // no tuning trial runs on them either); Python then refuses it, naming the argument.
-  if (r.devices != kNoArrays && (ctx = launch_context(&device)) && !arrays_here(s, r, device))
+  if (r.devices != kNoArrays && (ctx = launch_context(&device)) &&
+      !arrays_here(s->slots->data(), size_t(s->n), r.cell, r.descs, r.devices, device))
     return StubResult::kOtherShape;
   const Entry* e = kernel->find(r.key, s->key_words);
   if (!e) return (*key = key_tuple(r.key, s->key_words)) ? StubResult::kUnresolved : StubResult::kError;
@@ -206,18 +138,10 @@ StubResult stub_launch(const void* self, ResolveTable* kernel, PyObject* grid, c
   try {
     void* params[kMaxSlots + kMaxDescs * kMaxDescParams];
     DescParams packed[kMaxDescs];  // uninitialized: packing writes what it passes
-    const LaunchMeta& m = e->kernel->meta();
-    size_t np = 0, k = 0;
-    for (Py_ssize_t i = 0; i < s->n; ++i) {
-      if (!e->is_param[size_t(i)]) continue;
-      if ((*s->slots)[size_t(i)].kind == kDesc) {
-        np += pack_tensor_desc(m.tensordesc, m.tensordesc_abi, k, r.descs[k].d, packed[k], &params[np],
-                               kernel->name(), (*s->slot_names)[size_t(i)].c_str());
-        ++k;
-      } else {
-        params[np++] = &r.cell[size_t(i)];
-      }
-    }
+    size_t k = 0;
+    size_t np = pack_params(*e->kernel, kernel->name(), size_t(s->n), [&](size_t i) {
+      return param_of((*s->slots)[i], *e, i, r.cell, r.descs, &k, (*s->slot_names)[i].c_str());
+    }, packed, params);
     if (ctx) e->kernel->launch(ctx, stream, g, params, np);
     else e->kernel->launch(stream, g, params, np);
   } catch (const std::exception& ex) {
@@ -248,19 +172,7 @@ PyObject* stub_params(PyObject* self, PyObject* args) {
   Read r;
   call_items(args, &items, &n);
   if (!read(s, items, n, r)) Py_RETURN_NONE;
-  PyObject* t = PyTuple_New(s->n);
-  if (!t) return nullptr;
-  size_t k = 0;
-  for (Py_ssize_t i = 0; i < s->n; ++i) {
-    const SlotSpec& sl = (*s->slots)[size_t(i)];
-    const char* bytes = reinterpret_cast<const char*>(&r.cell[size_t(i)]);
-    PyObject* item = sl.kind == kConstexpr || sl.kind == kFolded ? Py_NewRef(Py_None)
-                     : sl.kind == kDesc ? desc_tuple(r.descs[k++].d)
-                                        : PyBytes_FromStringAndSize(bytes, Py_ssize_t(sl.size));
-    if (!item) return Py_DECREF(t), nullptr;
-    PyTuple_SET_ITEM(t, i, item);
-  }
-  return t;
+  return params_tuple(s->slots->data(), size_t(s->n), r.cell, r.descs);
 }
 
 // A path from a tuple of ints; false with an error set.
@@ -368,34 +280,27 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
                  n, key_words, kMaxSlots, kMaxKeyWords);
     return fail(nullptr);
   }
-  size_t n_desc = 0, words = (2 * size_t(n) + 63) / 64 + 1;  // the bit words and the shape word, then per slot
+  size_t n_desc = 0, words = key_bit_words(size_t(n)) + 1;  // the bit words and the shape word, then per slot
   for (Py_ssize_t i = 0; i < n; ++i) {
-    SlotSpec& sl = (*slots)[size_t(i)];
-    int int_code, annotated, specialize, in_key, divisibility, float_code;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &sl.kind, &sl.dtype, &int_code, &annotated,
-                          &specialize, &in_key, &divisibility, &float_code))
+    int kind, dtype, code, annotated, specialize, in_key, divisibility, float_code;
+    static_assert(kSlotRowFields == 8, "a slot table row's fields (contract.SLOT_ROW) are parsed here");
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &kind, &dtype, &code, &annotated, &specialize,
+                          &in_key, &divisibility, &float_code))
       return fail(nullptr);
-    sl.annotated = annotated, sl.specialize = specialize, sl.in_key = in_key;
-    sl.rank = int_code;
-    sl.ty = Ty::kPtr;
-    if (sl.kind == kInt) {
-      if (int_code < 0 || int_code >= (annotated ? 8 : 3)) return fail("Stub: bad int_code in a slot table row");
-      sl.ty = annotated ? kFixedTypes[int_code] : kClassTypes[int_code];
-      sl.int_spec = {sl.ty, sl.annotated, sl.specialize, bool(divisibility)};
-    } else if (sl.kind == kFloat) {
-      if (float_code < 0 || float_code > 3) return fail("Stub: bad float_code in a slot table row");
-      sl.ty = kFloatTypes[float_code];
-    } else if (sl.kind == kBool) {
-      sl.ty = Ty::kU1;
-    }
-    sl.size = sl.kind == kInt || sl.kind == kFloat || sl.kind == kBool ? param_bytes(sl.ty) : 8;
-    if (sl.kind == kDesc) {
-      if (sl.rank < 1 || sl.rank > kMaxDescRank) return fail("Stub: a descriptor slot's rank is 1 to 5");
+    if (kind < 0 || kind >= kNumSlotKinds) return fail("Stub: bad kind in a slot table row");
+    if (kind == int(K::kInt) && (code < 0 || code >= (annotated ? count(kIntTypes) : count(kIntClasses))))
+      return fail("Stub: bad int_code in a slot table row");
+    if (kind == int(K::kFloat) && (float_code < 0 || float_code >= count(kFloatTypes)))
+      return fail("Stub: bad float_code in a slot table row");
+    if (kind == int(K::kDesc)) {
+      if (code < 1 || code > kMaxDescRank) return fail("Stub: a descriptor slot's rank is 1 to 5");
       if (++n_desc > kMaxDescs)
         return fail("Stub: more than 16 tensor descriptor slots "
                     "(LAZYTRITON_STUB_BUILD=sync builds the generated stub, which has no such bound)");
     }
-    words += sl.kind == kDesc ? size_t(sl.rank) : sl.kind == kConstexpr || sl.kind == kFolded ? 2 : sl.in_key;
+    const SlotSpec sl = (*slots)[size_t(i)] =
+        slot_spec(kind, dtype, code, annotated, specialize, in_key, divisibility, float_code);
+    words += value_words(sl);
   }
   if (words != size_t(key_words)) return fail("Stub: key_words does not match the slot table");  // read() relies on it
   auto* slot_names = new std::vector<std::string>;  // a descriptor's errors name its slot

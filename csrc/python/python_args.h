@@ -12,6 +12,7 @@
 #include <string>
 
 #include "array_reads.h"
+#include "lazytriton/call_layout.h"
 #include "lazytriton/encode.h"
 #include "lazytriton/resolve_table.h"
 #include "lazytriton/tensor_desc.h"
@@ -174,28 +175,29 @@ inline bool constexpr_index(PyObject* obj, uint64_t* index) {
   return true;
 }
 
-// Two key words for a constexpr argument: exact for None/bool/int/float, the
-// interned value's index for anything else (5), or, should Python fail, the
-// object's address with the object kept alive for good (6).
+// Two key words for a constexpr argument (contract.h ConstexprTag, then the value): exact for
+// None/bool/int/float, the interned value's index for anything else, or, should Python fail,
+// the object's address with the object kept alive for good.
 inline void constexpr_key(PyObject* obj, uint64_t* w) {
+  auto tag = [w](ConstexprTag t) { w[0] = uint64_t(t); };
   int overflow = 0;
   if (obj == Py_None) {
-    w[0] = 1, w[1] = 0;
+    tag(ConstexprTag::kNone), w[1] = 0;
   } else if (PyBool_Check(obj)) {
-    w[0] = 2, w[1] = obj == Py_True;
+    tag(ConstexprTag::kBool), w[1] = obj == Py_True;
   } else if (PyLong_Check(obj) && (w[1] = uint64_t(PyLong_AsLongLongAndOverflow(obj, &overflow)), !overflow)) {
-    w[0] = 3;
+    tag(ConstexprTag::kInt);
   } else if (PyFloat_Check(obj)) {
     double d = PyFloat_AS_DOUBLE(obj);
     std::memcpy(&w[1], &d, 8);
-    w[0] = 4;
+    tag(ConstexprTag::kFloat);
   } else {
     PyErr_Clear();
     if (constexpr_index(obj, &w[1])) {
-      w[0] = 5;
+      tag(ConstexprTag::kInterned);
     } else {
       Py_INCREF(obj);
-      w[0] = 6, w[1] = reinterpret_cast<uint64_t>(obj);
+      tag(ConstexprTag::kAddress), w[1] = reinterpret_cast<uint64_t>(obj);
     }
   }
 }

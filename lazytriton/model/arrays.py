@@ -16,14 +16,8 @@ from triton.language import constexpr
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescriptor
 
-# Triton element types, by id. The ids are baked into generated stubs, so only
-# append to this list.
-DTYPES = (
-    "u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
-    "fp16", "bf16", "fp32", "fp64",
-    "fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16",
-)
-DTYPE_IDS = {name: i for i, name in enumerate(DTYPES)}
+# Triton element types by id (DTYPES, DTYPE_IDS) and their sizes: shared with C++.
+from .contract import DTYPE_IDS, DTYPES, dtype_bytes as itemsize  # noqa: F401
 
 # Names frameworks print for dtypes (numpy/cupy/jax/ml_dtypes/torch), to Triton's.
 _ALIASES = {
@@ -296,10 +290,3 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return f"DeviceArray(0x{self.ptr:x}, {self.dtype}, {self.nbytes} bytes)"
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a Triton dtype."""
-    if dtype == "u1" or dtype.startswith("fp8"):
-        return 1
-    return int(dtype.lstrip("uifbp")) // 8

@@ -20,18 +20,16 @@ from typing import Any
 
 from . import tensor_desc, tuples
 from .arrays import DTYPE_IDS, DTYPES, array_info, is_array, is_folded_constexpr
+from .contract import (AMD_OPTION_NAMES, BUNDLE_OPTION_NAMES, FLOAT_TYPES, INT_CLASSES,  # noqa: F401
+                       INT_TYPES, JAX_OPTION_NAMES, OPTION_NAMES, PROCESS_CONSTEXPR_TAGS, SLOT_KIND_CODES)
 
 # -- types ---------------------------------------------------------------------------
 
-# Integer types an annotation can fix (n: tl.int64), in the order of the table-driven
-# stub's codes (python_args.h FixedInt), and their ranges.
-INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+# Integer types an annotation can fix (INT_TYPES), the classes Triton gives an unannotated
+# int (INT_CLASSES, the first that holds it) and the float parameter types (FLOAT_TYPES)
+# are contract's, shared with C++. The integer types' ranges:
 INT_RANGES = {t: ((-2**(int(t[1:]) - 1), 2**(int(t[1:]) - 1) - 1) if t[0] == "i" else (0, 2**int(t[1:]) - 1))
               for t in INT_TYPES}
-# The type Triton gives an unannotated int: the first that holds it (python_args.h IntClass order).
-INT_CLASSES = ("i32", "i64", "u64")
-# Float parameter types (in the table-driven stub's code order).
-FLOAT_TYPES = ("fp16", "bf16", "fp32", "fp64")
 # The C type each scalar parameter type is packed as (Triton's launcher's bytes; tl.int1 is one byte).
 CTYPES = {"i8": "int8_t", "i16": "int16_t", "i32": "int32_t", "i64": "int64_t", "u8": "uint8_t",
           "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t", "u1": "uint8_t",
@@ -53,8 +51,7 @@ def int_class(v: int, what: str) -> str:
 
 # -- slots and shapes ---------------------------------------------------------------------
 
-# Codes of the table-driven stub (csrc/python/generic_stub.cc; FixedInt/IntClass in python_args.h).
-_KINDS = {"ptr": 0, "int": 1, "float": 2, "bool": 3, "constexpr": 4, "desc": 5, "folded": 6}
+# Codes of a slot table row (contract.SLOT_ROW; read by csrc/python/generic_stub.cc).
 _FIXED_CODES = {t: i for i, t in enumerate(INT_TYPES)}
 _CLASS_CODES = {t: i for i, t in enumerate(INT_CLASSES)}
 _FLOAT_CODES = {t: i for i, t in enumerate(FLOAT_TYPES)}
@@ -186,10 +183,11 @@ class Shape:
         return self.bit_words() + sum(s.value_words() for s in self.slots) + 1
 
     def table(self) -> tuple:
-        """The slot table of the table-driven stub (csrc/python/generic_stub.cc)."""
+        """The slot table of the table-driven stub (csrc/python/generic_stub.cc): a row of
+        contract.SLOT_ROW's fields per slot."""
         rows = []
         for sl in self.slots:
-            kind = _KINDS["folded" if sl.folded else sl.kind]
+            kind = SLOT_KIND_CODES["folded" if sl.folded else sl.kind]
             if sl.kind == "int":
                 code = _FIXED_CODES[sl.int_type] if sl.annotated else _CLASS_CODES[sl.int_type]
             elif sl.kind == "desc":
@@ -207,7 +205,7 @@ class Shape:
         out = list(key[:-1])
         w = self.bit_words()
         for s, v in zip(self.slots, self.leaf_values(args)):
-            if s.kind == "constexpr" and out[w] in (5, 6):
+            if s.kind == "constexpr" and out[w] in PROCESS_CONSTEXPR_TAGS:
                 out[w + 1] = v
             w += s.value_words()
         return tuple(out)
@@ -365,17 +363,8 @@ def needs_fp64(v: Any) -> bool:
 
 # -- compile options -----------------------------------------------------------------------
 
-# Triton's AMD compile options, taken where the CUDA ones are (kernel calls, triton_call's
-# backend_options, bundle calls) and, as Triton's idiom, in a config's kwargs.
-AMD_OPTION_NAMES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-# Compile options a call may pass as keyword arguments (k[grid](..., num_warps=4)).
-OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "ir_override",
-                "enable_fp_fusion", "launch_cooperative_grid") + AMD_OPTION_NAMES
-# The faces that take fewer. triton_call: jax-triton's options (its explicit arguments and
-# backend_options). A C++ bundle call: those its C++ binder knows as options rather than
-# as constexprs (kOptionNames in csrc/embed/bundle_kernel.cc), plus the AMD ones.
-JAX_OPTION_NAMES = tuple(n for n in OPTION_NAMES if n not in ("ir_override", "launch_cooperative_grid"))
-BUNDLE_OPTION_NAMES = tuple(n for n in OPTION_NAMES if n not in ("ir_override", "enable_fp_fusion"))
+# The compile options each face takes (OPTION_NAMES, JAX_OPTION_NAMES, BUNDLE_OPTION_NAMES,
+# AMD_OPTION_NAMES) are contract's: the C++ bundle binder reads them too.
 
 # The value each compile option takes (the fields of Triton's CUDAOptions / HIPOptions); None
 # is the backend's default. Checked where the option is given: Triton would fail on a wrong

@@ -1,7 +1,8 @@
 """Generated C++ launch stubs: one per argument shape, built once (plain
-CPython API, ~1 s of g++) and cached on disk (lazytriton.runtime.native). A stub
-reads the Python arguments with typed C code, computes the call key, and
-launches the resolved kernel without Python. While a shape's stub builds (in
+CPython API, ~1 s of g++) and cached on disk (lazytriton.runtime.native), generated
+from the shape's slot table (Shape.table(), what the table-driven stub reads at run
+time) with its rows as constants. A stub reads the Python arguments, computes the
+call key, and launches the resolved kernel without Python. While a shape's stub builds (in
 the background), the table-driven stub of csrc/python/generic_stub.cc serves
 its calls."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Callable
 
 from .. import settings
 from . import native
-from ..model.specialize import Shape, Slot
+from ..model.specialize import Shape, Slot  # noqa: F401 (Slot: shapes are built with it here too)
 
 log = logging.getLogger("lazytriton.runtime.stubgen")
 
@@ -38,98 +39,33 @@ def _tuple_checks(shape: Shape) -> list[str]:
     return out
 
 
-def _cbool(b: bool) -> str:
-    return "true" if b else "false"
-
-
-def _arg_code(i: int, s: Slot, value_word: int, path: tuple | None = None) -> tuple[str, list[str], int]:
-    """(member declaration, statements reading slot i into a.s{i}, next value word)."""
-    bit = f"a.key[{(2 * i) // 64}] |= "
-    sh = (2 * i) % 64
-    arg = _item_expr(path or (i,))
-    out = []
-    if s.kind == "ptr":
-        member = f"{s.ctype()} s{i};"
-        out.append(f"if (!get_pointer({arg}, {s.dtype}, &a.s{i}, &a.devices)) return false;")
-        out.append(f"{bit}ptr_bit({_cbool(s.specialize)}, a.s{i}) << {sh};")
-    elif s.kind == "int":  # packed and keyed by encode.h's encode_int (an annotated slot takes a bool too)
-        member = f"{s.ctype()} s{i};"
-        spec = f"{{Ty::k{s.int_type.upper()}, {_cbool(s.annotated)}, {_cbool(s.specialize)}, {_cbool(s.divisibility)}}}"
-        out.append(f"if (!read_int({arg}, &iv) || encode_int({spec}, iv, &a.s{i}, &bits) != Fit::kOk) return false;")
-        if s.specialize or s.divisibility:
-            out.append(f"{bit}bits << {sh};")
-        if s.in_key:
-            out.append(f"a.key[{value_word}] = iv.bits;")
-            value_word += 1
-    elif s.kind == "float":
-        member = f"{s.ctype()} s{i};"
-        read = f"{'get_real' if s.annotated else 'get_float'}({arg}, &d)"
-        out.append(f"if (!{read} || encode_float(Ty::k{s.float_type.capitalize()}, d, &a.s{i}) != Fit::kOk) "
-                   "return false;")
-        if s.in_key:
-            out.append(f"std::memcpy(&a.key[{value_word}], &d, 8);")
-            value_word += 1
-    elif s.kind == "bool":  # tl.int1 (annotated): an int too, as its low byte (Triton's launcher)
-        member = f"{s.ctype()} s{i};"
-        out.append(f"if (!read_int({arg}, &iv) || encode_flag({_cbool(s.annotated)}, iv, &a.s{i}) != Fit::kOk) "
-                   "return false;")
-        if s.in_key:
-            out.append(f"a.key[{value_word}] = iv.bits;")
-            value_word += 1
-    elif s.kind == "constexpr":
-        member = f"{s.ctype()} s{i};"
-        if s.folded:
-            out.append(f"if (!is_folded_constexpr({arg})) return false;")
-        out.append(f"constexpr_key({arg}, &a.key[{value_word}]);")
-        value_word += 2
-    elif s.kind == "desc":
-        member = f"{s.ctype()} s{i};"
-        out.append(f"if (!get_tensor_desc({arg}, {s.dtype}, {s.rank}, &a.s{i}, &a.devices)) return false;")
-        for j in range(s.rank):
-            out.append(f"a.key[{value_word}] = uint64_t(a.s{i}.block[{j}]);")
-            value_word += 1
-    else:
-        raise ValueError(f"unknown slot kind {s.kind}")
-    return member, out, value_word
-
-
 def generate(shape: Shape, module_name: str) -> str:
+    """The stub's C++ source: the shape's slot table (Shape.table(), the rows the table-driven
+    stub reads at run time) as constants, each slot read by slot_table.h's read_slot, which the
+    compiler folds into straight-line code for these rows."""
     n = len(shape.slots)
     n_args = len(shape.arg_names)
-    words = shape.key_words()
-    value_word = (2 * n + 63) // 64
-    members, body = [], [f"  {line}" for line in _tuple_checks(shape)]
+    n_desc = sum(s.kind == "desc" for s in shape.slots)
+    rows = [f"    slot_spec({', '.join(map(str, row))}),  // {nm}: {s.code()}"
+            for row, nm, s in zip(shape.table(), shape.names, shape.slots)]
+    reads, k = [f"  {line}" for line in _tuple_checks(shape)], 0
     for i, (s, path) in enumerate(zip(shape.slots, shape.slot_paths())):
-        member, lines, value_word = _arg_code(i, s, value_word, path)
-        members.append(f"  {member}  // {shape.names[i]}: {s.code()}")
-        body += [f"  {line}" for line in lines]
-    # The call's pointers, for when its arrays are not all on the current device (python_args.h).
-    pointers = [f"a.s{i}" if s.kind == "ptr" else f"a.s{i}.base" for i, s in enumerate(shape.slots)
-                if s.kind in ("ptr", "desc")]
-    reachable = " && ".join(f"accessible({p})" for p in pointers) or "true"
-    pack, n_desc = [], 0
-    for i, s in enumerate(shape.slots):
-        if s.kind == "desc":  # encoded for the resolved kernel (may throw: inside the try)
-            pack.append(f"    DescParams d{n_desc};")
-            pack.append(f"    if (e->is_param[{i}]) np += pack_tensor_desc(e->kernel->meta().tensordesc, "
-                        f"e->kernel->meta().tensordesc_abi, {n_desc}, a.s{i}, d{n_desc}, params + np, kernel->name(), "
-                        f"\"{shape.names[i]}\");")
-            n_desc += 1
-        else:
-            pack.append(f"    if (e->is_param[{i}]) params[np++] = &a.s{i};")
-    packed = [f"  PyTuple_SET_ITEM(t, {i}, "
-              + ("Py_NewRef(Py_None)" if s.kind == "constexpr" else f"desc_tuple(a.s{i})" if s.kind == "desc" else
-                 f"PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&a.s{i}), sizeof(a.s{i}))") + ");"
-              for i, s in enumerate(shape.slots)]
-    n_params = f"kSlots + 1 + {n_desc} * kMaxDescParams"
+        desc = f"&a.descs[{k}].d" if s.kind == "desc" else "nullptr"
+        k += s.kind == "desc"
+        reads.append(f"  if (!read_slot(kTable[{i}], {_item_expr(path)}, {i}, &a.cell[{i}], {desc}, a.key, &vw, "
+                     "&a.devices)) return false;")
     # The call's argument names (a tuple argument is one name): what a grid callable sees.
     names = ", ".join(f'"{nm}"' for nm in shape.arg_names) or '""'
+    slot_names = ", ".join(f'"{nm}"' for nm in shape.names) or '""'
+    # Descriptors' parameters, uninitialized (packing writes what it passes); none: no stack for them.
+    descs_decl = "DescParams descs[kDescs];" if n_desc else "DescParams* descs = nullptr;"
     # Plain CPython API, no pybind11: its headers made a stub's build take ~5 s of g++.
     return f"""// Generated by lazytriton.runtime.stubgen for argument shape {shape.digest()}. Do not edit.
 #include <Python.h>
 
 #include <cstring>
 
+#include "slot_table.h"
 #include "stub_protocol.h"
 
 using namespace lt;
@@ -137,35 +73,36 @@ using namespace lt::pyargs;
 
 namespace {{
 constexpr Py_ssize_t kArgs = {n_args};  // call arguments
-constexpr Py_ssize_t kSlots = {n};  // their leaves (a tuple argument has one per element)
-constexpr size_t kKeyWords = {words};
+constexpr size_t kSlots = {n};  // their leaves (a tuple argument has one per element)
+constexpr size_t kDescs = {n_desc};  // host tensor descriptor slots
+constexpr size_t kKeyWords = {shape.key_words()};
 constexpr uint64_t kShapeWord = 0x{shape.shape_word():016x}ULL;  // the key's last word
 const char* kNames[] = {{{names}}};
+[[maybe_unused]] const char* const kSlotNames[] = {{{slot_names}}};  // per slot (a tuple's leaf: "xs[1]")
 PyObject* g_names[kArgs + 1];
 
-// The call's arguments in their kernel parameter types, its call key and the
-// devices its arrays are on (array_reads.h fold_device).
+// The slot table (specialize.Shape.table()): (kind, dtype, code, annotated, specialize, in_key,
+// divisibility, float_code) per slot.
+constexpr SlotSpec kTable[kSlots + 1] = {{
+{chr(10).join(rows)}
+    SlotSpec{{}}}};
+
+// The call's arguments as kernel parameters (8 bytes a slot, descriptors apart), its call key
+// and the devices its arrays are on (array_reads.h fold_device).
 struct Args {{
   uint64_t key[kKeyWords] = {{}};
   int devices = kNoArrays;
-{chr(10).join(members)}
+  uint64_t cell[kSlots + 1];
+  DescCell descs[kDescs + 1];
 }};
 
 // False: not this stub's shape (no Python error set).
 [[maybe_unused]] bool read(PyObject* const* args, Py_ssize_t n, Args& a) {{
   if (n != kArgs) return false;
   a.key[kKeyWords - 1] = kShapeWord;
-  [[maybe_unused]] IntVal iv;
-  [[maybe_unused]] uint64_t bits;
-  [[maybe_unused]] double d;
-{chr(10).join(body)}
+  [[maybe_unused]] size_t vw = {shape.bit_words()};  // the key's value words follow its bit words
+{chr(10).join(reads)}
   return true;
-}}
-
-// Whether the call's arrays may be handed to a kernel on `device` (python_args.h launch_context):
-// all there, else each pointer accessible from it.
-[[maybe_unused]] bool arrays_here(const Args& a, int device) {{
-  return a.devices == kNoArrays || a.devices == device || ({reachable});
 }}
 
 // The C entry (stub_protocol.h StubEntry): what the launcher calls.
@@ -177,16 +114,20 @@ StubResult launch_c(const void*, ResolveTable* kernel, PyObject* grid, cu::CUstr
   int device = -1;
   // Arrays the current device cannot read: not this stub's call (before its key is resolved, so that
   // no tuning trial runs on them either); Python then refuses it, naming the argument.
-  if (a.devices != kNoArrays && (ctx = launch_context(&device)) && !arrays_here(a, device))
+  if (a.devices != kNoArrays && (ctx = launch_context(&device)) &&
+      !arrays_here(kTable, kSlots, a.cell, a.descs, a.devices, device))
     return StubResult::kOtherShape;
   const Entry* e = kernel->find(a.key, kKeyWords);
   if (!e) return (*key = key_tuple(a.key, kKeyWords)) ? StubResult::kUnresolved : StubResult::kError;
   Dim3 g;
   if (!eval_grid(grid, *e, g_names, args, kArgs, &g, kernel->name().c_str())) return StubResult::kError;
   try {{
-    void* params[{n_params}];
-    size_t np = 0;
-{chr(10).join(pack)}
+    void* params[kSlots + 1 + kDescs * kMaxDescParams];
+    {descs_decl}
+    size_t k = 0;
+    size_t np = pack_params(*e->kernel, kernel->name(), std::make_index_sequence<kSlots>(), [&](size_t i) {{
+      return param_of(kTable[i], *e, i, a.cell, a.descs, &k, kSlotNames[i]);
+    }}, descs, params);
     if (ctx) e->kernel->launch(ctx, stream, g, params, np);
     else e->kernel->launch(stream, g, params, np);
   }} catch (const std::exception& ex) {{
@@ -220,12 +161,7 @@ PyObject* params(PyObject*, PyObject* args) {{
   Args a;
   call_items(args, &items, &n);
   if (!read(items, n, a)) Py_RETURN_NONE;
-  PyObject* t = PyTuple_New(kSlots);
-  if (!t) return nullptr;
-{chr(10).join(packed)}
-  for (Py_ssize_t i = 0; i < kSlots; ++i)
-    if (!PyTuple_GET_ITEM(t, i)) return Py_DECREF(t), nullptr;
-  return t;
+  return params_tuple(kTable, kSlots, a.cell, a.descs);
 }}
 
 PyMethodDef kLaunchDef = {{"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(launch)), METH_FASTCALL,

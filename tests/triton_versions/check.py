@@ -358,6 +358,83 @@ def lazytriton_launch_plan(binary) -> dict:
             "cooperative": bool(m["launch_cooperative_grid"]), "pdl": bool(m["launch_pdl"])}
 
 
+# Every field of Triton's metadata is one of these two: read by lazytriton's decoder (kernel.cc
+# launch_meta_from) and compared here with what it reports back (_core.Kernel(...).metadata), or
+# listed as irrelevant to launching, with the reason. A field a new Triton adds is neither, and
+# fails the matrix naming it: teach the decoder to read it (and the launch to honour it), or say
+# here why a launch does not need it.
+def _same(field):
+    return lambda theirs, ours: _plain(theirs[field]) == _plain(ours.get(field))
+
+
+def _target(theirs, ours):  # CUDA: the arch number and the warp size (HIP: the name, as gfx)
+    t = theirs["target"]
+    return (ours["gfx"] if t.backend == "hip" else ours["arch"], ours["warp_size"]) == (t.arch, t.warp_size)
+
+
+def _abi(theirs, ours):  # the host tensor descriptor parameter layout: two flags from Triton 3.7 on
+    major, minor = (int(x) for x in theirs["triton_version"].split(".")[:2])
+    return ours["lt_tensordesc_abi"] == (1 if (major, minor) < (3, 7) else 2)
+
+
+TMA_FIELDS = {"swizzle", "elem_size", "elem_type", "block_size", "fp4_padded", "is_im2col"}
+
+
+def _tensordesc(theirs, ours):  # each descriptor's lowering: every field of it is read
+    t = _plain(theirs["tensordesc_meta"] or [])
+    return len(t) == len(ours["tensordesc_meta"]) and all(
+        set(a) <= TMA_FIELDS and all(_plain(b[k]) == v for k, v in a.items()) for a, b in zip(t, ours["tensordesc_meta"]))
+
+
+def _cluster(theirs, ours):  # Triton 3.5's explicit cluster shape
+    return tuple(max(1, int(c)) for c in theirs["cluster_dims"]) == tuple(ours["cluster_dims"])
+
+
+LAUNCH_FIELDS = {
+    **{f: _same(f) for f in ("name", "num_warps", "num_ctas", "shared", "tmem_size", "global_scratch_size",
+                             "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
+                             "launch_cooperative_grid", "launch_pdl", "warp_size")},
+    "target": _target, "triton_version": _abi, "tensordesc_meta": _tensordesc, "cluster_dims": _cluster,
+}
+_COMPILE_OPTION = "a compile option: it shaped the binary (and is in lazytriton's compile key); a launch does not read it"
+NOT_FOR_LAUNCH = {
+    "hash": "Triton's own cache key of the compile; lazytriton keys its cache itself",
+    "arch": "the target's arch as ptxas spells it ('sm90'); the decoder reads the number from target",
+    "backend_name": "the backend, which the decoder reads from target.backend",
+    "extern_libs": "the libdevice paths linked in at compile time",
+    "supported_fp8_dtypes": "what the front end accepts: checked at compile time",
+    "deprecated_fp8_dot_operand_dtypes": "what the front end warns about at compile time",
+    "allowed_dot_input_precisions": "what the front end accepts: checked at compile time",
+    **{f: _COMPILE_OPTION for f in (
+        "debug", "num_stages", "maxnreg", "enable_fp_fusion", "enable_reflect_ftz", "sanitize_overflow",
+        "default_dot_input_precision", "max_num_imprecise_acc_default", "ptx_version", "ptx_options",
+        "ir_override", "instrumentation_mode", "fpsan_homomorphic_casts", "sched4reg",
+        "num_buffers_warp_spec", "num_consumer_groups", "reg_dec_producer", "reg_inc_consumer")},
+    "clc": _COMPILE_OPTION + " (cluster launch control is lowered into the kernel, sm_100+)",
+    "min_shared_mem": _COMPILE_OPTION + " (the shared memory it reserves is in shared)",
+}
+# Fields named by a prefix, with the reason.
+NOT_FOR_LAUNCH_PREFIXES = {
+    "TRITON_": "a cache-invalidating environment variable that was set at compile time (TRITON_DISABLE_LINE_INFO, "
+               "...): Triton records it with the compile; it shaped the binary, a launch does not read it",
+}
+
+
+def metadata_differences(theirs: dict, ours: dict) -> list[str]:
+    """Every field of Triton's metadata (`theirs`, by name) that lazytriton neither reads the same
+    (`ours`: _core.Kernel(...).metadata) nor lists as irrelevant to launching."""
+    out = []
+    for f in sorted(theirs):
+        if f in NOT_FOR_LAUNCH or any(f.startswith(p) for p in NOT_FOR_LAUNCH_PREFIXES):
+            continue
+        if f not in LAUNCH_FIELDS:
+            out.append(f"{f}={theirs[f]!r}: a metadata field lazytriton neither reads (kernel.cc launch_meta_from, "
+                       "check.py LAUNCH_FIELDS) nor lists as irrelevant to launching (check.py NOT_FOR_LAUNCH)")
+        elif not LAUNCH_FIELDS[f](theirs, ours):
+            out.append(f"{f}: Triton has {theirs[f]!r}, lazytriton read {ours.get(f)!r}")
+    return out
+
+
 # -- the checks ------------------------------------------------------------------------------------------
 
 def _plain(v: Any) -> Any:
@@ -505,6 +582,9 @@ def _compile_and_compare(case, fn, k, cands, theirs, our_sizes, t_sizes, label, 
         info.setdefault("plans", []).append({kk: v for kk, v in lazytriton_launch_plan(c.binary).items()
                                              if kk != "name"})
         rep.expect(c.binary.cubin == theirs_ck.asm["cubin"], f"{where}: lazytriton's cubin is not Triton's")
+        for why in metadata_differences(theirs_ck.metadata._asdict(),
+                                        _core.Kernel(c.binary.cubin, c.binary.metadata).metadata):
+            rep.expect(False, f"{where}: Triton's metadata: {why}")
         ours, tp = lazytriton_launch_plan(c.binary), triton_launch_plan(theirs_ck)
         rep.expect(ours == tp, f"{where}: launch metadata differs (lazytriton, Triton): "
                                f"{ {kk: (ours[kk], tp[kk]) for kk in ours if ours[kk] != tp.get(kk)} }")

@@ -26,17 +26,12 @@
 #include <utility>
 #include <vector>
 
+#include "lazytriton/contract.h"
 #include "lazytriton/kernel.h"
 
 namespace lt {
 
-// Triton element types, numbered as lazytriton.model.arrays.DTYPES.
-enum Dtype : int8_t {
-  kNoDtype = -1,
-  kU1 = 0, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64,
-  kFp16, kBf16, kFp32, kFp64,
-  kFp8e4nv, kFp8e5, kFp8e4b15, kFp8e4b8, kFp8e5b16,
-};
+// Triton element types: enum Dtype (kFp32, ...), generated into contract.h.
 const char* dtype_name(int dtype);  // "fp32", or "?" for an unknown id
 int dtype_from_name(std::string_view name);  // kNoDtype if unknown
 
@@ -240,9 +235,7 @@ class BundleKernel {
 
 class Resolver;
 
-// A variant's launch metadata ("launch" in the manifest, Triton's metadata by
-// field name) as the runtime reads it. Throws lt::Error on malformed input.
-LaunchMeta launch_meta_from_json(const std::string& text);
+// A variant's launch metadata ("launch" in the manifest) is read by kernel.h's launch_meta_from_json.
 
 // A directory of tuned winners: manifest.json + cubins/. Copyable handle.
 class Bundle {

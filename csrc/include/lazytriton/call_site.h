@@ -8,13 +8,15 @@
 #include <cstdint>
 #include <string>
 
+#include "lazytriton/call_layout.h"
 #include "lazytriton/resolve_table.h"
 
 namespace lt {
 
-// The call key of a fixed-layout call: the buffer count, then bit i set when
-// buffer i is 16-byte aligned. Writes alignment_key_words(n) words to `key`.
-constexpr size_t alignment_key_words(size_t n) { return 1 + (n + 63) / 64; }
+// The call key of a fixed-layout call, laid out as every call key (call_layout.h): each
+// buffer's bits (bit 0: 16-byte aligned), then the buffer count. Writes
+// alignment_key_words(n) words to `key`.
+constexpr size_t alignment_key_words(size_t n) { return key_bit_words(n) + 1; }
 void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key);
 
 // Zeroes e.zero's buffers, then launches e.kernel with parameters taken from

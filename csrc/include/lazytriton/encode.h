@@ -11,37 +11,35 @@
 #include <cstring>
 #include <string_view>
 
+#include "lazytriton/contract.h"
 #include "lazytriton/scalar_bits.h"
+
+// The encoders run on every launch, once per argument: inlined, so that a slot whose
+// rule is a constant (a generated stub's) folds into straight-line code.
+#if defined(__GNUC__)
+#define LT_ENCODER inline __attribute__((always_inline))
+#else
+#define LT_ENCODER inline
+#endif
 
 namespace lt {
 
-// A scalar kernel parameter type as Triton spells it ("i32", "fp16", "u1"),
-// plus pointers and host tensor descriptors.
-enum class Ty : uint8_t { kPtr, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kU1, kFp16, kBf16, kFp32, kFp64, kDesc };
-
+// Ty, the kernel parameter types, is generated into contract.h (lazytriton/model/contract.py).
 inline bool is_int(Ty t) { return t >= Ty::kI8 && t <= Ty::kU64; }
 inline bool is_float(Ty t) { return t >= Ty::kFp16 && t <= Ty::kFp64; }
 
 // A scalar type's Ty ("i32" -> kI32; Triton's "i1" is u1); false if `name` is not one.
 inline bool scalar_type(std::string_view name, Ty* out) {
-  struct Named { std::string_view name; Ty ty; };
-  static constexpr Named kTypes[] = {{"i8", Ty::kI8}, {"i16", Ty::kI16}, {"i32", Ty::kI32}, {"i64", Ty::kI64},
-                                     {"u8", Ty::kU8}, {"u16", Ty::kU16}, {"u32", Ty::kU32}, {"u64", Ty::kU64},
-                                     {"u1", Ty::kU1}, {"i1", Ty::kU1}, {"fp16", Ty::kFp16}, {"bf16", Ty::kBf16},
-                                     {"fp32", Ty::kFp32}, {"fp64", Ty::kFp64}};
-  for (const auto& t : kTypes)
-    if (name == t.name) return *out = t.ty, true;
+  if (name == "i1") return *out = Ty::kU1, true;
+  for (int t = int(Ty::kPtr) + 1; t < int(Ty::kDesc); ++t)
+    if (name == kTyNames[t]) return *out = Ty(t), true;
   return false;
 }
 
-inline const char* type_name(Ty t) {
-  static const char* const kNames[] = {"ptr", "i8", "i16", "i32", "i64", "u8", "u16", "u32",
-                                       "u64", "u1", "fp16", "bf16", "fp32", "fp64", "desc"};
-  return kNames[int(t)];
-}
+inline const char* type_name(Ty t) { return kTyNames[int(t)]; }
 
 // Bytes of a kernel parameter of type `t` (a descriptor's are per ABI: tensor_desc.h).
-inline size_t param_bytes(Ty t) {
+constexpr size_t param_bytes(Ty t) {
   switch (t) {
     case Ty::kI8: case Ty::kU8: case Ty::kU1: return 1;
     case Ty::kI16: case Ty::kU16: case Ty::kFp16: case Ty::kBf16: return 2;
@@ -78,12 +76,12 @@ struct IntSpec {
 };
 
 // Triton's class of an unannotated int: i32 if it fits, else i64, else u64.
-inline Ty int_class(IntVal v) {
+LT_ENCODER Ty int_class(IntVal v) {
   if (v.big) return Ty::kU64;
   return v.value() >= INT32_MIN && v.value() <= INT32_MAX ? Ty::kI32 : Ty::kI64;
 }
 
-inline bool int_fits(IntVal v, Ty t) {
+LT_ENCODER bool int_fits(IntVal v, Ty t) {
   if (v.big) return t == Ty::kU64;
   int64_t x = v.value();
   switch (t) {
@@ -102,7 +100,7 @@ inline bool int_fits(IntVal v, Ty t) {
 // The parameter's bytes into `cell` (little-endian: the low bytes of the
 // value) and its 2 key bits into *bits (bit 0: == 1, bit 1: % 16). The call
 // key's value word, where the slot has one, is v.bits.
-inline Fit encode_int(const IntSpec& s, IntVal v, void* cell, uint64_t* bits) {
+LT_ENCODER Fit encode_int(const IntSpec& s, IntVal v, void* cell, uint64_t* bits) {
   if (v.is_bool && !s.annotated) return Fit::kNotInt;
   if (!s.annotated && int_class(v) != s.ty) return Fit::kWrongClass;
   if (s.annotated && !int_fits(v, s.ty)) return Fit::kOutOfRange;
@@ -115,7 +113,7 @@ inline Fit encode_int(const IntSpec& s, IntVal v, void* cell, uint64_t* bits) {
 // A bool parameter (u1) as its low byte, as Triton's launcher passes it (the
 // kernel reads bit 0). Unannotated: a bool only; annotated tl.int1: an int too.
 // The key's value word is v.bits.
-inline Fit encode_flag(bool annotated, IntVal v, void* cell) {
+LT_ENCODER Fit encode_flag(bool annotated, IntVal v, void* cell) {
   if (!v.is_bool && !annotated) return Fit::kNotBool;
   if (v.big) return Fit::kOutOfRange;
   uint8_t low = uint8_t(v.bits);
@@ -126,7 +124,7 @@ inline Fit encode_flag(bool annotated, IntVal v, void* cell) {
 // A float parameter in its type, as Triton's launcher packs it (fp16 rounded
 // to even, refused past its range; bf16 truncated). The key's value word is
 // the double's bits.
-inline Fit encode_float(Ty t, double d, void* cell) {
+LT_ENCODER Fit encode_float(Ty t, double d, void* cell) {
   switch (t) {
     case Ty::kFp16: {
       uint16_t h;
@@ -151,6 +149,6 @@ inline Fit encode_float(Ty t, double d, void* cell) {
 }
 
 // A pointer's key bit: 16-byte aligned, where alignment is keyed (tt.divisibility 16).
-inline uint64_t ptr_bit(bool align, uint64_t addr) { return uint64_t(align && addr % 16 == 0); }
+LT_ENCODER uint64_t ptr_bit(bool align, uint64_t addr) { return uint64_t(align && addr % 16 == 0); }
 
 }  // namespace lt

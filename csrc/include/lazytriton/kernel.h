@@ -24,6 +24,7 @@ struct LaunchMeta {
   // metadata spells it out as cluster_dims.
   unsigned cluster[3] = {1, 1, 1};
   unsigned shared = 0;  // dynamic shared memory bytes
+  unsigned tmem_size = 0;  // columns of tensor memory (sm_100+)
   uint64_t global_scratch_size = 0, global_scratch_align = 1;
   uint64_t profile_scratch_size = 0, profile_scratch_align = 1;
   bool cooperative = false;  // launch_cooperative_grid
@@ -36,11 +37,33 @@ struct LaunchMeta {
   // the Triton version that compiled it.
   std::vector<TmaMeta> tensordesc;
   int tensordesc_abi = kTensorDescAbiLatest;
+
+  // The plain fields (numbers and flags), each with its name in Triton's metadata: read by the
+  // decoder (kernel.cc launch_meta_from) and reported back (Python's Kernel.metadata) through
+  // this one list. f(name, field) for each; M: LaunchMeta or const LaunchMeta.
+  template <class M, class F>
+  static void each_field(M& m, F&& f) {
+    f("num_warps", m.num_warps);
+    f("num_ctas", m.num_ctas);
+    f("shared", m.shared);
+    f("tmem_size", m.tmem_size);
+    f("global_scratch_size", m.global_scratch_size);
+    f("global_scratch_align", m.global_scratch_align);
+    f("profile_scratch_size", m.profile_scratch_size);
+    f("profile_scratch_align", m.profile_scratch_align);
+    f("launch_cooperative_grid", m.cooperative);
+    f("launch_pdl", m.pdl);
+  }
 };
+
+// Decodes launch metadata given as JSON: Triton's (a compiled kernel's) or lazytriton's (a
+// bundle variant's); the one reader of both (kernel.cc). Throws lt::Error naming a bad field.
+LaunchMeta launch_meta_from_json(const std::string& text);
 
 struct KernelImage {
   std::string cubin;
   LaunchMeta meta;
+  std::string metadata_json;  // the metadata `meta` was decoded from, where kept (Python's kernels)
 };
 
 struct Dim3 {
@@ -117,6 +140,7 @@ class Kernel {
   cu::CUfunction load(cu::CUcontext ctx);
 
   std::shared_ptr<const KernelImage> image_;
+  std::vector<cu::CUlaunchAttribute> attrs_;  // what the metadata asks of every launch (kernel.cc kLaunchAttrs)
   static constexpr size_t kMaxContexts = 16;
   std::array<Loaded, kMaxContexts> loaded_{};
   std::atomic<size_t> n_loaded_{0};

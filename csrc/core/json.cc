@@ -1,4 +1,4 @@
-#include "bundle_json.h"
+#include "json.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -247,5 +247,15 @@ const std::vector<std::pair<std::string, Value>>& Value::as_object(const std::st
 }
 
 Value parse(std::string_view text, const std::string& origin) { return Parser(text, origin).document(); }
+
+bool opt_bool(const Value& obj, const char* key, bool dflt, const std::string& what) {
+  const Value* v = obj.find(key);
+  return v && v->kind != Value::kNull ? v->as_bool(what + "." + key) : dflt;
+}
+
+int64_t opt_int(const Value& obj, const char* key, int64_t dflt, const std::string& what) {
+  const Value* v = obj.find(key);
+  return v && v->kind != Value::kNull ? v->as_int(what + "." + key) : dflt;
+}
 
 }  // namespace lt::json

@@ -1,5 +1,5 @@
-// A small JSON reader for bundle manifests (no dependency, no Python).
-// Private to liblazytriton.
+// A small JSON reader (no dependency, no Python): bundle manifests and kernels' launch
+// metadata (kernel.cc launch_meta_from_json). Private to liblazytriton.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -35,4 +35,14 @@ struct Value {
 // Throws lt::Error("<origin>: invalid JSON at byte N: ...").
 Value parse(std::string_view text, const std::string& origin);
 
+// An optional field of `obj` (absent or null: `dflt`); a wrong type throws naming what.key.
+bool opt_bool(const Value& obj, const char* key, bool dflt, const std::string& what);
+int64_t opt_int(const Value& obj, const char* key, int64_t dflt, const std::string& what);
+
 }  // namespace lt::json
+
+namespace lt {
+struct LaunchMeta;
+// Launch metadata from its JSON (kernel.cc): the one decoder, for Python's kernels and bundles.
+LaunchMeta launch_meta_from(const json::Value& m, const std::string& what);
+}  // namespace lt
