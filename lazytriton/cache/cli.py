@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from . import USED_KEYS_ENV, Cache
 from .config import env_flag
+from .remote import RemoteCache, RemoteError
 
 
 def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -31,18 +32,22 @@ def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
     _add = sub.add_parser
     sub.add_parser = lambda *a, **k: _add(*a, parents=[common], **k)  # type: ignore[method-assign]
 
+    remote_help = "the remote cache's entries instead (the server $LAZYTRITON_REMOTE_CACHE names)"
     p = sub.add_parser("list", help="list cached binaries and tuning records")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--remote", action="store_true", help=remote_help)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("show", help="show one entry by key (a unique prefix is enough)")
     p.add_argument("key")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--remote", action="store_true", help=remote_help)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("clear", help="remove entries (all, with the built launch stubs; or those of one kernel)")
     p.add_argument("--kernel", default=None, help="only entries of this kernel name (launch stubs, shared by "
                                                   "kernels, stay)")
+    p.add_argument("--remote", action="store_true", help=remote_help + ": every host sharing it loses them")
     p.set_defaults(func=cmd_clear)
 
     p = sub.add_parser("export", help="write all valid entries to an archive (.tar.gz)")
@@ -92,7 +97,54 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _on_remote(args: argparse.Namespace, action) -> Optional[int]:
+    """With --remote: action(the remote cache $LAZYTRITON_REMOTE_CACHE names), its exit status
+    (a failure to reach it said); None without --remote."""
+    if not getattr(args, "remote", False):
+        return None
+    remote = _open_cache(args).remote
+    if remote is None:
+        print("error: --remote: no remote cache is set (LAZYTRITON_REMOTE_CACHE=redis://host:port/db lazytriton cache "
+              f"{args.cache_command} --remote)", file=sys.stderr)
+        return 2
+    try:
+        return action(remote)
+    except RemoteError as exc:
+        print(f"error: cannot reach the remote cache {remote.shown}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _list_remote(args: argparse.Namespace, remote: RemoteCache) -> int:
+    entries = remote.entries()
+    if args.json:
+        print(json.dumps([e.to_dict() for e in entries], indent=2))
+        return 0
+    print(f"remote cache: {remote.shown}")
+    if not entries:
+        print("(empty)")
+        return 0
+    rows = [[e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), e.device_name or "", _fmt_config(e.winner_config)]
+            for e in entries]
+    print(_table(rows, ["KIND", "KEY", "KERNEL", "SIZE", "DEVICE", "WINNER"]))
+    print(f"{len(entries)} entries, {_fmt_size(sum(e.size for e in entries))}")
+    return 0
+
+
+def _remote_summary(cache: Cache) -> None:
+    """One line on the remote tier under `cache list`: where it is, how many entries (or why not)."""
+    if cache.remote is None:
+        return
+    try:
+        n = len(cache.remote.entries())
+        print(f"remote cache {cache.remote.shown}: {n} entr{'y' if n == 1 else 'ies'} (lazytriton cache list --remote)")
+    except RemoteError as exc:
+        print(f"remote cache {cache.remote.shown}: cannot reach it ({exc})")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    on_remote = _on_remote(args, lambda remote: _list_remote(args, remote))
+    if on_remote is not None:
+        return on_remote
     cache = _open_cache(args)
     entries = cache.entries()
     if args.json:
@@ -101,12 +153,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"cache: {cache.dir}")
     if not entries:
         print("(empty)")
+        _remote_summary(cache)
         return 0
     rows = [[e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), _fmt_time(e.mtime), e.device_name or "",
              _fmt_config(e.winner_config)] for e in entries]
     print(_table(rows, ["KIND", "KEY", "KERNEL", "SIZE", "MODIFIED", "DEVICE", "WINNER"]))
     total = sum(e.size for e in entries)
     print(f"{len(entries)} entries, {_fmt_size(total)}")
+    _remote_summary(cache)
     return 0
 
 
@@ -137,7 +191,32 @@ def _print_binary(binary: dict) -> None:
         print(f"\nttir ({binary['ttir'].count(chr(10)) + 1} lines; use --json for the text)")
 
 
+def _show_remote(args: argparse.Namespace, remote: RemoteCache) -> int:
+    try:
+        entry = remote.show(args.key)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(entry, indent=2))
+        return 0 if entry["valid"] else 1
+    for field in ("kind", "key", "server", "kernel_name", "size"):
+        print(f"{field:20} {entry.get(field)}")
+    if not entry["valid"]:
+        print(f"INVALID: {entry.get('error')} (a lookup treats it as a miss and removes it)")
+        return 1
+    print(f"{'written by':20} " + ", ".join(f"{k} {entry['head'].get(k)}" for k in ("triton", "lazytriton", "format")))
+    if entry.get("blob"):
+        print(f"{'image':20} blob {entry['blob']}")
+    if "record" in entry:
+        _print_record(entry["record"])
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
+    on_remote = _on_remote(args, lambda remote: _show_remote(args, remote))
+    if on_remote is not None:
+        return on_remote
     try:
         entry = _open_cache(args).show(args.key)
     except KeyError as exc:
@@ -162,7 +241,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clear_remote(args: argparse.Namespace, remote: RemoteCache) -> int:
+    removed = remote.clear(args.kernel)
+    what = f" of kernel {args.kernel}" if args.kernel else ""
+    print(f"removed {removed} remote entr{'y' if removed == 1 else 'ies'}{what} from {remote.shown}")
+    return 0
+
+
 def cmd_clear(args: argparse.Namespace) -> int:
+    on_remote = _on_remote(args, lambda remote: _clear_remote(args, remote))
+    if on_remote is not None:
+        return on_remote
     cache = _open_cache(args)
     removed = cache.clear(args.kernel)
     what = f" of kernel {args.kernel}" if args.kernel else ""

@@ -229,7 +229,7 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
     timed = [c for c in ok if c.error is None]
     if not timed:
         raise AllCandidatesFailed(kernel_name, seen)
-    best = min(timed, key=lambda c: c.extra["time_ms"])
+    best = min(timed, key=lambda c: (c.extra["time_ms"], c.index))  # a tie: the earlier config, whatever compiled first
     log.info("kernel %s: winner %s at %.4f ms (%s)", kernel_name, best.label, best.extra["time_ms"],
              ", ".join(f"{c.index}: {c.extra['time_ms']:.4f}" for c in sorted(timed, key=lambda c: c.index)))
     return best

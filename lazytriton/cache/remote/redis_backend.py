@@ -39,7 +39,10 @@ class RedisBackend(Backend):
         r = self._redis
         if isinstance(exc, r.ResponseError):
             text = str(exc)
-            if text.startswith(("OOM", "READONLY", "MISCONF", "NOREPLICAS")):
+            # The client maps OOM / READONLY replies to these classes (and strips the prefix).
+            refusals = tuple(getattr(r.exceptions, n) for n in ("OutOfMemoryError", "ReadOnlyError")
+                             if hasattr(r.exceptions, n))
+            if isinstance(exc, refusals) or text.startswith(("OOM", "READONLY", "MISCONF", "NOREPLICAS")):
                 return Refused(text)
             return RemoteError(f"{type(exc).__name__}: {text}")
         if isinstance(exc, (r.ConnectionError, r.TimeoutError)):

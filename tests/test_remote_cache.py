@@ -1,0 +1,425 @@
+"""The remote cache tier against a real Redis server (Debian's redis-server, started
+here on a free loopback port) and real processes: lazytriton's runtime, real Triton
+compiles for sm_90, the recording stand-in driver (tests/fake_cuda), each process
+on a cache directory of its own (tests/remote_cache_worker.py). Also the
+per-config measurements that outlive an edited config list, without Redis too."""
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lazytriton.bench import redis_server
+
+redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install \".[redis]\")")
+
+WORKER = Path(__file__).resolve().parent / "remote_cache_worker.py"
+
+# The kernel's lines stay where they are whatever the config list: its fingerprint (Triton's cache
+# key hashes its starting line) and so its binaries' keys are the same in every version of the module.
+KERNEL = """import triton
+import triton.language as tl
+CONFIGS = [{configs}]
+
+@triton.autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def k(x, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(x + o, tl.load(x + o, mask=o < n) * 2, mask=o < n)
+"""
+TWO = 'triton.Config({"B": 64}, num_warps=2), triton.Config({"B": 128}, num_warps=4)'
+THREE = TWO + ', triton.Config({"B": 256}, num_warps=4)'
+NS = "lazytriton:v1:"
+
+
+def write_kernel(where: Path, configs: str = TWO) -> None:
+    (where / "kern.py").write_text(KERNEL.format(configs=configs))
+
+
+@pytest.fixture
+def server(tmp_path):
+    if redis_server.available() is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; .ci/run installs it)")
+    srv = redis_server.RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.stop()
+
+
+def client(srv) -> "redis.Redis":
+    return redis.Redis(port=srv.port, socket_timeout=30)
+
+
+def keys_of(srv, kind: str) -> list[str]:
+    return sorted(k.decode() for k in client(srv).scan_iter(match=f"{NS}{kind}:*"))
+
+
+class Worker:
+    """One worker process; call() sends a command and returns its JSON answer."""
+
+    def __init__(self, tmp_path: Path, fake: Path, name: str, url: str | None, **env: str) -> None:
+        self.err_path = tmp_path / f"{name}.stderr"
+        full = {**os.environ, "LD_LIBRARY_PATH": str(fake), "TRITON_LIBCUDA_PATH": str(fake),
+                "FAKE_CUDA_LOG": str(tmp_path / f"{name}.launches.jsonl"), "FAKE_CUDA_PARAM_SIZES": "k:8,4,8,8",
+                "LAZYTRITON_CACHE_DIR": str(tmp_path / f"cache-{name}"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+                "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"),
+                "PYTHONDONTWRITEBYTECODE": "1", "LAZYTRITON_REMOTE_CACHE_RETRY_AFTER": "0", **env}
+        full.pop("LAZYTRITON_REMOTE_CACHE", None)
+        if url is not None:
+            full["LAZYTRITON_REMOTE_CACHE"] = url
+        self.err = open(self.err_path, "w")
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(tmp_path)], env=full, cwd=tmp_path, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err)
+        self.ready = self._answer()
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(30)
+            raise AssertionError(f"worker exited ({self.proc.returncode}):\n{self.stderr()[-6000:]}")
+        return json.loads(line)
+
+    def send(self, n: int) -> None:
+        self.proc.stdin.write(f"call kern {n}\n")
+        self.proc.stdin.flush()
+
+    def call(self, n: int = 4096) -> dict:
+        self.send(n)
+        return self._answer()
+
+    def stderr(self) -> str:
+        self.err.flush()
+        return self.err_path.read_text()
+
+    def close(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        self.err.close()
+        return self.err_path.read_text()
+
+
+def run_one(tmp_path, fake, name, url, n: int = 4096, **env) -> dict:
+    w = Worker(tmp_path, fake, name, url, **env)
+    try:
+        return w.call(n)
+    finally:
+        w.close()
+
+
+def warnings(text: str, pattern: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("WARNING") and re.search(pattern, line))
+
+
+def test_a_second_host_finds_the_winner_in_redis(tmp_path, fake_driver, server):
+    write_kernel(tmp_path)
+    first = run_one(tmp_path, fake_driver, "a", server.url)
+    assert (first["compiles"], first["tunes"], first["remote"]["published"]) == (2, 1, 1), first
+    # What is stored: the record, the winner's binary and its image (once), the configs' times.
+    assert [len(keys_of(server, kind)) for kind in ("rec", "bin", "blob", "meas")] == [1, 1, 1, 1]
+    ttl = client(server).ttl(keys_of(server, "rec")[0])
+    assert 29 * 24 * 3600 < ttl <= 30 * 24 * 3600  # the default expiry, renewed by every hit
+    second = run_one(tmp_path, fake_driver, "b", server.url)
+    assert (second["compiles"], second["tunes"], second["timed"], second["record_hits"]) == (0, 0, 0, 1), second
+    assert second["remote"]["hits"] == 2 and second["remote"]["failures"] == 0, second
+    assert second["winner"] == first["winner"]
+    # It kept what it found: a third process on its cache directory asks Redis nothing.
+    server.stop()
+    third = run_one(tmp_path, fake_driver, "b", server.url)
+    assert (third["compiles"], third["tunes"], third["record_hits"]) == (0, 0, 1), third
+    assert third["remote"]["failures"] == 0 and third["remote"]["wait_s"] == 0.0, third
+
+
+def test_an_added_config_is_the_only_one_compiled_and_timed(tmp_path, fake_driver):
+    """No Redis: the measurements of the local cache."""
+    write_kernel(tmp_path, TWO)
+    first = run_one(tmp_path, fake_driver, "a", None)
+    assert (first["compiles"], first["timed"], first["measured_before"]) == (2, 2, 0), first
+    write_kernel(tmp_path, THREE)
+    w = Worker(tmp_path, fake_driver, "a", None)
+    second = w.call()
+    err = w.close()
+    assert (second["compiles"], second["timed"], second["measured_before"], second["record_hits"]) == (1, 1, 2, 0)
+    assert "2 of 3 configs were measured before" in err and "(configs 2)" in err, err[-3000:]
+    # Chosen among all three (the stand-in driver times every config alike: the first wins).
+    assert second["winner"] == 0
+    # Its record is the new list's: a third process finds it and does nothing.
+    third = run_one(tmp_path, fake_driver, "a", None)
+    assert (third["compiles"], third["timed"], third["record_hits"]) == (0, 0, 1), third
+
+
+def test_an_added_config_on_another_host_through_redis(tmp_path, fake_driver, server):
+    write_kernel(tmp_path, TWO)
+    run_one(tmp_path, fake_driver, "a", server.url)
+    write_kernel(tmp_path, THREE)
+    second = run_one(tmp_path, fake_driver, "b", server.url)  # empty local cache
+    # The two measured configs' times come from Redis, the winner's binary too: one compile, one trial.
+    assert (second["compiles"], second["timed"], second["measured_before"]) == (1, 1, 2), second
+    assert len(keys_of(server, "rec")) == 2 and len(keys_of(server, "meas")) == 1
+
+
+def test_retune_measures_every_config_again(tmp_path, fake_driver):
+    write_kernel(tmp_path, TWO)
+    run_one(tmp_path, fake_driver, "a", None)
+    again = run_one(tmp_path, fake_driver, "a", None, LAZYTRITON_RETUNE="1")
+    assert (again["timed"], again["measured_before"]) == (2, 0), again
+
+
+def test_redis_restarted_and_down_mid_run(tmp_path, fake_driver, server):
+    write_kernel(tmp_path)
+    w = Worker(tmp_path, fake_driver, "a", server.url)
+    try:
+        assert w.call(1024)["remote"]["published"] == 1
+        server.restart()  # no persistence: an empty server, and the worker's pooled connection is broken
+        r = w.call(2048)
+        assert r["remote"]["published"] == 2 and r["remote"]["failures"] == 0, r
+        assert len(keys_of(server, "rec")) == 1
+        server.stop()
+        down = [w.call(3072), w.call(4096)]  # tuned here, nothing published, each call fine
+        assert [d["remote"]["published"] for d in down] == [2, 2] and down[1]["remote"]["failures"] >= 2, down
+        server.start()
+        back = w.call(5120)
+        assert back["remote"]["published"] == 3, back
+    finally:
+        err = w.close()
+    assert warnings(err, "is unreachable or slow") == 1, err[-4000:]
+    assert "answers again" in err
+    assert len(keys_of(server, "rec")) == 1
+
+
+def test_redis_refusing_writes(tmp_path, fake_driver):
+    if redis_server.available() is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; .ci/run installs it)")
+    with redis_server.RedisServer(tmp_path / "redis", "--maxmemory", "64mb", "--maxmemory-policy",
+                                  "noeviction") as srv:
+        write_kernel(tmp_path)
+        assert run_one(tmp_path, fake_driver, "a", srv.url, n=1024)["remote"]["published"] == 1
+        c = client(srv)
+        for i in range(32):
+            c.set(f"junk:{i}", b"x" * 65536)
+        # Full: the memory in use is over maxmemory, and noeviction refuses every write.
+        c.config_set("maxmemory", int(c.info("memory")["used_memory"]) // 2)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            c.set("one-more", b"x")
+        w = Worker(tmp_path, fake_driver, "b", srv.url)
+        try:
+            found, tuned, more = w.call(1024), w.call(2048), w.call(3072)
+        finally:
+            err = w.close()
+        # Reads still work on a full server: the record published before it filled is found.
+        assert (found["compiles"], found["tunes"], found["record_hits"]) == (0, 0, 1), found
+        # Writes are refused: tuned here, kept in the local cache, one warning for all.
+        assert (tuned["tunes"], tuned["remote"]["published"]) == (1, 0) and tuned["remote"]["failures"] >= 1, tuned
+        assert (more["tunes"], more["remote"]["published"]) == (2, 0), more
+        assert more["remote"]["failures"] > tuned["remote"]["failures"], more
+        assert warnings(err, "refuses writes") == 1, err[-4000:]
+        assert len(keys_of(srv, "rec")) == 1
+
+
+def _tamper(srv, key: str, data: bytes) -> None:
+    client(srv).set(key, data)
+
+
+def test_corrupted_and_foreign_entries_are_misses(tmp_path, fake_driver, server):
+    from lazytriton.cache import decode_record, encode_record
+    from lazytriton.cache.remote import tier
+
+    write_kernel(tmp_path)
+    sizes = [1024, 2048, 3072, 4096]  # one specialization each; all share the same binaries
+    w = Worker(tmp_path, fake_driver, "a", server.url)
+    try:
+        for n in sizes:
+            w.call(n)
+    finally:
+        w.close()
+    recs = keys_of(server, "rec")
+    assert len(recs) == 4 and len(keys_of(server, "blob")) == 1
+    c = client(server)
+    by_n = {}
+    for name in recs:
+        head, payload = tier.open_envelope(c.get(name))
+        rec = decode_record(head["key"], payload)
+        by_n[rec.tune_key_values[-1]] = (name, head, rec)
+    # n=1024: garbage under its key.
+    _tamper(server, by_n[1024][0], b"not an entry")
+    # n=2048: intact, but written for another GPU model (head and record agree, checksums right).
+    name, head, rec = by_n[2048]
+    rec.device_name = "NVIDIA H100 80GB HBM3"
+    _tamper(server, name, tier.envelope({**head, "device_name": rec.device_name}, encode_record(head["key"], rec)))
+    # n=3072: intact, written by another Triton.
+    name, head, rec = by_n[3072]
+    _tamper(server, name, tier.envelope({**head, "triton": "0.0.1"}, encode_record(head["key"], rec)))
+    # The image every binary names: one byte flipped.
+    blob = keys_of(server, "blob")[0]
+    image = bytearray(c.get(blob))
+    image[len(image) // 2] ^= 0xFF
+    _tamper(server, blob, bytes(image))
+
+    w = Worker(tmp_path, fake_driver, "b", server.url)
+    try:
+        first = w.call(4096)  # a sound record whose winner's image is corrupt: compiles the winner alone
+        rest = [w.call(n) for n in (1024, 2048, 3072)]
+    finally:
+        err = w.close()
+    assert (first["compiles"], first["timed"], first["remote"]["discarded"]) == (1, 0, 1), first
+    # The three bad records: misses; every config's time was measured before (Redis), the
+    # winner's binary is local by now: no compile, no trial.
+    assert [(r["compiles"], r["timed"]) for r in rest] == [(1, 0)] * 3, rest
+    assert rest[-1]["remote"]["discarded"] == 4, rest[-1]
+    assert warnings(err, "discarding the corrupt") == 1 and warnings(err, "discarding the foreign") == 1, err[-4000:]
+    assert "written for device_name 'NVIDIA H100 80GB HBM3'" in err and "triton '0.0.1'" in err
+    # Each was published again, intact.
+    for name in keys_of(server, "rec"):
+        head, payload = tier.open_envelope(c.get(name))
+        assert decode_record(head["key"], payload).device_name == "FAKE sm_90"
+    assert tier.open_envelope(c.get(by_n[3072][0]))[0]["triton"] != "0.0.1"
+    image = c.get(keys_of(server, "blob")[0])
+    import hashlib
+    assert hashlib.sha256(image).hexdigest() == keys_of(server, "blob")[0].rsplit(":", 1)[1]
+
+
+def test_a_slow_redis_costs_one_timeout(tmp_path, fake_driver):
+    if redis_server.available() is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; .ci/run installs it)")
+    with redis_server.RedisServer(tmp_path / "redis", "--enable-debug-command", "yes") as srv:
+        write_kernel(tmp_path)
+        w = Worker(tmp_path, fake_driver, "a", srv.url, LAZYTRITON_REMOTE_CACHE_TIMEOUT="0.3",
+                   LAZYTRITON_REMOTE_CACHE_RETRY_AFTER="600")
+        def sleep():
+            try:
+                redis.Redis(port=srv.port, socket_timeout=60).execute_command("DEBUG", "SLEEP", "30")
+            except redis.RedisError:  # the server is stopped at the end of the test
+                pass
+
+        sleeper = threading.Thread(target=sleep, daemon=True)
+        t0 = time.monotonic()
+        sleeper.start()
+        time.sleep(0.3)  # the server is asleep
+        try:
+            r = w.call(1024)
+            again = w.call(2048)
+        finally:
+            err = w.close()
+        assert time.monotonic() - t0 < 25, "the worker waited for the sleeping server"
+        assert (r["compiles"], r["tunes"]) == (2, 1), r
+        # One request waited for the timeout; every later one in the pause was not made.
+        assert r["remote"]["failures"] == 1 and r["remote"]["wait_s"] < 0.3 * 2 + 0.5, r
+        assert again["remote"]["failures"] == 1 and again["remote"]["wait_s"] == r["remote"]["wait_s"], again
+        assert warnings(err, "is unreachable or slow") == 1, err[-3000:]
+
+
+def test_many_processes_publish_the_same_key_at_once(tmp_path, fake_driver, server):
+    write_kernel(tmp_path)
+    workers = [Worker(tmp_path, fake_driver, f"p{i}", server.url) for i in range(4)]
+    try:
+        for w in workers:  # all ready: the calls start together
+            w.send(4096)
+        answers = [w._answer() for w in workers]
+    finally:
+        for w in workers:
+            w.close()
+    assert all(a["record_hits"] + a["tunes"] == 1 for a in answers), answers
+    assert [len(keys_of(server, kind)) for kind in ("rec", "bin", "blob", "meas")] == [1, 1, 1, 1]
+    from lazytriton.cache import decode_record
+    from lazytriton.cache.remote import tier
+    c = client(server)
+    for kind in ("rec", "bin", "meas"):
+        tier.open_envelope(c.get(keys_of(server, kind)[0]))
+    head, payload = tier.open_envelope(c.get(keys_of(server, "rec")[0]))
+    decode_record(head["key"], payload)
+    late = run_one(tmp_path, fake_driver, "late", server.url)
+    assert (late["compiles"], late["tunes"], late["record_hits"]) == (0, 0, 1), late
+
+
+def test_size_limit_keeps_large_entries_local(tmp_path, fake_driver, server):
+    write_kernel(tmp_path)
+    w = Worker(tmp_path, fake_driver, "a", server.url, LAZYTRITON_REMOTE_CACHE_MAX_ENTRY="1000")
+    try:
+        r = w.call()
+    finally:
+        err = w.close()
+    assert r["remote"]["published"] == 0 and r["remote"]["not_published"] >= 1, r
+    assert warnings(err, "more than LAZYTRITON_REMOTE_CACHE_MAX_ENTRY") == 1, err[-3000:]
+    assert keys_of(server, "blob") == [] and keys_of(server, "rec") == []
+
+
+def test_cache_commands_list_show_and_clear_remote_entries(tmp_path, fake_driver, server):
+    write_kernel(tmp_path)
+    w = Worker(tmp_path, fake_driver, "a", server.url)
+    try:
+        w.call(1024)
+        w.call(2048)
+    finally:
+        w.close()
+    client(server).set(f"{NS}rec:{'ab' * 32}", b"garbage")
+    env = {**os.environ, "LAZYTRITON_REMOTE_CACHE": server.url, "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache-a")}
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "lazytriton", "cache", *args], env=env, capture_output=True,
+                           text=True, timeout=120)
+        return r.returncode, r.stdout + r.stderr
+
+    rc, out = cli("list", "--remote", "--json")
+    assert rc == 0, out
+    listed = json.loads(out)
+    kinds = sorted(e["kind"] for e in listed)
+    assert kinds == ["binary", "blob", "measurements", "measurements", "record", "record", "record"], listed
+    assert {e["kernel_name"] for e in listed if e["kind"] == "record"} == {"k", "<invalid>"}
+    rc, out = cli("list")
+    assert rc == 0 and f"remote cache {server.url}: 7 entries" in out, out
+    rec_key = next(e["key"] for e in listed if e["kind"] == "record" and e["kernel_name"] == "k")
+    rc, out = cli("show", rec_key[:12], "--remote")
+    assert rc == 0 and "FAKE sm_90" in out and "winner_index" in out, out
+    rc, out = cli("show", "abab", "--remote")
+    assert rc == 1 and "INVALID" in out, out
+    rc, out = cli("clear", "--remote", "--kernel", "k")
+    assert rc == 0 and "removed 6 remote entries of kernel k" in out, out
+    assert sorted(k.decode() for k in client(server).keys("*")) == [f"{NS}rec:{'ab' * 32}"]
+    rc, out = cli("clear", "--remote")
+    assert rc == 0 and "removed 1 remote entry" in out, out
+    assert (tmp_path / "cache-a" / "v1" / "records").exists() and any((tmp_path / "cache-a" / "v1" / "records").iterdir())
+    # A server that is not there: the command says so and fails.
+    env["LAZYTRITON_REMOTE_CACHE"] = f"redis://127.0.0.1:{redis_server.free_port()}/0"
+    rc, out = cli("list", "--remote")
+    assert rc == 1 and "cannot reach the remote cache" in out, out
+
+
+def test_settings_are_checked(monkeypatch, tmp_path):
+    from lazytriton.cache import Cache, config
+
+    monkeypatch.setenv("LAZYTRITON_REMOTE_CACHE", "http://example:80")
+    with pytest.raises(config.SettingError, match="LAZYTRITON_REMOTE_CACHE='http://example:80'"):
+        Cache(tmp_path)
+    monkeypatch.setenv("LAZYTRITON_REMOTE_CACHE", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("LAZYTRITON_REMOTE_CACHE_TIMEOUT", "0")
+    with pytest.raises(config.SettingError, match="LAZYTRITON_REMOTE_CACHE_TIMEOUT"):
+        config.remote_cache_timeout()
+    monkeypatch.setenv("LAZYTRITON_REMOTE_CACHE_MAX_ENTRY", "-1")
+    with pytest.raises(config.SettingError, match="LAZYTRITON_REMOTE_CACHE_MAX_ENTRY"):
+        config.remote_cache_max_entry()
+    assert Cache(tmp_path).remote.shown == "redis://127.0.0.1:1/0"
+
+
+def test_password_is_not_shown():
+    from lazytriton.cache.remote import redact
+    assert redact("rediss://:s3cret@cache.example:6380/2") == "rediss://:***@cache.example:6380/2"
+    assert redact("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert redact("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_a_password_protected_server(tmp_path, fake_driver):
+    if redis_server.available() is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; .ci/run installs it)")
+    with redis_server.RedisServer(tmp_path / "redis", "--requirepass", "s3cret") as srv:
+        write_kernel(tmp_path)
+        wrong = run_one(tmp_path, fake_driver, "a", f"redis://:nope@127.0.0.1:{srv.port}/3")
+        assert wrong["remote"]["published"] == 0 and wrong["remote"]["failures"] >= 1, wrong
+        assert "nope" not in (tmp_path / "a.stderr").read_text()
+        right = run_one(tmp_path, fake_driver, "b", f"redis://:s3cret@127.0.0.1:{srv.port}/3")
+        assert right["remote"]["published"] == 1, right
+        assert redis.Redis(port=srv.port, password="s3cret", db=3).dbsize() == 4
