@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -74,3 +76,12 @@ class RedisServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def seed(server: RedisServer, cache_dir: Path) -> None:
+    """Empty the server, then publish to it every tuned winner of the lazytriton cache `cache_dir`
+    (`lazytriton cache clear --remote`, `lazytriton cache push`); CalledProcessError if either fails."""
+    env = {**os.environ, "LAZYTRITON_REMOTE_CACHE": server.url, "LAZYTRITON_CACHE_DIR": str(cache_dir)}
+    for command in (["clear", "--remote"], ["push"]):
+        subprocess.run([sys.executable, "-m", "lazytriton", "cache", *command], env=env, check=True,
+                       capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""`lazytriton cache ...` subcommands (list, show, clear, export, import) and
+"""`lazytriton cache ...` subcommands (list, show, clear, push, export, import) and
 `lazytriton pretune` (run a program, archive the tuned kernels it used)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from . import USED_KEYS_ENV, Cache
+from . import USED_KEYS_ENV, Cache, encode_record
 from .config import env_flag
 from .remote import RemoteCache, RemoteError
 
@@ -49,6 +49,12 @@ def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
                                                   "kernels, stay)")
     p.add_argument("--remote", action="store_true", help=remote_help + ": every host sharing it loses them")
     p.set_defaults(func=cmd_clear)
+
+    p = sub.add_parser("push", help="publish every tuned winner of this cache (record and binary) to the remote "
+                                    "cache $LAZYTRITON_REMOTE_CACHE names (e.g. after `cache import` of a pretune "
+                                    "archive: seeds a fleet's server)")
+    p.add_argument("--kernel", default=None, help="only the winners of this kernel name")
+    p.set_defaults(func=cmd_push)
 
     p = sub.add_parser("export", help="write all valid entries to an archive (.tar.gz)")
     p.add_argument("file")
@@ -114,19 +120,15 @@ def _on_remote(args: argparse.Namespace, action) -> Optional[int]:
         return 1
 
 
-def _list_remote(args: argparse.Namespace, remote: RemoteCache) -> int:
-    entries = remote.entries()
+def _print_listing(args: argparse.Namespace, where: str, entries: list, row, header: list[str]) -> int:
     if args.json:
         print(json.dumps([e.to_dict() for e in entries], indent=2))
-        return 0
-    print(f"remote cache: {remote.shown}")
-    if not entries:
-        print("(empty)")
-        return 0
-    rows = [[e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), e.device_name or "", _fmt_config(e.winner_config)]
-            for e in entries]
-    print(_table(rows, ["KIND", "KEY", "KERNEL", "SIZE", "DEVICE", "WINNER"]))
-    print(f"{len(entries)} entries, {_fmt_size(sum(e.size for e in entries))}")
+    elif not entries:
+        print(f"{where}\n(empty)")
+    else:
+        print(where)
+        print(_table([row(e) for e in entries], header))
+        print(f"{len(entries)} entries, {_fmt_size(sum(e.size for e in entries))}")
     return 0
 
 
@@ -142,25 +144,19 @@ def _remote_summary(cache: Cache) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    on_remote = _on_remote(args, lambda remote: _list_remote(args, remote))
+    on_remote = _on_remote(args, lambda remote: _print_listing(
+        args, f"remote cache: {remote.shown}", remote.entries(),
+        lambda e: [e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), e.device_name or "",
+                   _fmt_config(e.winner_config)], ["KIND", "KEY", "KERNEL", "SIZE", "DEVICE", "WINNER"]))
     if on_remote is not None:
         return on_remote
     cache = _open_cache(args)
-    entries = cache.entries()
-    if args.json:
-        print(json.dumps([e.to_dict() for e in entries], indent=2))
-        return 0
-    print(f"cache: {cache.dir}")
-    if not entries:
-        print("(empty)")
+    _print_listing(args, f"cache: {cache.dir}", cache.entries(),
+                   lambda e: [e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), _fmt_time(e.mtime),
+                              e.device_name or "", _fmt_config(e.winner_config)],
+                   ["KIND", "KEY", "KERNEL", "SIZE", "MODIFIED", "DEVICE", "WINNER"])
+    if not args.json:
         _remote_summary(cache)
-        return 0
-    rows = [[e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), _fmt_time(e.mtime), e.device_name or "",
-             _fmt_config(e.winner_config)] for e in entries]
-    print(_table(rows, ["KIND", "KEY", "KERNEL", "SIZE", "MODIFIED", "DEVICE", "WINNER"]))
-    total = sum(e.size for e in entries)
-    print(f"{len(entries)} entries, {_fmt_size(total)}")
-    _remote_summary(cache)
     return 0
 
 
@@ -263,6 +259,29 @@ def cmd_clear(args: argparse.Namespace) -> int:
         stubs = f" and {n} launch stub{'' if n == 1 else 's'}"
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'}{what}{stubs}")
     return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    cache = _open_cache(args)
+    if cache.remote is None:
+        print("error: no remote cache is set (LAZYTRITON_REMOTE_CACHE=redis://host:port/db lazytriton cache push)",
+              file=sys.stderr)
+        return 2
+    pushed = skipped = 0
+    for info in cache.entries():
+        if info.kind != "record" or (args.kernel and info.kernel_name != args.kernel):
+            continue
+        rec = cache.load_record(info.key)
+        binary = cache.load_binary(rec.winner) if rec is not None else None
+        if rec is None or not cache.remote.publish(info.key, rec, encode_record(info.key, rec), binary, rec.winner):
+            skipped += 1
+        else:
+            pushed += 1
+    failures = cache.remote.stats["failures"]
+    print(f"published {pushed} tuned winner{'' if pushed == 1 else 's'} to {cache.remote.shown}"
+          + (f"; {skipped} not (invalid, untuned, adopted from another rank, or refused: see the warnings)"
+             if skipped else ""))
+    return 1 if failures else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
