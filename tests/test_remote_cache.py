@@ -382,6 +382,12 @@ def test_cache_commands_list_show_and_clear_remote_entries(tmp_path, fake_driver
     assert sorted(k.decode() for k in client(server).keys("*")) == [f"{NS}rec:{'ab' * 32}"]
     rc, out = cli("clear", "--remote")
     assert rc == 0 and "removed 1 remote entry" in out, out
+    # Seeding a server from a local cache (e.g. one a pretune archive was imported into).
+    rc, out = cli("push")
+    assert rc == 0 and f"published 2 tuned winners to {server.url}" in out, out
+    assert [len(keys_of(server, kind)) for kind in ("rec", "bin", "blob", "meas")] == [2, 1, 1, 0]
+    fresh = run_one(tmp_path, fake_driver, "b", server.url, n=2048)
+    assert (fresh["compiles"], fresh["tunes"], fresh["record_hits"]) == (0, 0, 1), fresh
     assert (tmp_path / "cache-a" / "v1" / "records").exists() and any((tmp_path / "cache-a" / "v1" / "records").iterdir())
     # A server that is not there: the command says so and fails.
     env["LAZYTRITON_REMOTE_CACHE"] = f"redis://127.0.0.1:{redis_server.free_port()}/0"
