@@ -3,7 +3,8 @@ compiles for sm_90; the driver is the recording stand-in tests/fake_cuda), its
 cache in $LAZYTRITON_CACHE_DIR and the remote tier in $LAZYTRITON_REMOTE_CACHE.
 Reads commands from stdin, one a line, and answers each with one JSON line:
 
-    call MODULE N   first call of MODULE.k (autotuned, key=["n"]) with n=N
+    call MODULE N   first call of MODULE.k (autotuned, key=["n"]) with n=N (wrapped first if need be)
+    wrap MODULE     wrap MODULE.k, call nothing
     quit
 
 An answer says what this process did so far: compiles, tunes, configs timed and
@@ -46,10 +47,14 @@ for line in sys.stdin:
         continue
     if words[0] == "quit":
         break
-    assert words[0] == "call", line
-    name, n = words[1], int(words[2])
+    assert words[0] in ("call", "wrap"), line
+    name = words[1]
     if name not in kernels:
         kernels[name] = lazytriton.kernel(importlib.import_module(name).k, cache=get_cache())
+    if words[0] == "wrap":
+        answer()
+        continue
+    n = int(words[2])
     t0 = time.perf_counter()
     kernels[name][lambda meta: (triton.cdiv(n, meta["B"]),)](x, n, stream=0)
     answer(call_s=time.perf_counter() - t0, winner=kernels[name].records[-1].winner_index

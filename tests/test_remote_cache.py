@@ -132,7 +132,28 @@ def test_a_second_host_finds_the_winner_in_redis(tmp_path, fake_driver, server):
     server.stop()
     third = run_one(tmp_path, fake_driver, "b", server.url)
     assert (third["compiles"], third["tunes"], third["record_hits"]) == (0, 0, 1), third
-    assert third["remote"]["failures"] == 0 and third["remote"]["wait_s"] == 0.0, third
+    # (Wrapping the kernel tried to connect, in the background: no call waited.)
+    assert third["remote"]["hits"] == third["remote"]["misses"] == 0 and third["remote"]["wait_s"] == 0.0, third
+
+
+def test_wrapping_a_kernel_connects_in_the_background(tmp_path, fake_driver, server):
+    """The client's import and the connection are not on the first call's path."""
+    write_kernel(tmp_path)
+    w = Worker(tmp_path, fake_driver, "a", server.url)
+    try:
+        c = client(server)
+        before = len(c.client_list())
+        w.proc.stdin.write("wrap kern\n")
+        w.proc.stdin.flush()
+        assert w._answer()["remote"]["wait_s"] == 0.0
+        deadline = time.monotonic() + 30
+        while len(c.client_list()) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(c.client_list()) == before + 1, c.client_list()
+        found = w.call()
+        assert found["remote"]["failures"] == 0, found
+    finally:
+        w.close()
 
 
 def test_an_added_config_is_the_only_one_compiled_and_timed(tmp_path, fake_driver):
@@ -307,9 +328,11 @@ def test_a_slow_redis_costs_one_timeout(tmp_path, fake_driver):
             err = w.close()
         assert time.monotonic() - t0 < 25, "the worker waited for the sleeping server"
         assert (r["compiles"], r["tunes"]) == (2, 1), r
-        # One request waited for the timeout; every later one in the pause was not made.
-        assert r["remote"]["failures"] == 1 and r["remote"]["wait_s"] < 0.3 * 2 + 0.5, r
-        assert again["remote"]["failures"] == 1 and again["remote"]["wait_s"] == r["remote"]["wait_s"], again
+        # The call waited for one timeout (the connection made in the background when the kernel was
+        # wrapped timed out too); every later request in the pause was not made.
+        assert 1 <= r["remote"]["failures"] <= 2 and r["remote"]["wait_s"] < 0.3 * 2 + 0.5, r
+        assert again["remote"]["failures"] == r["remote"]["failures"], again
+        assert again["remote"]["wait_s"] == r["remote"]["wait_s"], again
         assert warnings(err, "is unreachable or slow") == 1, err[-3000:]
 
 
@@ -429,3 +452,15 @@ def test_a_password_protected_server(tmp_path, fake_driver):
         right = run_one(tmp_path, fake_driver, "b", f"redis://:s3cret@127.0.0.1:{srv.port}/3")
         assert right["remote"]["published"] == 1, right
         assert redis.Redis(port=srv.port, password="s3cret", db=3).dbsize() == 4
+
+
+def test_without_the_redis_client_the_local_cache_serves(monkeypatch, caplog):
+    """LAZYTRITON_REMOTE_CACHE set where the client is not installed: one warning, then misses."""
+    from lazytriton.cache.remote import RemoteCache
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` raises ImportError
+    remote = RemoteCache("redis://127.0.0.1:1/0")
+    with caplog.at_level("INFO", logger="lazytriton.cache"):
+        assert remote.fetch_record("ab" * 32) is None and remote.fetch_binary("ab" * 32) is None
+    said = [r for r in caplog.records if "the redis client is not installed" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and 'pip install "lazytriton[redis]"' in said[0].getMessage()

@@ -17,7 +17,9 @@ tuner's second pass settles among close candidates measured together).
 On disk: ``<cache>/v{N}/measurements/<key>.ltm`` = ``b"LTM1" | sha256(payload) |
 payload`` (JSON naming its key); corrupt = discarded (said once) and treated as
 empty. With a remote tier, documents are merged with the server's and published.
-Only successful timings are kept: a config that failed is tried again.
+Only successful timings are kept: a config that failed is tried again. Two
+processes adding results at once may keep only one's (read, merge, write): a
+config whose time was lost is timed again, nothing worse.
 """
 from __future__ import annotations
 

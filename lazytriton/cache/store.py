@@ -140,6 +140,11 @@ class Cache:
         # local miss, published to after a tune (lazytriton.cache.remote).
         self.remote: Optional[RemoteCache] = remote_from_settings()
 
+    def warm_up(self) -> None:
+        """Connect to the remote tier in the background (a kernel is wrapped: its first call follows)."""
+        if self.remote is not None:
+            self.remote.warm_up()
+
     def __repr__(self) -> str:
         mode = "disk" if self._disk else "memory"
         return f"Cache({str(self.dir)!r}, {mode})"

@@ -47,6 +47,10 @@ class Backend(abc.ABC):
     def scan(self, prefix: str) -> Iterator[tuple[str, int]]:
         """(key, size in bytes) of every key starting with `prefix`, in no particular order."""
 
+    def ping(self) -> None:
+        """Make sure a connection is open (raises as the other methods do)."""
+        self.get("lazytriton:ping", 0)
+
     def close(self) -> None:
         """Release connections (the backend may be used again: it reconnects)."""
 

@@ -97,6 +97,12 @@ class RedisBackend(Backend):
         except self._redis.RedisError as exc:
             raise self._fail(exc) from None
 
+    def ping(self) -> None:
+        try:
+            self._client.ping()
+        except self._redis.RedisError as exc:
+            raise self._fail(exc) from None
+
     def close(self) -> None:
         self._client.close()
 

@@ -115,6 +115,8 @@ class RemoteCache:
         self._was_down = False
         self._warned: set[str] = set()
         self._guard = threading.Lock()
+        self._opening = threading.Lock()
+        self._warming: Optional[threading.Thread] = None
         self.stats = {"hits": 0, "misses": 0, "published": 0, "not_published": 0, "failures": 0, "discarded": 0,
                       "wait_s": 0.0}
 
@@ -131,16 +133,28 @@ class RemoteCache:
 
     def backend(self) -> Backend:
         """The backend, opened on first use; RemoteError if it cannot be (the client is missing)."""
-        if self._backend is None:
-            self._backend = open_backend(self.url, config.remote_cache_timeout())
-        return self._backend
+        with self._opening:
+            if self._backend is None:
+                self._backend = open_backend(self.url, config.remote_cache_timeout())
+            return self._backend
+
+    def warm_up(self) -> None:
+        """Import the client and connect on a background thread (once), so that a first call does
+        not wait for it (importing Redis' client takes ~0.1 s, connecting a round trip or more)."""
+        with self._guard:
+            if self._warming is not None:
+                return
+            self._warming = threading.Thread(target=self._request, args=("a connection", lambda b: b.ping(), True),
+                                             name="lazytriton-remote-cache-connect", daemon=True)
+        self._warming.start()
 
     def _count(self, name: str, n: float = 1) -> None:
         with self._guard:
             self.stats[name] += n
 
-    def _request(self, what: str, fn: Callable[[Backend], Any]) -> tuple[bool, Any]:
-        """(True, fn(backend)) or (False, None) when the server failed or is left alone for now."""
+    def _request(self, what: str, fn: Callable[[Backend], Any], background: bool = False) -> tuple[bool, Any]:
+        """(True, fn(backend)) or (False, None) when the server failed or is left alone for now.
+        stats["wait_s"]: the time callers waited (background requests: none)."""
         if self._disabled or time.monotonic() < self._down_until:
             return False, None
         try:
@@ -158,8 +172,10 @@ class RemoteCache:
                            "cache keeps it (size the server's maxmemory, or let it evict: README, 'A fleet cache on "
                            "Redis')", self.shown, exc, what)
             return False, None
-        except RemoteError as exc:
+        except Exception as exc:  # unreachable, slow, or a fault of the client: never the caller's failure
             self._count("failures")
+            if not isinstance(exc, RemoteError):
+                exc = RemoteError(f"{type(exc).__name__}: {exc}")
             retry = config.remote_cache_retry_after()
             self._down_until = time.monotonic() + retry
             self._was_down = True
@@ -168,7 +184,8 @@ class RemoteCache:
                            "(LAZYTRITON_REMOTE_CACHE_RETRY_AFTER)", self.shown, exc, what, retry)
             return False, None
         finally:
-            self._count("wait_s", time.perf_counter() - t0)
+            if not background:
+                self._count("wait_s", time.perf_counter() - t0)
         if self._was_down:
             self._was_down = False
             log.info("lazytriton remote cache %s answers again", self.shown)
