@@ -330,7 +330,7 @@ def test_a_slow_redis_costs_one_timeout(tmp_path, fake_driver):
         assert (r["compiles"], r["tunes"]) == (2, 1), r
         # The call waited for one timeout (the connection made in the background when the kernel was
         # wrapped timed out too); every later request in the pause was not made.
-        assert 1 <= r["remote"]["failures"] <= 2 and r["remote"]["wait_s"] < 0.3 * 2 + 0.5, r
+        assert 1 <= r["remote"]["failures"] <= 2 and r["remote"]["wait_s"] < 3, r
         assert again["remote"]["failures"] == r["remote"]["failures"], again
         assert again["remote"]["wait_s"] == r["remote"]["wait_s"], again
         assert warnings(err, "is unreachable or slow") == 1, err[-3000:]

@@ -144,7 +144,7 @@ class RemoteCache:
         with self._guard:
             if self._warming is not None:
                 return
-            self._warming = threading.Thread(target=self._request, args=("a connection", lambda b: b.ping(), True),
+            self._warming = threading.Thread(target=self._request, args=("connecting", lambda b: b.ping(), True),
                                              name="lazytriton-remote-cache-connect", daemon=True)
         self._warming.start()
 
@@ -157,20 +157,20 @@ class RemoteCache:
         stats["wait_s"]: the time callers waited (background requests: none)."""
         if self._disabled or time.monotonic() < self._down_until:
             return False, None
+        t0 = time.perf_counter()  # the client's import and connection included
         try:
             backend = self.backend()
         except RemoteError as exc:
             self._disabled = True
             self._say_once("client", "lazytriton remote cache %s: %s; using the local cache only", self.shown, exc)
             return False, None
-        t0 = time.perf_counter()
         try:
             result = fn(backend)
         except Refused as exc:
             self._count("failures")
-            self._say_once("refused", "lazytriton remote cache %s refuses writes (%s): %s not published; the local "
-                           "cache keeps it (size the server's maxmemory, or let it evict: README, 'A fleet cache on "
-                           "Redis')", self.shown, exc, what)
+            self._say_once("refused", "lazytriton remote cache %s refuses writes (%s, while %s): what is not "
+                           "published stays in the local cache (size the server's maxmemory, or let it evict: "
+                           "README, 'A fleet cache on Redis')", self.shown, exc, what)
             return False, None
         except Exception as exc:  # unreachable, slow, or a fault of the client: never the caller's failure
             self._count("failures")
@@ -179,7 +179,7 @@ class RemoteCache:
             retry = config.remote_cache_retry_after()
             self._down_until = time.monotonic() + retry
             self._was_down = True
-            self._say_once("unavailable", "lazytriton remote cache %s is unreachable or slow (%s, while asking for "
+            self._say_once("unavailable", "lazytriton remote cache %s is unreachable or slow (%s, while "
                            "%s); using the local cache only, trying it again in %.0f s "
                            "(LAZYTRITON_REMOTE_CACHE_RETRY_AFTER)", self.shown, exc, what, retry)
             return False, None
@@ -196,7 +196,8 @@ class RemoteCache:
 
     def _get(self, kind: str, key: str) -> Optional[bytes]:
         ttl = config.remote_cache_ttl()
-        ok, value = self._request(f"{KIND_TITLES[kind]} {key[:16]}", lambda b: b.get(self._name(kind, key), ttl))
+        ok, value = self._request(f"looking up the {KIND_TITLES[kind]} {key[:16]}",
+                                  lambda b: b.get(self._name(kind, key), ttl))
         return value if ok else None
 
     def _put(self, kind: str, key: str, value: bytes, if_absent: bool = False) -> bool:
@@ -209,7 +210,7 @@ class RemoteCache:
                            KIND_TITLES[kind], key[:16], len(value), limit)
             return False
         ttl = config.remote_cache_ttl()
-        ok, _ = self._request(f"publishing {KIND_TITLES[kind]} {key[:16]}",
+        ok, _ = self._request(f"publishing the {KIND_TITLES[kind]} {key[:16]}",
                               lambda b: b.put(self._name(kind, key), value, ttl, if_absent=if_absent))
         return ok
 
@@ -218,7 +219,7 @@ class RemoteCache:
         what = "foreign" if isinstance(exc, Foreign) else "corrupt"
         self._say_once(what, "lazytriton remote cache %s: discarding the %s %s %s: %s (a miss; rebuilt and published "
                        "again)", self.shown, what, KIND_TITLES[kind], key[:16], exc)
-        self._request(f"removing {KIND_TITLES[kind]} {key[:16]}", lambda b: b.delete([self._name(kind, key)]))
+        self._request(f"removing the {KIND_TITLES[kind]} {key[:16]}", lambda b: b.delete([self._name(kind, key)]))
 
     def _open(self, kind: str, key: str, data: bytes, expect: Optional[dict] = None) -> tuple[dict, bytes]:
         head, payload = open_envelope(data)
