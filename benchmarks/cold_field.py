@@ -21,7 +21,7 @@ Rows (the 16-kernel program):
   standalone, first step    (k.compile_ahead at import; and without it)
   reference                 slowest single kernel compile + the sum of the tunes (from the serial run)
 
-    python benchmarks/cold_field.py [--out results.json]
+    python benchmarks/cold_field.py [--repeat 3] [--out results.json]
 """
 from __future__ import annotations
 
@@ -250,7 +250,10 @@ r = {"first_s": first, "max_err": err}
 if mode == "lazy":
     from lazytriton.core import resolve
     st = lazytriton.stats()
-    r.update(compiles=st["compiles"], tunes=st["tunes"], record_hits=st["record_hits"], timings=resolve.timings())
+    from lazytriton.compile import pool
+    tl = pool.server_timeline()
+    r.update(compiles=st["compiles"], tunes=st["tunes"], record_hits=st["record_hits"], timings=resolve.timings(),
+             server_ready_s=(tl["ready_at"] - t) if "ready_at" in tl else None)
 done(r)
 """
 
@@ -356,6 +359,8 @@ def run(script: str, env: dict, pkg: str, caches: str, label: str) -> dict:
     split = (f"; compiled after {max(t['compiled_s'] for t in tm):.2f} s, front ends {sum(t.get('front_end_s', 0) for t in tm):.2f} s"
              f" of GIL, in threads {sum(t.get('in_threads', 0) for t in tm)} of {sum(t['candidates'] for t in tm)}"
              if tm else "")
+    if r.get("server_ready_s") is not None:
+        split += f"; compile server ready {r['server_ready_s']:+.2f} s from the call"
     print(f"  {label}: first {r['first_s']:.2f} s (import {r['import_s']:.2f} s)"
           + (f", compiles {r['compiles']}, tunes {r['tunes']}" if "compiles" in r else "") + split, flush=True)
     return r
@@ -372,6 +377,7 @@ def reference(timings: list[dict]) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None, help="write every row's numbers here (JSON)")
+    p.add_argument("--repeat", type=int, default=1, help="cold rows: runs each (interleaved); the median is reported")
     p.add_argument("--skip", default="", help="comma-separated groups to skip: one, jax, standalone")
     opts = p.parse_args()
     skip = set(filter(None, opts.skip.split(",")))
@@ -389,29 +395,45 @@ def main() -> int:
         os.makedirs(d)
         return d
 
+    def cold(rows: list[tuple[str, str, dict, str]]) -> dict:
+        """Runs each row `--repeat` times, interleaved (fresh process, fresh caches each
+        time); keeps for each row the run of median first_s, all first_s and its first
+        run's cache directory (for the warm rows)."""
+        runs: dict = {name: [] for name, *_ in rows}
+        dirs: dict = {}
+        for i in range(opts.repeat):
+            for name, script, env, label in rows:
+                d = fresh(f"{name}-{i}")
+                dirs.setdefault(name, d)
+                r = run(script, env, pkg, d, label + (f" (run {i + 1})" if opts.repeat > 1 else ""))
+                if not r.get("failed"):
+                    runs[name].append(r)
+        for name, rs in runs.items():
+            if rs:
+                rs.sort(key=lambda r: r["first_s"])
+                res[name] = dict(rs[len(rs) // 2], all_first_s=[r["first_s"] for r in rs])
+            else:
+                res[name] = {"failed": True}
+        return dirs
+
     if "one" not in skip:
         print("one 8-config matmul in a heavy package, standalone, cold (fresh process and caches):", flush=True)
-        lazy_dir = fresh("lazy")
-        res["lazytriton"] = run(ONE, {"LT_MODE": "lazy"}, pkg, lazy_dir, "lazytriton")
-        res["threads"] = run(ONE, {"LT_MODE": "lazy", "LAZYTRITON_COMPILE_WORKERS": "0"}, pkg, fresh("threads"),
-                             "in-process threads")
-        res["triton"] = run(ONE, {"LT_MODE": "triton"}, pkg, fresh("triton"), "Triton's autotuner")
-        res["warm"] = run(ONE, {"LT_MODE": "lazy"}, pkg, lazy_dir, "warm start, new process")
+        dirs = cold([("lazytriton", ONE, {"LT_MODE": "lazy"}, "lazytriton"),
+                     ("threads", ONE, {"LT_MODE": "lazy", "LAZYTRITON_COMPILE_WORKERS": "0"}, "in-process threads"),
+                     ("triton", ONE, {"LT_MODE": "triton"}, "Triton's autotuner")])
+        res["warm"] = run(ONE, {"LT_MODE": "lazy"}, pkg, dirs["lazytriton"], "warm start, new process")
     if "jax" not in skip:
         print("16 autotuned call sites under one jax.jit, first step (fresh process and caches):", flush=True)
-        jdir = fresh("jax")
-        res["jax_ahead"] = run(JAX16, {}, pkg, jdir, "JAX, compiled ahead at lowering")
-        res["jax_serial"] = run(JAX16, {"LAZYTRITON_COMPILE_AHEAD": "0"}, pkg, fresh("jax-serial"),
-                                "JAX, LAZYTRITON_COMPILE_AHEAD=0")
-        res["jax_warm"] = run(JAX16, {}, pkg, jdir, "JAX, warm start, new process")
+        dirs = cold([("jax_ahead", JAX16, {}, "JAX, compiled ahead at lowering"),
+                     ("jax_serial", JAX16, {"LAZYTRITON_COMPILE_AHEAD": "0"}, "JAX, LAZYTRITON_COMPILE_AHEAD=0")])
+        res["jax_warm"] = run(JAX16, {}, pkg, dirs["jax_ahead"], "JAX, warm start, new process")
         if "timings" in res["jax_serial"]:
             res["jax_reference"] = reference(res["jax_serial"]["timings"])
     if "standalone" not in skip:
         print("the same 16 calls, standalone face, first calls (fresh process and caches):", flush=True)
-        sdir = fresh("standalone")
-        res["sa_ahead"] = run(STANDALONE16, {"LT_AHEAD": "1"}, pkg, sdir, "standalone, compile_ahead at start")
-        res["sa_serial"] = run(STANDALONE16, {}, pkg, fresh("sa-serial"), "standalone, no compile_ahead")
-        res["sa_warm"] = run(STANDALONE16, {}, pkg, sdir, "standalone, warm start, new process")
+        dirs = cold([("sa_ahead", STANDALONE16, {"LT_AHEAD": "1"}, "standalone, compile_ahead at start"),
+                     ("sa_serial", STANDALONE16, {}, "standalone, no compile_ahead")])
+        res["sa_warm"] = run(STANDALONE16, {}, pkg, dirs["sa_ahead"], "standalone, warm start, new process")
         if "timings" in res["sa_serial"]:
             res["sa_reference"] = reference(res["sa_serial"]["timings"])
 

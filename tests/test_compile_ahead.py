@@ -44,19 +44,19 @@ def test_a_first_call_waits_for_compiles_under_way(cache_dir, caplog, monkeypatc
     k = lazytriton.kernel(ahead_kernel)
     n = 4096 + 16  # a key no other test compiled
     gate = threading.Event()
-    real = compiler._front_ends
+    real = compiler._front_end
 
     def slow_front_ends(*a):  # holds the first stream's compiles until the second has joined them
         gate.wait(60)
         real(*a)
 
-    monkeypatch.setattr(compiler, "_front_ends", slow_front_ends)
+    monkeypatch.setattr(compiler, "_front_end", slow_front_ends)
     before = resolve.counters()["compiles"]
     first = k.compile_ahead(X, n, target=TARGET)
     with caplog.at_level(logging.INFO, logger="lazytriton"):
         while not compiler._inflight:  # the first stream has registered its keys
             threading.Event().wait(0.01)
-        monkeypatch.setattr(compiler, "_front_ends", real)
+        monkeypatch.setattr(compiler, "_front_end", real)
         second = k.compile_ahead(X, n, target=TARGET)
         threading.Timer(0.5, gate.set).start()
         assert second.result(timeout=300) == 3 and first.result(timeout=300) == 3

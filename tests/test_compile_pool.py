@@ -250,3 +250,105 @@ def test_many_large_jobs_from_many_threads_do_not_deadlock(fresh_triton_cache):
             assert binary.cubin[:4] == b"\x7fELF"
     finally:
         pool.close()
+
+
+def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cache):
+    """One worker, busy: the jobs queued behind it start by priority (a call's
+    candidates before those compiled ahead of time), then in the order they
+    came; a promoted job (a call now waits for it) goes ahead of the others."""
+    import threading
+
+    pool = compile_pool.CompilePool(1)
+    try:
+        assert pool.wait_ready()
+        spec, cands = demo_candidates(DEMO_CONFIGS[:1])
+        job = first_job(spec, cands[0].bound)
+        order: list[str] = []
+        lock = threading.Lock()
+
+        def submit(name, priority):
+            fut = pool.submit(job, priority=priority)
+            fut.add_done_callback(lambda f: (lock.acquire(), order.append(name), lock.release()))
+            return fut
+
+        futs = [submit("running", 1)]
+        time.sleep(0.2)  # the server has forked it (a cold compile of this matmul takes longer)
+        futs += [submit("b1", 1), submit("b2", 1), b3 := submit("b3", 1), submit("urgent", 0)]
+        pool.promote(b3)
+        for f in futs:
+            assert f.result(timeout=300)[0].cubin
+        assert order == ["running", "urgent", "b3", "b1", "b2"]
+    finally:
+        pool.close()
+
+
+def test_the_front_end_thread_runs_a_waiting_calls_candidates_first():
+    """compile.schedule: one thread runs every front end of the process; a
+    ticket a call waits for runs before tickets compiled ahead, and a promoted
+    one before the other background ones."""
+    import threading
+
+    from lazytriton.compile import schedule
+
+    gate, ran = threading.Event(), []
+
+    def work(name):
+        def run(ticket):
+            if name == "running":
+                gate.wait(30)
+            ran.append(name)
+        return run
+
+    first = schedule.Ticket(work("running"), schedule.BACKGROUND)
+    schedule.submit(first)
+    deadline = time.time() + 30
+    while first.state != "running" and time.time() < deadline:
+        time.sleep(0.005)
+    tickets = [schedule.Ticket(work(n), schedule.BACKGROUND) for n in ("b1", "b2", "b3")]
+    tickets.append(schedule.Ticket(work("urgent"), schedule.URGENT))
+    for t in tickets:
+        schedule.submit(t)
+    schedule.promote(tickets[2])
+    gate.set()
+    while any(t.state != "done" for t in tickets) and time.time() < deadline:
+        time.sleep(0.005)
+    assert ran == ["running", "urgent", "b3", "b1", "b2"]
+
+
+def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_triton_cache, monkeypatch):
+    """Two kernels compiled ahead of time on a one-worker server, the second's
+    candidates queued behind the first's; a call of the second joins its
+    compiles and moves them ahead: they are ready before the first kernel's
+    last candidate (without promotion they would start after all of them)."""
+    import concurrent.futures as cf
+    import uuid
+
+    monkeypatch.setenv("LAZYTRITON_COMPILE_WORKERS", "1")
+    monkeypatch.setattr(compile_pool, "_pool", None)
+    pool = compile_pool.get_pool()
+    try:
+        assert pool.workers == 1 and pool.wait_ready()
+        tag = uuid.uuid4().hex
+        spec, first = demo_candidates(DEMO_CONFIGS[:4])
+        _, second = demo_candidates(DEMO_CONFIGS[4:7])
+        ready_at: dict[str, float] = {}
+
+        def ahead(name, cands):  # what compile_ahead does: a background stream, read to its end
+            for c in compile_stream(spec, TARGET, cands, key=lambda c: f"{tag}-{name}-{c.index}",
+                                    wait_for_server=True):
+                assert c.binary is not None, c.error
+                ready_at[f"{name}{c.index}"] = time.perf_counter()
+
+        with cf.ThreadPoolExecutor(2) as threads:
+            a = threads.submit(ahead, "first", first)
+            time.sleep(0.05)
+            b = threads.submit(ahead, "second", second)
+            time.sleep(0.3)  # both streams queued; the server works on the first kernel's first candidate
+            _, call = demo_candidates(DEMO_CONFIGS[4:7])
+            got = list(compile_stream(spec, TARGET, call, key=lambda c: f"{tag}-second-{c.index}"))
+            called_at = time.perf_counter()
+            a.result(timeout=300), b.result(timeout=300)
+        assert all(c.binary is not None and c.extra.get("joined") for c in got)
+        assert called_at < max(ready_at[f"first{i}"] for i in range(4)), ready_at
+    finally:
+        pool.close()

@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import ir_text, pool as compile_pool
+from . import ir_text, pool as compile_pool, schedule
 from .server import reason
 from .targets import ast_source, target_label
 from ..core import tuples
@@ -222,8 +222,15 @@ def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate]
 
 
 # Compiles under way in this process, by compile key: a stream that needs one of them waits for it
-# (a first call while compile_ahead still compiles its candidates) instead of compiling it again.
-_inflight: dict[str, cf.Future] = {}
+# (a first call while compile_ahead still compiles its candidates) instead of compiling it again,
+# and moves it ahead of compiles no call waits for yet.
+@dataclass
+class _Inflight:
+    future: cf.Future
+    ticket: schedule.Ticket | None = None
+
+
+_inflight: dict[str, _Inflight] = {}
 _inflight_lock = threading.Lock()
 
 
@@ -263,23 +270,28 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         return
     t0 = time.perf_counter()
     futures: dict[cf.Future, Candidate] = {}
-    shared: dict[int, tuple[str, cf.Future]] = {}  # id(c) -> (its key, the future other streams wait on)
+    shared: dict[int, tuple[str, _Inflight]] = {}  # id(c) -> (its key, what other streams wait on)
+    promote: list[schedule.Ticket] = []
     if key is not None:
         with _inflight_lock:
             for c in list(todo):
                 k = key(c)
                 other = _inflight.get(k)
                 if other is None:
-                    shared[id(c)] = (k, _inflight.setdefault(k, cf.Future()))
+                    shared[id(c)] = (k, _inflight.setdefault(k, _Inflight(cf.Future())))
                     continue
+                if not wait_for_server and other.ticket is not None:
+                    promote.append(other.ticket)
                 waiting: cf.Future = cf.Future()  # one per candidate: two may wait on one compile
-                other.add_done_callback(functools.partial(_copy_future, waiting))
+                other.future.add_done_callback(functools.partial(_copy_future, waiting))
                 futures[waiting] = c
                 c.extra["joined"] = True
                 todo.remove(c)
         if futures:
             log.info("kernel %s: %d candidate(s) already compiling in this process: waiting for them", spec.name,
                      len(futures))
+        for t in promote:
+            schedule.promote(t)
     pool = compile_pool.get_pool() if max_workers is None and todo else None
     threads = None
     stop = threading.Event()
@@ -291,12 +303,17 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         futures.update({outer[id(c)]: c for c in todo})
         # Candidates reached while the server still starts compile here, on threads: a cold
         # process's first call does not wait for the server's start-up.
-        threads = cf.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
-                                        thread_name_prefix="lazytriton-compile")
+        if not wait_for_server:
+            threads = cf.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
+                                            thread_name_prefix="lazytriton-compile")
         pool.start()  # warming up for the candidates to come, if nothing started it yet
-        threading.Thread(target=_front_ends, args=(spec, target, pool, None if wait_for_server else threads, todo,
-                                                   outer, stop),
-                         name="lazytriton-front-end", daemon=True).start()
+        priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
+        for c in todo:
+            ticket = schedule.Ticket(functools.partial(_front_end, spec, target, pool, threads, c, outer[id(c)], stop),
+                                     priority)
+            if id(c) in shared:
+                shared[id(c)][1].ticket = ticket
+            schedule.submit(ticket)
     elif todo:
         log.info("kernel %s: compiling %d candidate(s) for %s in this process", spec.name, len(todo),
                  target_label(target))
@@ -333,13 +350,14 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     log.info("kernel %s: %d of %d candidate(s) compiled in %.2fs", spec.name, ok, len(todo), time.perf_counter() - t0)
 
 
-def _share(item: tuple[str, cf.Future] | None, c: Candidate | None) -> None:
+def _share(item: tuple[str, _Inflight] | None, c: Candidate | None) -> None:
     """Settles the future other streams wait on for `c`'s compile key."""
     if item is None:
         return
-    k, fut = item
+    k, entry = item
+    fut = entry.future
     with _inflight_lock:
-        if _inflight.get(k) is fut:
+        if _inflight.get(k) is entry:
             del _inflight[k]
     if c is None:
         fut.set_exception(compile_pool.WorkerUnavailable("the stream compiling it stopped first"))
@@ -349,38 +367,36 @@ def _share(item: tuple[str, cf.Future] | None, c: Candidate | None) -> None:
         fut.set_exception(compile_pool.CompileFailed(c.error or "no binary"))
 
 
-def _front_ends(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor | None, todo: list[Candidate],
-                outer: dict, stop: threading.Event) -> None:
-    """Runs on one thread: each candidate's front end in turn (it holds the
-    GIL: more threads would not run them faster), handing each to the compile
-    server as soon as its TTIR is ready; while the server is not ready yet, a
-    candidate compiles whole on `threads` instead (None: it waits for the
-    server). `outer[id(c)]` gets the result."""
-    for c in todo:
-        fut: cf.Future = outer[id(c)]
-        if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
-            fut.cancel()
-            continue
-        if threads is None:
-            pool.wait_ready()
-        elif not pool.ready():
-            c.extra["compiled_in"] = "thread"
-            threads.submit(_compile_here, spec, target, c).add_done_callback(functools.partial(_forward, fut, 0.0))
-            continue
-        c.extra["compiled_in"] = "worker"
-        t0 = time.perf_counter()
+def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor | None, c: Candidate,
+               fut: cf.Future, stop: threading.Event, ticket: schedule.Ticket) -> None:
+    """One candidate, on the front-end thread (compile.schedule): its front end
+    here, its back end in the compile server as soon as its TTIR is ready;
+    while the server is not ready yet, it compiles whole on `threads` instead
+    (None: it queues for the server). `fut` gets the result."""
+    if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
+        fut.cancel()
+        return
+    if threads is not None and not pool.ready():
+        c.extra["compiled_in"] = "thread"
         try:
-            b = c.bound
-            ir = ir_text.front_end(spec.fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
-        except Exception as exc:  # CompilationError and the like: Triton's whole message
-            fut.set_exception(compile_pool.CompileFailed(reason(exc)))
-            continue
-        c.extra["front_end_s"] = time.perf_counter() - t0
-        job = compile_pool.worker_job(ir, target)
-        if job is None:
-            fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
-            continue
-        pool.submit(job).add_done_callback(functools.partial(_forward, fut, c.extra["front_end_s"]))
+            threads.submit(_compile_here, spec, target, c).add_done_callback(functools.partial(_forward, fut, 0.0))
+        except RuntimeError:  # the stream stopped since (its threads are shut down)
+            fut.cancel()
+        return
+    c.extra["compiled_in"] = "worker"
+    t0 = time.perf_counter()
+    try:
+        b = c.bound
+        ir = ir_text.front_end(spec.fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+    except Exception as exc:  # CompilationError and the like: Triton's whole message
+        fut.set_exception(compile_pool.CompileFailed(reason(exc)))
+        return
+    c.extra["front_end_s"] = time.perf_counter() - t0
+    job = compile_pool.worker_job(ir, target)
+    if job is None:
+        fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
+        return
+    ticket.hand_to(pool, job).add_done_callback(functools.partial(_forward, fut, c.extra["front_end_s"]))
 
 
 def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:

@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import pickle
+import queue
 import subprocess
 import sys
 import threading
@@ -29,15 +30,23 @@ import time
 from concurrent.futures import Future
 
 from ..cache.config import compile_workers
-from .server import BOOTSTRAP, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
+from .server import BOOTSTRAP, PROMOTE, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
 
 log = logging.getLogger("lazytriton.compile.pool")
 
-__all__ = ["CompileFailed", "CompilePool", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start", "worker_job"]
+__all__ = ["CompileFailed", "CompilePool", "JobFuture", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start", "worker_job"]
 
 
 class WorkerCrashed(RuntimeError):
     """The process compiling a candidate died."""
+
+
+class JobFuture(Future):
+    """A job's result; `job_id` names it to the server (CompilePool.promote)."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__()
+        self.job_id = job_id
 
 
 def default_workers() -> int:
@@ -80,8 +89,11 @@ class CompilePool:
     def __init__(self, workers: int):
         self.workers = workers
         self._lock = threading.Lock()
-        self._write_lock = threading.Lock()  # one frame at a time on the server's stdin
         self._proc: subprocess.Popen | None = None
+        # Frames for the running server, written by a thread of their own: a write blocks
+        # while the server's stdin pipe is full, and the server drains it only while its
+        # results are read, so no thread that a result wakes may ever write.
+        self._outbox: queue.SimpleQueue | None = None
         self._pending: dict[int, tuple[subprocess.Popen, Future]] = {}  # job id -> (its server, its future)
         self._ids = itertools.count()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
@@ -106,6 +118,9 @@ class CompilePool:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, cwd=here, close_fds=True, start_new_session=True)
         self._proc, self.timeline = proc, {"started_at": time.perf_counter()}
+        self._outbox = queue.SimpleQueue()
+        threading.Thread(target=self._write_frames, args=(proc, self._outbox), name="lazytriton-compile-pool-writer",
+                         daemon=True).start()
         threading.Thread(target=self._read_results, args=(proc,), name="lazytriton-compile-pool",
                          daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(proc,), name="lazytriton-compile-pool-stderr",
@@ -128,25 +143,37 @@ class CompilePool:
             time.sleep(0.01)
         return True
 
-    def submit(self, job: dict) -> Future:
+    def submit(self, job: dict, priority: int = 0) -> JobFuture:
         """A Future of (CompiledBinary, seconds); its exception is CompileFailed,
-        WorkerUnavailable or WorkerCrashed."""
-        fut: Future = Future()
+        WorkerUnavailable or WorkerCrashed. Queued jobs start by `priority` (0
+        first), then in the order they were submitted. Never blocks."""
         with self._lock:
             proc = self._ensure_started()
-            job_id = next(self._ids)
-            self._pending[job_id] = (proc, fut)
-        # Written outside self._lock: a write blocks while the server's stdin pipe is full, and the
-        # server drains it only while its results are read, which takes self._lock.
-        try:
-            with self._write_lock:
-                write_frame(proc.stdin, (job_id, job))
-        except (BrokenPipeError, OSError, ValueError) as exc:
-            with self._lock:
-                gone = self._pending.pop(job_id, None) is not None
-            if gone:
-                fut.set_exception(WorkerCrashed(f"the compile server is gone ({exc}){self._tail()}"))
+            fut = JobFuture(next(self._ids))
+            self._pending[fut.job_id] = (proc, fut)
+            self._outbox.put((fut.job_id, dict(job, priority=priority)))
         return fut
+
+    def promote(self, fut: JobFuture) -> None:
+        """Starts that job before lower-priority ones still queued (a call now waits for it)."""
+        with self._lock:
+            if fut.job_id in self._pending and self._outbox is not None:
+                self._outbox.put((PROMOTE, [fut.job_id]))
+
+    def _write_frames(self, proc: subprocess.Popen, outbox: queue.SimpleQueue) -> None:
+        while True:
+            item = outbox.get()
+            if item is None:
+                return
+            try:
+                write_frame(proc.stdin, item)
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                if item[0] == PROMOTE:
+                    continue
+                with self._lock:
+                    gone = self._pending.pop(item[0], None)
+                if gone is not None:
+                    gone[1].set_exception(WorkerCrashed(f"the compile server is gone ({exc}){self._tail()}"))
 
     def _tail(self) -> str:
         lines = [ln for ln in self._stderr_tail if ln.strip()]
@@ -185,6 +212,8 @@ class CompilePool:
             pending = [self._pending.pop(i)[1] for i in mine]
             if self._proc is proc:
                 self._proc = None
+                self._outbox.put(None)  # its writer stops (a restarted server gets its own)
+                self._outbox = None
         if pending:
             why = WorkerCrashed(f"the compile server exited (code {code}) while compiling{self._tail()}")
             for f in pending:
@@ -199,6 +228,9 @@ class CompilePool:
     def close(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None
+            if self._outbox is not None:
+                self._outbox.put(None)
+                self._outbox = None
         if proc is not None and proc.poll() is None:
             try:
                 proc.stdin.close()  # the server exits on EOF and takes its children along

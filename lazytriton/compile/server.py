@@ -15,16 +15,22 @@ caller ran Triton's front end, where the kernel's module is imported) with
 filled as a side effect). It never imports user code: what a candidate costs
 does not grow with the package its kernel lives in.
 
-Protocol: length-prefixed pickles. The caller writes ``(job id, job)``; the
-server answers ``(job id, status, value, seconds)`` with status ``ok`` (value:
+Protocol: length-prefixed pickles. The caller writes ``(job id, job)``, or
+``(PROMOTE, [job ids])`` to move queued jobs ahead; the server answers
+``(job id, status, value, seconds)`` with status ``ok`` (value:
 the CompiledBinary), ``unavailable`` (compile it in the caller's process),
 ``error`` (Triton refused it: its whole message) or ``crashed`` (the child died).
 Once warm it sends ``(READY, "ready", {when}, 0.0)``. The server exits when
 its stdin closes, killing its children.
+
+Queued jobs start by ``job["priority"]`` (0 first), then in the order they came:
+a call that waits for its candidates goes ahead of compiles made ahead of time
+that no call waits for yet (the caller promotes those when a call reaches them).
 """
 from __future__ import annotations
 
-import collections
+import heapq
+import itertools
 import os
 import pickle
 import selectors
@@ -50,6 +56,7 @@ serve(int(sys.argv[1]), key)
 
 _HEADER = struct.Struct("<Q")
 READY = -1  # the job id of the frame the server sends once, when it is ready to fork
+PROMOTE = -2  # the caller's frame (PROMOTE, [job ids]): start those jobs before lower-priority ones
 
 
 class WorkerUnavailable(Exception):
@@ -190,6 +197,41 @@ def _warm_up(key: threading.Thread) -> float:
     return time.perf_counter() - t0
 
 
+class _Queue:
+    """Jobs waiting for a worker: by priority, then in the order they came."""
+
+    def __init__(self) -> None:
+        self._heap: list = []
+        self._entries: dict[int, list] = {}  # job id -> its live heap entry
+        self._seq = itertools.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def push(self, job_id: int, job: dict, priority: int | None = None) -> None:
+        entry = [job.get("priority", 0) if priority is None else priority, next(self._seq), job_id, job]
+        self._entries[job_id] = entry
+        heapq.heappush(self._heap, entry)
+
+    def promote(self, job_ids) -> None:
+        for job_id in job_ids:
+            entry = self._entries.get(job_id)
+            if entry is not None and entry[0] > 0:
+                job, entry[3] = entry[3], None  # the stale entry is skipped when popped
+                self.push(job_id, job, 0)
+
+    def pop(self) -> tuple[int, dict]:
+        while True:
+            _, _, job_id, job = heapq.heappop(self._heap)
+            if job is not None:
+                del self._entries[job_id]
+                return job_id, job
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self._entries.clear()
+
+
 def serve(workers: int, key: threading.Thread) -> None:
     """The server's loop; `key` is the thread BOOTSTRAP started computing
     Triton's installation hash."""
@@ -209,7 +251,7 @@ def serve(workers: int, key: threading.Thread) -> None:
                                           "waited_for_hash_s": waited_s}, 0.0))
     sel = selectors.DefaultSelector()
     sel.register(stdin, selectors.EVENT_READ, None)
-    queue: collections.deque = collections.deque()
+    queue = _Queue()
     running: dict[int, tuple[int, int, bytearray]] = {}  # read fd -> (job id, pid, data)
     stdin_open = True
     inbox = bytearray()
@@ -219,7 +261,7 @@ def serve(workers: int, key: threading.Thread) -> None:
 
     while stdin_open or queue or running:
         while queue and len(running) < workers:
-            job_id, job = queue.popleft()
+            job_id, job = queue.pop()
             rfd, wfd = os.pipe()
             pid = os.fork()
             if pid == 0:
@@ -243,7 +285,11 @@ def serve(workers: int, key: threading.Thread) -> None:
                     (n,) = _HEADER.unpack(bytes(inbox[:_HEADER.size]))
                     if len(inbox) < _HEADER.size + n:
                         break
-                    queue.append(pickle.loads(bytes(inbox[_HEADER.size:_HEADER.size + n])))
+                    job_id, job = pickle.loads(bytes(inbox[_HEADER.size:_HEADER.size + n]))
+                    if job_id == PROMOTE:
+                        queue.promote(job)
+                    else:
+                        queue.push(job_id, job)
                     del inbox[:_HEADER.size + n]
                 continue
             rfd = ready.data

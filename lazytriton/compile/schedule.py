@@ -1,0 +1,121 @@
+"""The order in which this process's candidates reach Triton's front end and
+the compile server: a call that waits for its candidates first, compiles made
+ahead of time (no call waits for them yet) after, each group in the order it
+was asked for.
+
+Triton's front end holds the GIL, so one thread runs every front end of the
+process, one after another: more threads would not run them sooner, and one
+queue lets a program's first call jump the compiles made ahead for the call
+sites after it. When a call reaches a candidate that is still compiling ahead
+of time, `promote` moves it to the front, wherever it is: waiting for its
+front end here, or for a worker in the compile server (CompilePool.promote).
+Without that, a program whose 16 call sites were all compiled ahead at once
+would tune its first kernel only once the last one had compiled.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+from typing import Callable
+
+log = logging.getLogger("lazytriton.compile")
+
+__all__ = ["BACKGROUND", "URGENT", "Ticket", "promote", "submit"]
+
+URGENT = 0  # a call waits for it
+BACKGROUND = 1  # compiled ahead: no call waits for it yet
+
+
+_lock = threading.Lock()  # tickets' priority, state and job; the queue
+
+
+class Ticket:
+    """One candidate's compile on its way. `work(ticket)` runs its front end on
+    the queue's thread and hands the job on with `hand_to`."""
+
+    __slots__ = ("work", "priority", "state", "job", "pool")
+
+    def __init__(self, work: Callable[["Ticket"], None], priority: int) -> None:
+        self.work = work
+        self.priority = priority
+        self.state = "queued"  # then "running", then "done"
+        self.job = None  # the compile server's JobFuture
+        self.pool = None
+
+    def hand_to(self, pool, job: dict):
+        """Submits the job to the compile pool at this ticket's priority now
+        (a promote that came during the front end counts); its JobFuture."""
+        with _lock:
+            self.pool, self.job = pool, pool.submit(job, priority=self.priority)
+            return self.job
+
+
+class _FrontEnds:
+    def __init__(self) -> None:
+        self._cv = threading.Condition(_lock)
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, ticket: Ticket) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (ticket.priority, next(self._seq), ticket))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lazytriton-front-end", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def promote(self, ticket: Ticket) -> None:
+        with self._cv:
+            if ticket.priority == URGENT:
+                return
+            ticket.priority = URGENT  # read again when it is handed to the server
+            if ticket.state == "queued":  # a second entry, ahead; the first is skipped when popped
+                heapq.heappush(self._heap, (URGENT, next(self._seq), ticket))
+                self._cv.notify()
+                return
+            job, pool = ticket.job, ticket.pool
+        if job is not None and pool is not None:
+            pool.promote(job)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                _, _, ticket = heapq.heappop(self._heap)
+                if ticket.state != "queued":
+                    continue
+                ticket.state = "running"
+            try:
+                ticket.work(ticket)
+            except BaseException:  # work settles its own future; this thread must go on
+                log.exception("lazytriton: a front-end job failed unexpectedly")
+            finally:
+                with self._cv:
+                    ticket.state = "done"
+
+    def _after_fork(self) -> None:  # a forked child has no such thread: it starts its own
+        global _lock
+        _lock = threading.Lock()
+        self._cv = threading.Condition(_lock)
+        self._heap = []
+        self._thread = None
+
+
+_queue = _FrontEnds()
+os.register_at_fork(after_in_child=_queue._after_fork)
+
+
+def submit(ticket: Ticket) -> None:
+    """Queues a candidate's front end (runs `ticket.work` on the front-end thread)."""
+    _queue.submit(ticket)
+
+
+def promote(ticket: Ticket) -> None:
+    """A call now waits for this candidate: its front end and its back end go
+    ahead of every compile made ahead of time."""
+    _queue.promote(ticket)
