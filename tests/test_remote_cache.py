@@ -172,6 +172,12 @@ def test_an_added_config_is_the_only_one_compiled_and_timed(tmp_path, fake_drive
     # Its record is the new list's: a third process finds it and does nothing.
     third = run_one(tmp_path, fake_driver, "a", None)
     assert (third["compiles"], third["timed"], third["record_hits"]) == (0, 0, 1), third
+    # `cache clear --kernel k` removes the kernel's measured times with its entries.
+    measured = tmp_path / "cache-a" / "v1" / "measurements"
+    assert len(list(measured.iterdir())) == 1
+    r = subprocess.run([sys.executable, "-m", "lazytriton", "cache", "clear", "--kernel", "k"], capture_output=True,
+                       text=True, env={**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache-a")}, timeout=120)
+    assert r.returncode == 0 and list(measured.iterdir()) == [], r.stdout + r.stderr
 
 
 def test_an_added_config_on_another_host_through_redis(tmp_path, fake_driver, server):
