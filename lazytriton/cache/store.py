@@ -18,6 +18,7 @@ cache degrades to an in-memory store with one warning and keeps working.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -281,11 +282,16 @@ class Cache:
             self.remote.publish(key, record, data, self._load(KIND_BINARY, record.winner), record.winner)
 
     def _from_remote(self, kind: int, key: str, data: Optional[bytes]) -> Any:
-        """A remote tier's entry (checked there), kept in this cache too; None for a miss."""
+        """A remote tier's entry (checked there), kept in this cache too: in memory at once, on disk
+        by a thread (an atomic write's fsyncs cost milliseconds the first call does not wait for;
+        the process waits for it at exit). None for a miss."""
         if data is None:
             return None
         obj = decode(kind, key, data)
-        self._store_raw(kind, key, data)
+        self._mem[(kind, key)] = data
+        self._mem_mtime[(kind, key)] = time.time()
+        if self._disk:
+            _write_behind(lambda: self._store_raw(kind, key, data))
         return obj
 
     # -- locking ---------------------------------------------------------------------
@@ -529,6 +535,31 @@ class Cache:
                 self._store_raw(kind, key, data)
             self._count("binary_stores" if kind == KIND_BINARY else "record_stores")
         return len(verified)
+
+
+# --------------------------------------------------------------------------
+# Writes off the caller's path
+# --------------------------------------------------------------------------
+
+_behind: list[threading.Thread] = []
+_behind_guard = threading.Lock()
+WRITE_BEHIND_EXIT_WAIT_S = 10.0
+
+
+def _write_behind(write) -> None:
+    thread = threading.Thread(target=write, name="lazytriton-cache-write", daemon=True)
+    with _behind_guard:
+        _behind[:] = [t for t in _behind if t.is_alive()] + [thread]
+    thread.start()
+
+
+@atexit.register
+def _finish_writes() -> None:
+    # A daemon thread dies at exit: an entry whose write was cut stays a temp file (removed later), never
+    # a half entry; waiting a little keeps it for the next process.
+    deadline = time.monotonic() + WRITE_BEHIND_EXIT_WAIT_S
+    for thread in list(_behind):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # --------------------------------------------------------------------------
