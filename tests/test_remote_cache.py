@@ -167,8 +167,15 @@ def test_an_added_config_is_the_only_one_compiled_and_timed(tmp_path, fake_drive
     err = w.close()
     assert (second["compiles"], second["timed"], second["measured_before"], second["record_hits"]) == (1, 1, 2, 0)
     assert "2 of 3 configs were measured before" in err and "(configs 2)" in err, err[-3000:]
-    # Chosen among all three (the stand-in driver times every config alike: the first wins).
+    # Chosen among all three (the stand-in driver times every config alike: the first wins); the record
+    # says which times were measured before.
     assert second["winner"] == 0
+    from lazytriton.cache import Cache
+    cache = Cache(tmp_path / "cache-a")
+    shown = [cache.show(e.key)["record"] for e in cache.entries() if e.kind == "record"]
+    (rec,) = [r for r in shown if len(r["candidates"]) == 3]
+    assert [(c.get("measured_before", False), c["time_ms"]) for c in rec["candidates"]] == [
+        (True, 1.0), (True, 1.0), (False, 1.0)], rec["candidates"]
     # Its record is the new list's: a third process finds it and does nothing.
     third = run_one(tmp_path, fake_driver, "a", None)
     assert (third["compiles"], third["timed"], third["record_hits"]) == (0, 0, 1), third

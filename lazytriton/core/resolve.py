@@ -329,7 +329,7 @@ class Resolution:
             kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
             candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},
                          "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
-                         "time_ms": c.extra.get("time_ms"), "error": c.error,
+                         "time_ms": prior.get(c.index, c.extra.get("time_ms")), "error": c.error,
                          **({"measured_before": True} if c.index in prior else {})} for c in cands],
             device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
             driver_version=self.dev["driver_version"],
