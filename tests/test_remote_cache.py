@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from lazytriton.bench import redis_server
+from lazytriton.cache.remote import Backend
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install \".[redis]\")")
 
@@ -477,3 +478,63 @@ def test_without_the_redis_client_the_local_cache_serves(monkeypatch, caplog):
         assert remote.fetch_record("ab" * 32) is None and remote.fetch_binary("ab" * 32) is None
     said = [r for r in caplog.records if "the redis client is not installed" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING" and 'pip install "lazytriton[redis]"' in said[0].getMessage()
+
+
+class DirectoryBackend(Backend):
+    """The backend interface over files, as an object store would serve it (a key is an object,
+    scan lists by prefix; no expiry): the tier needs nothing Redis alone has."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.url = root, f"file://{root}"
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key.replace(":", "_")
+
+    def get(self, key, ttl_s):
+        path = self._path(key)
+        return path.read_bytes() if path.exists() else None
+
+    def put(self, key, value, ttl_s, *, if_absent=False):
+        if if_absent and self._path(key).exists():
+            return False
+        self._path(key).write_bytes(value)
+        return True
+
+    def delete(self, keys):
+        gone = [self._path(k) for k in keys if self._path(k).exists()]
+        for path in gone:
+            path.unlink()
+        return len(gone)
+
+    def scan(self, prefix):
+        for path in self.root.iterdir():
+            key = path.name.replace("_", ":", 3)
+            if key.startswith(prefix):
+                yield key, path.stat().st_size
+
+def test_the_tier_runs_on_any_backend_of_the_interface(tmp_path, caplog):
+    from lazytriton.cache import CompiledBinary, TuningRecord, decode_binary, decode_record, encode_record
+    from lazytriton.cache.remote import RemoteCache
+
+    backend = DirectoryBackend(tmp_path / "objects")
+    remote = RemoteCache("file:///objects", backend=backend)
+    image = bytes(range(256)) * 40
+    binary = CompiledBinary(name="k", cubin=image, metadata={"num_warps": 4, "shared": 0}, asm_names=["cubin"])
+    rec = TuningRecord(kernel_name="k", winner="cd" * 32, winner_index=1, candidates=[{"config": {"B": 64}},
+                       {"config": {"B": 128}}], device_name="NVIDIA H100 80GB HBM3", driver_version=13000)
+    rkey = "ab" * 32
+    assert remote.publish(rkey, rec, encode_record(rkey, rec), binary, rec.winner)
+    # The same image under a second compile key: stored once.
+    assert remote.publish_binary("ef" * 32, binary)
+    assert sorted(k for k, _ in backend.scan("lazytriton:v1:blob:")) == [
+        "lazytriton:v1:blob:" + __import__("hashlib").sha256(image).hexdigest()]
+    expect = {"device_name": "NVIDIA H100 80GB HBM3", "driver_version": 13000}
+    assert decode_record(rkey, remote.fetch_record(rkey, expect)).winner_index == 1
+    assert decode_binary("ef" * 32, remote.fetch_binary("ef" * 32)).cubin == image
+    # Asked for by another GPU model: foreign, a miss, removed.
+    with caplog.at_level("INFO", logger="lazytriton.cache"):
+        assert remote.fetch_record(rkey, {**expect, "device_name": "NVIDIA H200"}) is None
+    assert "discarding the foreign record" in caplog.text and remote.fetch_record(rkey, expect) is None
+    assert [e.kind for e in remote.entries()] == ["binary", "binary", "blob"]
+    assert remote.clear("k") == 3 and remote.entries() == []
