@@ -468,6 +468,31 @@ def test_a_password_protected_server(tmp_path, fake_driver):
         assert redis.Redis(port=srv.port, password="s3cret", db=3).dbsize() == 4
 
 
+def test_a_tls_server(tmp_path, fake_driver):
+    """rediss:// with the server's CA given as the client takes it (a URL query option)."""
+    import shutil
+
+    if redis_server.available() is None or shutil.which("openssl") is None:
+        pytest.skip("needs redis-server and openssl")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    tls = redis_server.free_port()
+    with redis_server.RedisServer(tmp_path / "redis", "--tls-port", str(tls), "--tls-cert-file", str(cert),
+                                  "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                                  "--tls-auth-clients", "no") as srv:
+        write_kernel(tmp_path)
+        url = f"rediss://127.0.0.1:{tls}/0?ssl_ca_certs={cert}"
+        assert run_one(tmp_path, fake_driver, "a", url)["remote"]["published"] == 1
+        found = run_one(tmp_path, fake_driver, "b", url)
+        assert (found["compiles"], found["tunes"], found["record_hits"]) == (0, 0, 1), found
+        assert len(keys_of(srv, "rec")) == 1
+        # Plain redis:// to the TLS port: a miss and one warning, never a failed call.
+        plain = run_one(tmp_path, fake_driver, "c", f"redis://127.0.0.1:{tls}/0")
+        assert plain["tunes"] == 1 and plain["remote"]["failures"] >= 1, plain
+
+
 def test_without_the_redis_client_the_local_cache_serves(monkeypatch, caplog):
     """LAZYTRITON_REMOTE_CACHE set where the client is not installed: one warning, then misses."""
     from lazytriton.cache.remote import RemoteCache
