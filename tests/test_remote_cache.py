@@ -563,3 +563,49 @@ def test_the_tier_runs_on_any_backend_of_the_interface(tmp_path, caplog):
     assert "discarding the foreign record" in caplog.text and remote.fetch_record(rkey, expect) is None
     assert [e.kind for e in remote.entries()] == ["binary", "binary", "blob"]
     assert remote.clear("k") == 3 and remote.entries() == []
+
+
+def test_measurements_key_and_store(tmp_path):
+    """What makes two timings comparable is in the key, the config list is not; documents round-trip
+    on disk and in memory, and clear by kernel."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    from lazytriton import TuneOptions
+    from lazytriton.cache import Cache, measurements
+
+    @triton.jit
+    def kern(x, B: tl.constexpr):
+        tl.store(x + tl.arange(0, B), 1.0)
+
+    target = GPUTarget("cuda", 90, 32)
+    base = dict(fn=kern, shape_sig={"x": "*fp32:16"}, options={}, target=target, device_name="NVIDIA H100",
+                tune_key_values=(4096,), driver_version=13000, tune_options=TuneOptions())
+    key = measurements.measure_key(**base)
+    assert measurements.measure_key(**base) == key
+    for change in ({"device_name": "NVIDIA H200"}, {"driver_version": 12080}, {"tune_key_values": (8192,)},
+                   {"tune_options": TuneOptions(target_ms=10)}, {"options": {"num_warps": 8}},
+                   {"shape_sig": {"x": "*fp16:16"}}, {"target": GPUTarget("cuda", 100, 32)}):
+        assert measurements.measure_key(**{**base, **change}) != key, change
+    cfg = triton.Config({"B": 64}, num_warps=2)
+    assert measurements.config_id(cfg) == measurements.config_id(triton.Config({"B": 64}, num_warps=2))
+    assert measurements.config_id(cfg) != measurements.config_id(triton.Config({"B": 64}, num_warps=4))
+    for disk in (True, False):
+        cache = Cache(tmp_path / f"c{disk}", disk=disk)
+        cid, other = measurements.config_id(cfg), "0" * 64
+        measurements.record(cache, key, "kern", {cid: {"config": {"B": 64}, "time_ms": 0.5},
+                                                 other: {"time_ms": None}})  # no time: not kept
+        assert measurements.lookup(cache, key, "kern", [cid, other]) == {cid: {"config": {"B": 64}, "time_ms": 0.5,
+                                                                               "measured": ANY_TIME}}
+        assert (tmp_path / f"c{disk}" / "v1" / "measurements").exists() == disk
+        assert measurements.clear(cache, "another") == 0 and measurements.clear(cache, "kern") == 1
+        assert measurements.lookup(cache, key, "kern", [cid]) == {}
+
+
+class _AnyTime:
+    def __eq__(self, other):
+        return isinstance(other, str) and re.match(r"\d{4}-\d\d-\d\dT", other) is not None
+
+
+ANY_TIME = _AnyTime()

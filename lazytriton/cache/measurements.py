@@ -41,7 +41,7 @@ log = logging.getLogger("lazytriton.cache")
 MAGIC = b"LTM1"
 SUBDIR, EXT = "measurements", ".ltm"
 
-_memory: dict[tuple[str, str], dict] = {}  # (cache dir, key) -> document, where the disk is not used
+_memory: dict[tuple[str, str], tuple[str, dict]] = {}  # (cache dir, key) -> (kernel, results), off the disk
 _guard = threading.Lock()
 _warned: set[str] = set()
 
@@ -101,7 +101,7 @@ def _say_once(what: str, message: str, *args: Any) -> None:
 def _load_local(cache: Any, key: str) -> dict:
     mem = _memory.get((str(cache.dir), key))
     if mem is not None or not cache.on_disk:
-        return dict(mem or {})
+        return dict(mem[1] if mem else {})
     path = _path(cache, key)
     try:
         data, st = files.read_file(path)
@@ -127,7 +127,7 @@ def _store_local(cache: Any, key: str, kernel_name: str, results: dict) -> None:
             return
         except OSError as exc:
             _say_once("write", "cannot write measurements into %s (%s); keeping them in memory", path.parent, exc)
-    _memory[(str(cache.dir), key)] = dict(results)
+    _memory[(str(cache.dir), key)] = (kernel_name, dict(results))
 
 
 def lookup(cache: Any, key: str, kernel_name: str, wanted: list[str]) -> dict:
@@ -164,12 +164,14 @@ def clear(cache: Any, kernel: Optional[str] = None) -> int:
     """Remove the measurements (all, or one kernel's) of this cache; returns how many documents."""
     removed = 0
     with _guard:
-        for mem_key in [k for k in _memory if k[0] == str(cache.dir)]:
+        for mem_key in [k for k, (name, _) in _memory.items() if k[0] == str(cache.dir)
+                        and (kernel is None or name == kernel)]:
             del _memory[mem_key]
+            removed += 1
     try:
         paths = sorted((Path(cache.dir) / SUBDIR).iterdir())
     except OSError:
-        return 0
+        return removed
     for path in paths:
         key = path.name[:-len(EXT)] if path.name.endswith(EXT) else ""
         if not KEY_RE.match(key):
