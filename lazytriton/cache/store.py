@@ -14,6 +14,10 @@ readers, removed once older than an hour) and never a half entry.
 
 If the directory cannot be written (read-only, full, not a directory) the
 cache degrades to an in-memory store with one warning and keeps working.
+
+With LAZYTRITON_REMOTE_CACHE set, a local miss asks the remote tier
+(lazytriton.cache.remote) and keeps what it finds; a stored tuning record is
+published there with its winner's binary.
 """
 
 from __future__ import annotations
