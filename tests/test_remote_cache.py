@@ -277,8 +277,8 @@ def test_corrupted_and_foreign_entries_are_misses(tmp_path, fake_driver, server)
     c = client(server)
     by_n = {}
     for name in recs:
-        head, payload = tier.open_envelope(c.get(name))
-        rec = decode_record(head["key"], payload)
+        head, body = tier.open_envelope(c.get(name))
+        rec = decode_record(head["key"], body)
         by_n[rec.tune_key_values[-1]] = (name, head, rec)
     # n=1024: garbage under its key.
     _tamper(server, by_n[1024][0], b"not an entry")
@@ -310,8 +310,8 @@ def test_corrupted_and_foreign_entries_are_misses(tmp_path, fake_driver, server)
     assert "written for device_name 'NVIDIA H100 80GB HBM3'" in err and "triton '0.0.1'" in err
     # Each was published again, intact.
     for name in keys_of(server, "rec"):
-        head, payload = tier.open_envelope(c.get(name))
-        assert decode_record(head["key"], payload).device_name == "FAKE sm_90"
+        head, body = tier.open_envelope(c.get(name))
+        assert decode_record(head["key"], body).device_name == "FAKE sm_90"
     assert tier.open_envelope(c.get(by_n[3072][0]))[0]["triton"] != "0.0.1"
     image = c.get(keys_of(server, "blob")[0])
     import hashlib
@@ -367,8 +367,8 @@ def test_many_processes_publish_the_same_key_at_once(tmp_path, fake_driver, serv
     c = client(server)
     for kind in ("rec", "bin", "meas"):
         tier.open_envelope(c.get(keys_of(server, kind)[0]))
-    head, payload = tier.open_envelope(c.get(keys_of(server, "rec")[0]))
-    decode_record(head["key"], payload)
+    head, body = tier.open_envelope(c.get(keys_of(server, "rec")[0]))
+    decode_record(head["key"], body)
     late = run_one(tmp_path, fake_driver, "late", server.url)
     assert (late["compiles"], late["tunes"], late["record_hits"]) == (0, 0, 1), late
 

@@ -14,8 +14,8 @@ options, compares with one measured now (clocks, temperature and other work on
 the GPU differ between processes: a few percent, the size of the noise the
 tuner's second pass settles among close candidates measured together).
 
-On disk: ``<cache>/v{N}/measurements/<key>.ltm`` = ``b"LTM1" | sha256(payload) |
-payload`` (JSON naming its key); corrupt = discarded (said once) and treated as
+On disk: ``<cache>/v{N}/measurements/<key>.ltm`` = ``b"LTM1" | sha256(body) |
+body`` (JSON naming its key); corrupt = discarded (said once) and treated as
 empty. With a remote tier, documents are merged with the server's and published.
 Only successful timings are kept: a config that failed is tried again. Two
 processes adding results at once may keep only one's (read, merge, write): a
@@ -64,20 +64,20 @@ def config_id(config: Any) -> str:
 
 
 def encode(key: str, kernel_name: str, results: dict) -> bytes:
-    payload = json.dumps({"key": key, "kernel_name": kernel_name, "results": results}, sort_keys=True,
+    body = json.dumps({"key": key, "kernel_name": kernel_name, "results": results}, sort_keys=True,
                          separators=(",", ":")).encode()
-    return MAGIC + hashlib.sha256(payload).digest() + payload
+    return MAGIC + hashlib.sha256(body).digest() + body
 
 
 def decode(key: str, data: bytes) -> dict:
     """{config id: result} of a document; BadEntry when it is not an intact one for `key`."""
     if len(data) < 36 or data[:4] != MAGIC:
         raise BadEntry("not a measurements document")
-    payload = data[36:]
-    if hashlib.sha256(payload).digest() != data[4:36]:
+    body = data[36:]
+    if hashlib.sha256(body).digest() != data[4:36]:
         raise BadEntry("checksum mismatch")
     try:
-        doc = json.loads(payload)
+        doc = json.loads(body)
     except ValueError as exc:
         raise BadEntry(f"bad JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("key") != key or not isinstance(doc.get("results"), dict):
@@ -137,7 +137,7 @@ def lookup(cache: Any, key: str, kernel_name: str, wanted: list[str]) -> dict:
         local = _load_local(cache, key)
         remote = cache.remote
         if remote is not None and any(cid not in local for cid in wanted):
-            theirs = remote.fetch_measurements(key, lambda payload: decode(key, payload))
+            theirs = remote.fetch_measurements(key, lambda body: decode(key, body))
             if theirs and any(cid not in local for cid in theirs):
                 local = {**theirs, **local}
                 _store_local(cache, key, kernel_name, local)
@@ -156,7 +156,7 @@ def record(cache: Any, key: str, kernel_name: str, results: dict) -> None:
         _store_local(cache, key, kernel_name, merged)
     remote = cache.remote
     if remote is not None:
-        theirs = remote.fetch_measurements(key, lambda payload: decode(key, payload)) or {}
+        theirs = remote.fetch_measurements(key, lambda body: decode(key, body)) or {}
         remote.publish_measurements(key, kernel_name, encode(key, kernel_name, {**theirs, **merged}))
 
 

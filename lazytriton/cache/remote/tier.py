@@ -16,9 +16,9 @@ the GPU model and the CUDA driver):
                           specialization on one GPU model (measurements.py)
 
 Every value but a blob is an envelope: ``b"LTR1" | sha256(rest) | u32 length |
-JSON head | payload``; the head says what the entry is and what wrote it (kind,
+JSON head | body``; the head says what the entry is and what wrote it (kind,
 key, kernel, format, Triton and lazytriton versions; a record's GPU model and
-driver), the payload is the local cache's entry, with its own checksum and key.
+driver), the body is the local cache's entry, with its own checksum and key.
 A blob is checked against its hash. An entry that fails a check (corrupt) or was
 written for another environment than its key says (foreign) is a miss: removed,
 said once. Faults of the server (unreachable, slower than the timeout, refusing
@@ -54,14 +54,14 @@ class Foreign(BadEntry):
     """An entry, intact, written for another environment than the one its key names."""
 
 
-def envelope(head: dict, payload: bytes) -> bytes:
+def envelope(head: dict, body: bytes) -> bytes:
     text = json.dumps(head, sort_keys=True, separators=(",", ":"), default=repr).encode()
-    rest = text + payload
+    rest = text + body
     return _HEAD.pack(MAGIC, hashlib.sha256(rest).digest(), len(text)) + rest
 
 
 def open_envelope(data: bytes) -> tuple[dict, bytes]:
-    """(head, payload) of an envelope; BadEntry when it is not an intact one."""
+    """(head, body) of an envelope; BadEntry when it is not an intact one."""
     if len(data) < _HEAD.size:
         raise BadEntry(f"truncated ({len(data)} bytes)")
     magic, digest, head_len = _HEAD.unpack_from(data)
@@ -222,7 +222,7 @@ class RemoteCache:
         self._request(f"removing the {KIND_TITLES[kind]} {key[:16]}", lambda b: b.delete([self._name(kind, key)]))
 
     def _open(self, kind: str, key: str, data: bytes, expect: Optional[dict] = None) -> tuple[dict, bytes]:
-        head, payload = open_envelope(data)
+        head, body = open_envelope(data)
         if head.get("kind") != kind or head.get("key") != key:
             raise BadEntry(f"the entry is the {head.get('kind')} {str(head.get('key'))[:16]}, not this one")
         mine = {**writer(), **(expect or {})}
@@ -230,7 +230,7 @@ class RemoteCache:
         if theirs != mine:
             diff = ", ".join(f"{k} {theirs[k]!r} (here {mine[k]!r})" for k in mine if theirs[k] != mine[k])
             raise Foreign(f"written for {diff}")
-        return head, payload
+        return head, body
 
     # -- lookups (first calls) -------------------------------------------------------------------
 
@@ -242,8 +242,8 @@ class RemoteCache:
             self._count("misses")
             return None
         try:
-            head, payload = self._open("rec", key, data, expect)
-            rec = decode_record(key, payload)
+            head, body = self._open("rec", key, data, expect)
+            rec = decode_record(key, body)
             said = {"device_name": rec.device_name, "driver_version": rec.driver_version}
             if {k: head.get(k) for k in said} != said:
                 raise BadEntry(f"the head says {head.get('device_name')!r}, the record {rec.device_name!r}")
@@ -251,7 +251,7 @@ class RemoteCache:
             self._discard("rec", key, exc)
             return None
         self._count("hits")
-        return payload
+        return body
 
     def fetch_binary(self, key: str) -> Optional[bytes]:
         """The local cache's entry bytes of the compiled binary `key` (its image fetched by
@@ -261,8 +261,8 @@ class RemoteCache:
             self._count("misses")
             return None
         try:
-            head, payload = self._open("bin", key, data)
-            shell = decode_binary(key, payload)
+            head, body = self._open("bin", key, data)
+            shell = decode_binary(key, body)
             digest = head.get("blob")
             if not isinstance(digest, str) or len(digest) != 64:
                 raise BadEntry("no image hash in the head")
@@ -280,13 +280,13 @@ class RemoteCache:
         return encode_binary(key, dataclasses.replace(shell, cubin=image))
 
     def fetch_measurements(self, key: str, decode: Callable[[bytes], Any]) -> Any:
-        """decode(payload) of the measurements `key`, or None; a payload decode refuses is discarded."""
+        """decode(body) of the measurements `key`, or None; a body decode refuses is discarded."""
         data = self._get("meas", key)
         if data is None:
             return None
         try:
-            _, payload = self._open("meas", key, data)
-            return decode(payload)
+            _, body = self._open("meas", key, data)
+            return decode(body)
         except BadEntry as exc:
             self._discard("meas", key, exc)
             return None
@@ -319,9 +319,9 @@ class RemoteCache:
                 "image_size": len(binary.cubin)}
         return self._put("bin", key, envelope(head, shell))
 
-    def publish_measurements(self, key: str, kernel_name: str, payload: bytes) -> bool:
+    def publish_measurements(self, key: str, kernel_name: str, body: bytes) -> bool:
         head = {**writer(), "kind": "meas", "key": key, "kernel": kernel_name}
-        return self._put("meas", key, envelope(head, payload))
+        return self._put("meas", key, envelope(head, body))
 
     # -- management (`lazytriton cache ... --remote`): errors are raised, not hidden -------------
 
@@ -333,7 +333,7 @@ class RemoteCache:
                 out.append((kind, key, size))
         return out
 
-    def _describe(self, kind: str, key: str, size: int) -> tuple[RemoteEntry, Optional[str]]:
+    def _inspect(self, kind: str, key: str, size: int) -> tuple[RemoteEntry, Optional[str]]:
         """(the entry, why it is invalid or None), its value read without renewing its expiry."""
         entry = RemoteEntry(kind=KIND_TITLES[kind], key=key, size=size)
         if kind == "blob":
@@ -342,12 +342,12 @@ class RemoteCache:
         if data is None:
             return entry, "gone"
         try:
-            head, payload = open_envelope(data)
+            head, body = open_envelope(data)
             entry.kernel_name = str(head.get("kernel", "?"))
             entry.device_name = head.get("device_name")
             entry.blob = head.get("blob")
             if kind == "rec":
-                rec = decode_record(key, payload)
+                rec = decode_record(key, body)
                 entry.winner_config = rec.winner_config
             self._open(kind, key, data)
         except BadEntry as exc:
@@ -359,7 +359,7 @@ class RemoteCache:
     def entries(self) -> list[RemoteEntry]:
         """Every lazytriton entry on the server (records first)."""
         order = {k: i for i, k in enumerate(KINDS)}
-        found = [self._describe(*raw)[0] for raw in sorted(self._scan(), key=lambda r: (order[r[0]], r[1]))]
+        found = [self._inspect(*raw)[0] for raw in sorted(self._scan(), key=lambda r: (order[r[0]], r[1]))]
         return found
 
     def show(self, key_prefix: str) -> dict:
@@ -372,16 +372,16 @@ class RemoteCache:
             listed = ", ".join(f"{KIND_TITLES[k]}:{key[:16]}" for k, key, _ in matches[:5])
             raise ValueError(f"{len(matches)} remote entries match {key_prefix!r} ({listed}...); give more characters")
         kind, key, size = matches[0]
-        entry, error = self._describe(kind, key, size)
+        entry, error = self._inspect(kind, key, size)
         out: dict[str, Any] = {**entry.to_dict(), "server": self.shown, "valid": error is None}
         if error is not None:
             out["error"] = error
             return out
         if kind in ("rec", "meas", "bin"):
-            head, payload = open_envelope(self.backend().get(self._name(kind, key), 0) or b"")
+            head, body = open_envelope(self.backend().get(self._name(kind, key), 0) or b"")
             out["head"] = head
             if kind == "rec":
-                out["record"] = decode_record(key, payload).to_dict()
+                out["record"] = decode_record(key, body).to_dict()
         return out
 
     def clear(self, kernel: Optional[str] = None) -> int:
@@ -391,7 +391,7 @@ class RemoteCache:
         if kernel is None:
             names = [self._name(k, key) for k, key, _ in raw]
         else:
-            described = [(k, key, self._describe(k, key, size)[0]) for k, key, size in raw if k != "blob"]
+            described = [(k, key, self._inspect(k, key, size)[0]) for k, key, size in raw if k != "blob"]
             gone = [(k, key, e) for k, key, e in described if e.kernel_name == kernel]
             kept_blobs = {e.blob for _, _, e in described if e.kernel_name != kernel and e.blob}
             blobs = {e.blob for _, _, e in gone if e.blob} - kept_blobs
