@@ -81,6 +81,7 @@ class Resolution:
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
         self.spec = k.spec
         self.device = None  # run() asks the driver
+        self.dev: dict | None = None  # and its description (name, capability, driver version)
         self.values = args[:k.n_call]
         self.extras = args[k.n_call:]
         self.names = [p.name for p in k.call_params]
@@ -124,7 +125,7 @@ class Resolution:
         shape_sig = {n: sl.code() for n, sl in zip(self.shape.names, self.shape.slots)}
         if not self.shape.flat:  # tuple arguments: their nesting too (an empty tuple has no slot)
             shape_sig["(tuples)"] = [[list(p), n] for p, n in self.shape.tuples]
-        self.shape_sig = shape_sig
+        self.shape_sig = shape_sig  # the specialization, for the measurements' key too
         self.portable_key = self.shape.portable_key(tuple(self.key), self.values + self.extras)
         tkey = keys.tuning_key(self.spec.fn, shape_sig, {}, {}, self.spec.configs, self.options, self.target,
                                dev["name"], self.portable_key, dev["driver_version"])
@@ -347,7 +348,7 @@ class Resolution:
     def _measured_before(self, cache: Cache, pruned: list[Candidate], timing: bool) -> tuple[str | None, dict]:
         """(the measurements' key, {candidate index: time_ms measured before}) for a tune of
         several configs; (None, {}) otherwise. LAZYTRITON_RETUNE=1 measures every config again."""
-        if not (timing and len(pruned) > 1):
+        if not (timing and len(pruned) > 1) or self.dev is None:  # (no device asked: nothing to compare with)
             return None, {}
         k = self.k
         mkey = measurements.measure_key(self.spec.fn, self.shape_sig, self.options, self.target, self.dev["name"],
