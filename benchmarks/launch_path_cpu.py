@@ -40,7 +40,7 @@ def _child(calls: int, rounds: int) -> None:
 
     import lazytriton
     from lazytriton.bench.kernels import add
-    from lazytriton.core import stubgen
+    from lazytriton.runtime import stubgen
 
     class Mem:
         def __init__(self, ptr):

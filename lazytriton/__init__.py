@@ -19,9 +19,9 @@ try:
 except ImportError as exc:  # pragma: no cover - only from an unbuilt source tree
     raise ImportError("lazytriton's C++ core is not built; install the package with `pip install .`") from exc
 
-from .core.kernel import LazyKernel, kernel, stats, stream_handle  # noqa: E402
-from .core.tensor_desc import TensorDescriptor  # noqa: E402
-from .core.tuner import TuneOptions  # noqa: E402
+from .runtime.kernel import LazyKernel, kernel, stats, stream_handle  # noqa: E402
+from .model.tensor_desc import TensorDescriptor  # noqa: E402
+from .runtime.tuner import TuneOptions  # noqa: E402
 
 RuntimeFailure = _core.RuntimeFailure
 RuntimeFailure.__doc__ = """An error of lazytriton's C++ runtime (a RuntimeError): no usable CUDA (or HIP)

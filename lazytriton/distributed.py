@@ -61,7 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
-from .cache.config import env_flag, env_seconds
+from .settings import env_flag, env_seconds
 
 log = logging.getLogger("lazytriton.distributed")
 
@@ -164,7 +164,7 @@ def stats() -> dict:
         return dict(_stats)
 
 
-def _describe(who: dict) -> str:
+def _peer_name(who: dict) -> str:
     return f"rank {who.get('rank', '?')} ({who.get('host', '?')}, pid {who.get('pid', '?')})"
 
 
@@ -215,7 +215,7 @@ def agree(store: Store, key: str, kernel: str, local: Callable[[], Resolved],
         claimant = json.loads(claimed_by)
     except ValueError:
         claimant = {}
-    who = _describe(claimant)
+    who = _peer_name(claimant)
     log.info("kernel %s: rank %d waits for %s to resolve specialization %s", kernel, rank, who, key[:16])
     value = None
     try:
@@ -233,7 +233,7 @@ def agree(store: Store, key: str, kernel: str, local: Callable[[], Resolved],
                             "for every process", kernel, who, timeout_s, TIMEOUT_ENV, rank)
                 return _resolve_for_all(store, winner_key, kernel, local, me, adopt)
             try:
-                taken_by = _describe(json.loads(taker))
+                taken_by = _peer_name(json.loads(taker))
             except ValueError:
                 taken_by = "another rank"
             log.warning("kernel %s: no winner from %s after %.0f s (%s); %s took over, waiting for it", kernel, who,
@@ -293,7 +293,7 @@ def _settle(store: Store, winner_key: str, kernel: str, mine: Resolved, me: dict
         return result  # the same config
     origin = doc.get("by") or {}
     log.info("kernel %s: %s published its winner (config %s) first; rank %d launches it instead of config %s",
-             kernel, _describe(origin), theirs.get("winner_index"), me["rank"], record.get("winner_index"))
+             kernel, _peer_name(origin), theirs.get("winner_index"), me["rank"], record.get("winner_index"))
     return adopt(theirs, {k: origin.get(k) for k in ("rank", "host", "pid")}, their_binary)
 
 
@@ -302,12 +302,12 @@ def _launch_published(value: bytes, kernel: str, rank: int, claimant: dict, loca
     origin = doc.get("by") or claimant
     if "error" in doc:
         _count("claimant_failed")
-        log.warning("kernel %s: %s could not resolve it (%s); resolving here", kernel, _describe(origin),
+        log.warning("kernel %s: %s could not resolve it (%s); resolving here", kernel, _peer_name(origin),
                     doc["error"])
         return local()[0]
     record = doc["record"]
     log.info("kernel %s: rank %d launches config %s, the winner of %s (no tuning here%s)", kernel, rank,
-             record.get("winner_index"), _describe(origin), ", its binary received" if binary else "")
+             record.get("winner_index"), _peer_name(origin), ", its binary received" if binary else "")
     _count("received")
     return adopt(record, {k: origin.get(k) for k in ("rank", "host", "pid")}, binary)
 

@@ -46,6 +46,6 @@ def cmake_dir() -> Path:
 
 
 def cache_root() -> Path:
-    from .cache.config import default_cache_dir  # the one reader of LAZYTRITON_CACHE_DIR
+    from .settings import default_cache_dir  # the one reader of LAZYTRITON_CACHE_DIR
 
     return default_cache_dir()

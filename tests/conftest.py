@@ -57,7 +57,7 @@ def cache_dir(tmp_path, monkeypatch):
     """A private lazytriton cache for one test."""
     d = tmp_path / "ltcache"
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(d))
-    import lazytriton.core.kernel as rt
+    import lazytriton.runtime.kernel as rt
     monkeypatch.setattr(rt, "_default_cache", None)
     return d
 

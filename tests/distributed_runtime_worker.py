@@ -22,7 +22,7 @@ import triton.language as tl  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton import distributed  # noqa: E402
-from lazytriton.core.arrays import DeviceArray  # noqa: E402
+from lazytriton.model.arrays import DeviceArray  # noqa: E402
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((64, 2), (128, 4), (256, 4))],

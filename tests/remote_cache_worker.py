@@ -25,7 +25,7 @@ import triton  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton.cache import get_cache  # noqa: E402
-from lazytriton.core.arrays import DeviceArray  # noqa: E402
+from lazytriton.model.arrays import DeviceArray  # noqa: E402
 
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 size = 4096

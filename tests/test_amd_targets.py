@@ -10,11 +10,11 @@ import triton
 import triton.language as tl
 
 from lazytriton.cache import keys
-from lazytriton.core.arrays import PointerArg
+from lazytriton.model.arrays import PointerArg
 from lazytriton.cache import Cache
 from lazytriton.compile.compiler import Binder, compile_one
 from lazytriton.compile.targets import device_target, target_for
-from lazytriton.core.spec import KernelSpecError, describe
+from lazytriton.model.spec import KernelSpecError, kernel_spec
 
 
 @triton.jit
@@ -28,7 +28,7 @@ ARGS = {"x": PointerArg(0x7F0000000000, "fp32"), "out": PointerArg(0x7F000040000
 
 
 def bind(target, **meta):
-    spec = describe(scale)
+    spec = kernel_spec(scale)
     return spec, Binder(spec, target).bind((), {**ARGS, "BLOCK": 256, **meta})
 
 
@@ -81,10 +81,10 @@ def test_amd_options_and_target_are_in_the_compile_key():
 
 def test_a_config_may_set_amd_options_but_not_unknown_names():
     cfgs = [triton.Config({"BLOCK": 256, "waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}, num_warps=4)]
-    describe(triton.autotune(configs=cfgs, key=["n"])(scale))  # Triton's AMD idiom: options in the kwargs
+    kernel_spec(triton.autotune(configs=cfgs, key=["n"])(scale))  # Triton's AMD idiom: options in the kwargs
     bad = [triton.Config({"BLOCK": 256, "waves_per_cu": 2})]
     with pytest.raises(KernelSpecError, match="kernel scale: config 0 sets 'waves_per_cu', which is not a parameter"):
-        describe(triton.autotune(configs=bad, key=["n"])(scale))
+        kernel_spec(triton.autotune(configs=bad, key=["n"])(scale))
 
 
 def test_hsaco_is_persisted_in_the_cache(tmp_path):
@@ -112,7 +112,7 @@ def test_jax_lowers_for_rocm_to_the_handler():
     aval = jax.ShapeDtypeStruct((n,), jnp.float32)
     text = jax.jit(f).trace(aval).lower(lowering_platforms=("rocm",)).as_text()
     assert re.search(rf"stablehlo.custom_call @{ltj.CUSTOM_CALL_TARGET_NAME}\(", text), text[-3000:]
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', text)
     d = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
     assert d["options"].get("waves_per_eu") == 2
     # the same call lowers for CUDA to the same handler: one lowering rule, one target name

@@ -1,5 +1,5 @@
 """How the launch stubs read an array argument's attributes (array_reads.h
-read_attr): once per type they look the attribute's descriptor up and then call
+read_attr): once per type they look the attribute's getter up and then call
 it directly (a C getter, a C slot, a C method taking no arguments), as the
 array libraries' own C types are read; anything else (a Python property or
 method, an instance attribute) is read through getattr. These tests check that
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import lazytriton
-from lazytriton.core import stubgen
+from lazytriton.runtime import stubgen
 
 from kernels import basic
 
@@ -53,7 +53,7 @@ def test_c_attributes_are_read_on_every_call(native_arrays, stub_of, kind, reads
     args = call(cls)
     stub = stub_of(k, args)
     pointers(stub, args)  # the first read of each attribute plans it (Python classifies the type too)
-    for _ in range(3):  # later reads call the attribute's descriptor directly
+    for _ in range(3):  # later reads call the attribute's getter directly
         before = native_arrays.reads()
         assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]
         # Every C getter and method ran (a C slot counts no read): nothing was kept from an earlier call.
@@ -113,7 +113,7 @@ def test_an_instance_attribute_shadows_a_c_method(native_arrays, stub_of):
 
 
 def test_slots_of_a_python_class(stub_of):
-    class Slotted:  # __slots__ are C slots (member descriptors) of a Python class
+    class Slotted:  # __slots__ are C slots (CPython's member getters) of a Python class
         __slots__ = ("dtype", "data", "__cuda_array_interface__")
 
         def __init__(self, ptr, dtype):
@@ -152,7 +152,7 @@ class InterfaceProperty:
 def test_an_interface_without_dtype_is_read_by_its_typestr(stub_of, cls):
     k = lazytriton.kernel(basic.add_kernel)
     args = (cls(BASE), cls(BASE + 0x10000), cls(BASE + 0x20000), 16, 1024)
-    assert k._shape(args) == k._shape(call(lambda p, d: lazytriton.core.arrays.DeviceArray(p, "fp32", 64)))
+    assert k._shape(args) == k._shape(call(lambda p, d: lazytriton.model.arrays.DeviceArray(p, "fp32", 64)))
     stub = stub_of(k, args)
     for _ in range(3):  # the first read finds no .dtype; later ones read the interface at once
         assert pointers(stub, args) == [BASE, BASE + 0x10000, BASE + 0x20000]

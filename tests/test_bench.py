@@ -718,9 +718,9 @@ def test_table_driven_row_serves_its_first_call_without_a_stub_build(monkeypatch
     """The launch table's table-driven rows: the kernel's first call is made under
     LAZYTRITON_STUB_BUILD=off, so the table-driven stub (not a generated one) is what serves
     that shape for good; the setting is restored afterwards, also when the call fails."""
-    from lazytriton.core import stubgen
-    from lazytriton.core.arrays import DTYPE_IDS
-    from lazytriton.core.stubgen import Shape, Slot
+    from lazytriton.runtime import stubgen
+    from lazytriton.model.arrays import DTYPE_IDS
+    from lazytriton.runtime.stubgen import Shape, Slot
 
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("LAZYTRITON_STUB_BUILD", "sync")

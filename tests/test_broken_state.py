@@ -24,7 +24,7 @@ import triton.language as tl
 
 import lazytriton
 from lazytriton import cli
-from lazytriton.cache import config
+from lazytriton import settings
 
 HERE = Path(__file__).resolve().parent
 EXT = sysconfig.get_config_var("EXT_SUFFIX")
@@ -45,7 +45,7 @@ def _target():
 
 
 def _tune_options():
-    from lazytriton.core.tuner import TuneOptions
+    from lazytriton.runtime.tuner import TuneOptions
 
     return TuneOptions()
 
@@ -58,13 +58,13 @@ SETTINGS = [  # (variable, bad value, what reads it, words of what it takes)
     ("LAZYTRITON_DEFAULT_ARCH", "sm_91", _target, "an NVIDIA compute capability"),
     ("LAZYTRITON_DEFAULT_ARCH", "gfx42", _target, "an AMD architecture"),
     ("LAZYTRITON_FLUSH_L2", "maybe", _tune_options, "'auto'"),
-    ("LAZYTRITON_CACHE", "perhaps", config.settings, "1/0"),
-    ("LAZYTRITON_RETUNE", "2", config.settings, "1/0"),
-    ("LAZYTRITON_TUNING", "fast", config.settings, "1/0"),
-    ("LAZYTRITON_STUB_BUILD", "synch", lambda: config.stub_build_sync(), "'sync'"),
-    ("LAZYTRITON_PREBUILT_HANDLER", "nope", lambda: config.prebuilt_handler(), "1/0"),
-    ("LAZYTRITON_CAPTURE_FALLBACK", "first", lambda: config.capture_fallback(), "'first_config'"),
-    ("LAZYTRITON_CACHE_LOCK_TIMEOUT", "-1", lambda: config.env_seconds("LAZYTRITON_CACHE_LOCK_TIMEOUT", 1.0),
+    ("LAZYTRITON_CACHE", "perhaps", settings.settings, "1/0"),
+    ("LAZYTRITON_RETUNE", "2", settings.settings, "1/0"),
+    ("LAZYTRITON_TUNING", "fast", settings.settings, "1/0"),
+    ("LAZYTRITON_STUB_BUILD", "synch", lambda: settings.stub_build_sync(), "'sync'"),
+    ("LAZYTRITON_PREBUILT_HANDLER", "nope", lambda: settings.prebuilt_handler(), "1/0"),
+    ("LAZYTRITON_CAPTURE_FALLBACK", "first", lambda: settings.capture_fallback(), "'first_config'"),
+    ("LAZYTRITON_CACHE_LOCK_TIMEOUT", "-1", lambda: settings.env_seconds("LAZYTRITON_CACHE_LOCK_TIMEOUT", 1.0),
      "seconds >= 0"),
 ]
 
@@ -102,7 +102,7 @@ def test_no_module_but_the_settings_module_reads_a_setting():
     pkg = Path(lazytriton.__file__).parent
     offenders = []
     for f in pkg.rglob("*.py"):
-        if f.name == "config.py" or "bench" in f.parts:
+        if f == pkg / "settings.py" or "bench" in f.parts:
             continue
         for line in f.read_text().splitlines():
             if re.search(r"(environ(\.get)?|getenv)\W+[\"']LAZYTRITON_(?!USED_KEYS|BENCH)", line):
@@ -113,7 +113,7 @@ def test_no_module_but_the_settings_module_reads_a_setting():
 def test_every_setting_is_in_the_readme():
     import re
 
-    text = (Path(config.__file__).read_text() + (Path(lazytriton.__file__).parent / "distributed.py").read_text()
+    text = (Path(settings.__file__).read_text() + (Path(lazytriton.__file__).parent / "distributed.py").read_text()
             + (Path(lazytriton.__file__).parent / "cache" / "store.py").read_text())
     names = set(re.findall(r"LAZYTRITON_[A-Z0-9_]+", text)) - {"LAZYTRITON_USED_KEYS"}
     readme = (HERE.parent / "README.md").read_text()
@@ -124,8 +124,8 @@ def test_every_setting_is_in_the_readme():
 
 
 def test_a_stub_built_in_a_test_lands_in_the_sessions_cache():
-    from lazytriton.core import stubgen
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.runtime import stubgen
+    from lazytriton.model.arrays import PointerArg
     from kernels import basic
 
     k = lazytriton.kernel(basic.add_kernel)
@@ -345,8 +345,8 @@ import sys, json, os, logging
 sys.path.insert(0, {tests!r})
 logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
 import triton, lazytriton
-from lazytriton.core import stubgen
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DeviceArray
 from kernels import basic
 k = lazytriton.kernel(basic.increment_kernel)
 n = 1 << 20
@@ -480,7 +480,7 @@ import sys, json, logging
 sys.path.insert(0, {tests!r})
 logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
 import triton, lazytriton
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.cpp.bundle import Bundle
 from kernels import basic
 n = 1 << 20

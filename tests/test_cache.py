@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 
 from lazytriton import cache as lc
 from lazytriton.cache import Cache, CompiledBinary, TuningRecord
-from lazytriton.cache.cli import add_cache_commands
+from lazytriton.cli.cache import add_cache_commands
 from lazytriton.cache.keys import FORMAT_VERSION
 
 KEY_A = "a" * 64

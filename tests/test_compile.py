@@ -17,11 +17,11 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.cache import Cache
 from lazytriton.compile.compiler import AllCandidatesFailed, Binder, Candidate, compile_all
-from lazytriton.core.resolve import Resolution
-from lazytriton.core.spec import describe
+from lazytriton.runtime.resolve import Resolution
+from lazytriton.model.spec import kernel_spec
 
 from kernels import basic
 
@@ -50,7 +50,7 @@ def partly_bad_kernel(x, n, BLOCK: tl.constexpr):
 
 def candidates(kernel, args: tuple, target: GPUTarget) -> list[Candidate]:
     """One candidate per config, bound by Triton's binder as the runtime does."""
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     binder = Binder(spec, target)
     return [Candidate(i, cfg, binder.bind(args, cfg.all_kwargs() if cfg else {}))
             for i, cfg in enumerate(spec.configs or [None])]
@@ -104,7 +104,7 @@ def check_binary(c: Candidate, name: str, arch: int, tmp_path: Path) -> None:
 def test_jit_kernel_to_cubin(arch, tmp_path):
     target = GPUTarget("cuda", arch, 32)
     (c,) = candidates(basic.add_kernel, (X, X, X, 1000, 256), target)
-    compile_all(describe(basic.add_kernel), target, [c])
+    compile_all(kernel_spec(basic.add_kernel), target, [c])
     check_binary(c, "add_kernel", arch, tmp_path)
 
 
@@ -113,7 +113,7 @@ def test_autotuned_kernel_to_cubin(arch, tmp_path):
     target = GPUTarget("cuda", arch, 32)
     cands = candidates(scale_kernel, (X, X, 2.0, 1000), target)
     stored = []
-    compile_all(describe(scale_kernel), target, cands, store=lambda c, b: stored.append(c.index))
+    compile_all(kernel_spec(scale_kernel), target, cands, store=lambda c, b: stored.append(c.index))
     assert sorted(stored) == [0, 1]
     for c, warps in zip(cands, (2, 8)):
         assert c.binary.metadata["num_warps"] == warps
@@ -126,7 +126,7 @@ def test_failing_config_is_skipped_with_its_reason(caplog):
     target = GPUTarget("cuda", 90, 32)
     cands = candidates(partly_bad_kernel, (X, 1000), target)
     with caplog.at_level(logging.WARNING, logger="lazytriton.compile.compiler"):
-        compile_all(describe(partly_bad_kernel), target, cands)
+        compile_all(kernel_spec(partly_bad_kernel), target, cands)
     good, *bad = cands
     assert good.binary is not None and good.error is None
     for c in bad:

@@ -12,8 +12,8 @@ import triton.language as tl
 
 import lazytriton
 from lazytriton.compile import compiler, target_for
-from lazytriton.core import resolve
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import resolve
+from lazytriton.model.arrays import DeviceArray
 
 TARGET = target_for(90)
 X = DeviceArray(0x7F0000000000, "fp32", 4 * 4096, (4096,))

@@ -14,17 +14,17 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from lazytriton.compile import pool as compile_pool
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, Candidate, compile_all, compile_stream
 from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
-from lazytriton.core.spec import describe
+from lazytriton.model.spec import kernel_spec
 
 TARGET = GPUTarget("cuda", 90, 32)
 P = DeviceArray(0x7F0000000000, "fp16", 1 << 24)
 
 
 def demo_candidates(configs=DEMO_CONFIGS, kernel=demo_matmul):
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     binder = Binder(spec, TARGET)
     args = (P, P, P, 2048, 2048, 2048, 2048, 1, 2048, 1, 2048, 1)
     return spec, [Candidate(i, c, binder.bind(args, c.all_kwargs())) for i, c in enumerate(configs)]
@@ -116,7 +116,7 @@ def test_kernel_defined_in_a_function_compiles_in_workers(fresh_triton_cache, ca
         o = tl.program_id(0) * B + tl.arange(0, B)
         tl.store(x + o, tl.load(x + o, mask=o < n) * 2, mask=o < n)
 
-    spec = describe(local_kernel)
+    spec = kernel_spec(local_kernel)
     binder = Binder(spec, TARGET)
     cands = [Candidate(i, c, binder.bind((P, 4096), c.all_kwargs())) for i, c in enumerate(spec.configs)]
     with caplog.at_level(logging.INFO, logger="lazytriton"):
@@ -158,7 +158,7 @@ def test_no_worker_imports_the_kernels_module(fresh_triton_cache, tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     mod = importlib.import_module("lt_heavy_pkg.kernels")
     try:
-        spec = describe(mod.heavy_kernel)
+        spec = kernel_spec(mod.heavy_kernel)
         binder = Binder(spec, TARGET)
         cands = [Candidate(i, c, binder.bind((P, 4096), c.all_kwargs())) for i, c in enumerate(spec.configs)]
         compile_all(spec, TARGET, cands)
@@ -172,7 +172,7 @@ def test_no_worker_imports_the_kernels_module(fresh_triton_cache, tmp_path, monk
 def test_compile_errors_are_per_candidate(fresh_triton_cache):
     from test_compile import partly_bad_kernel
 
-    spec = describe(partly_bad_kernel)
+    spec = kernel_spec(partly_bad_kernel)
     binder = Binder(spec, TARGET)
     cands = [Candidate(i, c, binder.bind((P, 4096), c.all_kwargs())) for i, c in enumerate(spec.configs)]
     compile_all(spec, TARGET, cands)
@@ -277,7 +277,9 @@ def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cac
         pool.promote(b3)
         for f in futs:
             assert f.result(timeout=300)[0].cubin
-        assert order == ["running", "urgent", "b3", "b1", "b2"]
+        # Urgent jobs may start beside the busy worker (background ones yield to them).
+        queued = [n for n in order if n != "running"]
+        assert set(queued[:2]) == {"urgent", "b3"} and queued[2:] == ["b1", "b2"], order
     finally:
         pool.close()
 

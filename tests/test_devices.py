@@ -34,7 +34,7 @@ SCRIPT = r"""
 import ctypes, json, os, sys
 sys.path.insert(0, {tests!r})
 import lazytriton
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from kernels import basic
 
 LOG = os.environ["FAKE_CUDA_LOG"]

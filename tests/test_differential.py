@@ -83,7 +83,7 @@ def _env(fake: Path, tmp: Path) -> dict:
 
 
 def run_probe(python: str, fake: Path, tmp: Path, faces: str, bundle_exe: Path | None = None,
-              triton_cache: Path | None = None) -> dict:
+              triton_cache: Path | None = None, kernels: set[str] | None = None) -> dict:
     out = tmp / "differential.json"
     env = _env(fake, tmp)
     if triton_cache is not None:
@@ -93,7 +93,8 @@ def run_probe(python: str, fake: Path, tmp: Path, faces: str, bundle_exe: Path |
     tmpdir = tmp / "tmpdir"  # the probe's $TMPDIR: it must leave nothing there
     tmpdir.mkdir(exist_ok=True)
     env["TMPDIR"] = str(tmpdir)
-    p = subprocess.run([python, str(PROBE), str(out), "--calls", str(CALLS), "--seed", str(SEED), "--faces", faces],
+    p = subprocess.run([python, str(PROBE), str(out), "--calls", str(CALLS), "--seed", str(SEED), "--faces", faces,
+                        "--kernels", ",".join(sorted(kernels or ()))],
                        env=env, cwd=str(tmp), capture_output=True, text=True, timeout=1800)
     assert out.exists(), f"no report (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     assert sorted(f.name for f in tmpdir.iterdir()) == []
@@ -102,7 +103,7 @@ def run_probe(python: str, fake: Path, tmp: Path, faces: str, bundle_exe: Path |
     return report
 
 
-def check(report: dict, faces: list[str], min_total: int = 2000) -> None:
+def check(report: dict, faces: list[str], min_total: int = 2000, only: set[str] | None = None) -> None:
     assert not report["failures"], f"triton {report['triton']}:\n" + "\n\n".join(report["failures"][:10])
     assert set(report["faces"]) == set(faces), report["faces"]
     total = 0
@@ -114,6 +115,8 @@ def check(report: dict, faces: list[str], min_total: int = 2000) -> None:
             total += n
             continue
         want = KERNELS if face != "jax" else JAX_KERNELS
+        if only is not None:
+            want = want & only
         if "desc_scale" not in kernels:  # a Triton without host tensor descriptors
             want = want - {"desc_scale"}
         assert set(kernels) == want, (face, kernels)
@@ -138,17 +141,26 @@ def shared_triton_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("differential-triton")
 
 
-# One probe per face, so that a parallel run (pytest -n) spreads them over its workers.
-@pytest.mark.parametrize("face", ["generic", "generated", "jax", "bundle"])
-def test_differential_on_the_installed_triton(face, fake_driver, bundle_calls_exe, shared_triton_cache, tmp_path):
+# One probe per face, and the two Python faces' kernels in two halves each, so that a parallel run
+# (pytest -n) spreads them over its workers.
+_HALVES = [set(sorted(KERNELS)[0::2]), set(sorted(KERNELS)[1::2])]
+
+
+@pytest.mark.parametrize("face,part", [("generic", 0), ("generic", 1), ("generated", 0), ("generated", 1),
+                                       ("jax", None), ("bundle", None)],
+                         ids=["generic-a", "generic-b", "generated-a", "generated-b", "jax", "bundle"])
+def test_differential_on_the_installed_triton(face, part, fake_driver, bundle_calls_exe, shared_triton_cache,
+                                              tmp_path):
     if face == "jax":
         pytest.importorskip("jax")
     if face == "bundle" and bundle_calls_exe is None:
         pytest.skip("no cmake: the C++ program that launches bundles cannot be built")
+    only = _HALVES[part] if part is not None else None
     report = run_probe(sys.executable, fake_driver, tmp_path, face, bundle_calls_exe if face == "bundle" else None,
-                       triton_cache=shared_triton_cache)
+                       triton_cache=shared_triton_cache, kernels=only)
     # What each face's sequences add up to at the default length (fewer kernels on the JAX and C++ faces).
-    check(report, [face], min_total={"generic": 500, "generated": 500, "jax": 120, "bundle": 100}[face])
+    least = {"generic": 500, "generated": 500, "jax": 120, "bundle": 100}[face]
+    check(report, [face], min_total=least if part is None else least * len(only) // len(KERNELS), only=only)
 
 
 @pytest.mark.parametrize("version", ["3.5", "3.6", "newest"])
@@ -173,7 +185,7 @@ def test_differential_on_triton_version(version, fake_driver, tmp_path):
 
 EMPTY_BUFFER = """
 import triton, triton.language as tl, lazytriton
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 
 @triton.autotune(configs=[triton.Config({"B": 32}), triton.Config({"B": 64})], key=["n"])
 @triton.jit

@@ -16,7 +16,7 @@ import pytest
 import lazytriton
 from lazytriton import _core, cli, paths
 from lazytriton.cpp import bundle, export as export_cpp
-from lazytriton.core.arrays import PointerArg
+from lazytriton.model.arrays import PointerArg
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cpp"
@@ -100,10 +100,10 @@ def compile_variant(kernel, source: str, args: tuple, kwargs: dict, *, meta: dic
     a GPU (the first config's binary, untimed): what a tuned call would write."""
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target
-    from lazytriton.core.resolve import Resolved
-    from lazytriton.core.spec import describe
+    from lazytriton.runtime.resolve import Resolved
+    from lazytriton.model.spec import kernel_spec
 
-    spec, desc, target = describe(kernel), bundle.describe(kernel, source), default_target()
+    spec, desc, target = kernel_spec(kernel), bundle.describe(kernel, source), default_target()
     cand = Candidate(0, None, Binder(spec, target).bind(args, kwargs))
     compile_all(spec, target, [cand])
     assert cand.binary is not None, cand.error
@@ -522,11 +522,11 @@ def test_annotated_scalars_are_recorded_in_their_types(annotated_bundle):
                                               (2**40, 48, 2**40, 2**40, 2**40, 255, 1, 2.5, 2.5, 2.5, 2.5)])
 def test_bundle_specialization_matches_tritons_binder(row):
     from lazytriton.compile.compiler import Binder
-    from lazytriton.core.spec import describe
+    from lazytriton.model.spec import kernel_spec
     from triton.backends.compiler import GPUTarget
 
     desc = bundle.describe(annotated.scalar_probe)
-    bound = Binder(describe(annotated.scalar_probe), GPUTarget("cuda", 90, 32)).bind(row, {})
+    bound = Binder(kernel_spec(annotated.scalar_probe), GPUTarget("cuda", 90, 32)).bind(row, {})
     for i, (p, v) in enumerate(zip(desc["params"], row)):
         spec, what = bundle.arg_spec(p, v), (p["name"], v)
         if bound.signature[p["name"]] == "constexpr":  # Triton folded it: == 1

@@ -1,7 +1,7 @@
 """Bad input gives a clear Python exception naming the kernel and the argument,
 on a machine without a GPU too (never a crash, never a driver error first).
 The GPU-side error tests live in test_gpu_runtime.py; these run anywhere, with
-made-up device addresses (lazytriton.core.arrays.DeviceArray) that nothing reads."""
+made-up device addresses (lazytriton.model.arrays.DeviceArray) that nothing reads."""
 import numpy as np
 import pytest
 import triton
@@ -10,10 +10,10 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import stubgen
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, compile_one
-from lazytriton.core.spec import KernelSpecError
+from lazytriton.model.spec import KernelSpecError
 
 from kernels import basic
 

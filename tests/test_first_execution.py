@@ -9,9 +9,9 @@ import sys
 
 from lazytriton.jax import ffi as jax_ffi
 from lazytriton import paths
-from lazytriton.core import stubgen
-from lazytriton.core.arrays import DTYPE_IDS, DeviceArray
-from lazytriton.core.specialize import Shape, Slot
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DTYPE_IDS, DeviceArray
+from lazytriton.model.specialize import Shape, Slot
 
 PREBUILT = paths.runtime_library().parent / "lt_jax_ffi.json"
 

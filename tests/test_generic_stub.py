@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from lazytriton import _core
-from lazytriton.core import stubgen
-from lazytriton.core.arrays import DTYPE_IDS, DeviceArray
-from lazytriton.core.specialize import Shape, Slot
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DTYPE_IDS, DeviceArray
+from lazytriton.model.specialize import Shape, Slot
 
 from test_stubgen import ALL_KINDS, args_of
 

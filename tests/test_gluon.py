@@ -16,11 +16,11 @@ import lazytriton
 from lazytriton.compile import pool as compile_pool
 from lazytriton.compile.ir_text import front_end
 from lazytriton.cache import keys
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import ast_source
-from lazytriton.core.resolve import Resolution
-from lazytriton.core.spec import describe
+from lazytriton.runtime.resolve import Resolution
+from lazytriton.model.spec import kernel_spec
 
 from kernels import basic, gluonk
 from test_compile import check_binary
@@ -30,15 +30,15 @@ SM90 = GPUTarget("cuda", 90, 32)
 
 
 def bound(kernel, args, kwargs, target=SM90):
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     return spec, Candidate(0, None, Binder(spec, target).bind(args, kwargs))
 
 
 def test_gluon_kernels_are_described_as_gluon():
     for k in (gluonk.vec_add, gluonk.vec_add_tuned, gluonk.scale_rows):
-        assert describe(k).gluon
-    assert not describe(basic.add_kernel).gluon
-    spec = describe(gluonk.vec_add_tuned)  # triton.autotune around a Gluon kernel
+        assert kernel_spec(k).gluon
+    assert not kernel_spec(basic.add_kernel).gluon
+    spec = kernel_spec(gluonk.vec_add_tuned)  # triton.autotune around a Gluon kernel
     assert [c.kwargs for c in spec.configs] == [{"BLOCK": 256, "WARPS": 2}, {"BLOCK": 512, "WARPS": 4},
                                                 {"BLOCK": 2048, "WARPS": 8}]
     assert spec.tune_keys == ["n"]
@@ -101,7 +101,7 @@ def fresh_pool(tmp_path, monkeypatch):
 
 
 def test_gluon_candidates_compile_in_worker_processes(fresh_pool, caplog):
-    spec = describe(gluonk.vec_add_tuned)
+    spec = kernel_spec(gluonk.vec_add_tuned)
     binder = Binder(spec, SM90)
     cands = [Candidate(i, cfg, binder.bind((X, X, X, 100_000), cfg.all_kwargs())) for i, cfg in enumerate(spec.configs)]
     b = cands[0].bound
@@ -161,9 +161,9 @@ def test_lazy_gluon_call_reaches_resolution(cache_dir):
 # -- lazytriton.jax.triton_call with a Gluon kernel (lowered for CUDA on the CPU) ------------------
 
 def _lower(f, *avals):
-    from test_jax_lowering import descriptor, lower
+    from test_jax_lowering import lower, payload
 
-    return descriptor(lower(f, *avals))
+    return payload(lower(f, *avals))
 
 
 def test_triton_call_lowers_a_gluon_kernel_and_its_site_compiles_it(cache_dir):
@@ -186,7 +186,7 @@ def test_triton_call_lowers_a_gluon_kernel_and_its_site_compiles_it(cache_dir):
     assert d["kernel"]["fingerprint"] == keys.kernel_fingerprint(gluonk.vec_add_tuned)
     assert [c["kwargs"] for c in d["configs"]] == [c.kwargs for c in gluonk.vec_add_tuned.configs]
     assert [c["grid"][0] for c in d["configs"]] == [triton.cdiv(n, b) for b in (256, 512, 2048)]
-    # The handler's side: the site rebuilt from the descriptor compiles Gluon for the device's target.
+    # The handler's side: the site rebuilt from the payload compiles Gluon for the device's target.
     jax_ffi._kernels.clear()
     site = jax_ffi.Site(d)
     assert site.lazy.spec.gluon
@@ -210,7 +210,7 @@ def test_triton_call_with_jax_tritons_gluon_memcpy(cache_dir):
     d = _lower(lambda x: ltj.triton_call(x, size=size, kernel=gluonk.memcpy, out_type=x,
                                          grid=(triton.cdiv(size, block),), num_warps=1, block_size=block), x)
     assert d["kernel"]["name"] == "memcpy"
-    # The constexprs are the call's arguments (the descriptor carries the one binding), num_warps an option.
+    # The constexprs are the call's arguments (the payload carries the one binding), num_warps an option.
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, size, block]
     assert [a.get("dtype") for a in d["args"][:2]] == ["fp32", "fp32"]
     assert d["options"] == {"num_warps": 1} and d["configs"] == [{"grid": [8, 1, 1], "kwargs": {}, "zeroed": []}]

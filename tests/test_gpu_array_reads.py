@@ -15,7 +15,7 @@ import pytest
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import stubgen, torch_reader
+from lazytriton.runtime import stubgen, torch_reader
 
 from kernels import basic
 

@@ -12,7 +12,7 @@ import triton
 
 import lazytriton
 from lazytriton.cpp import bundle
-from lazytriton.core.arrays import PointerArg
+from lazytriton.model.arrays import PointerArg
 from lazytriton.cache import Cache
 
 from test_embed import (ADD, API_CMAKE, CMAKE, EXAMPLE, SCALE, STORE_SIG, cmake_build, cpp_arg,  # noqa: F401
@@ -296,7 +296,7 @@ def scalars_run(tmp_path_factory) -> dict:
     then each row launched through the C++ bundle and through lazytriton's Python stubs."""
     if CMAKE is None:
         pytest.skip("needs cmake (pip install cmake)")
-    import lazytriton.core.kernel as rt
+    import lazytriton.runtime.kernel as rt
 
     tmp = tmp_path_factory.mktemp("scalars")
     with pytest.MonkeyPatch.context() as mp:

@@ -321,9 +321,9 @@ def test_unresolved_kernel_never_tunes_under_capture(cache_dir):
     """What the handler does when XLA captures a site that never ran (older
     jax): the resolver is told the stream is capturing and refuses to tune."""
     cupy = pytest.importorskip("cupy")
-    from lazytriton.core.arrays import DeviceArray
-    from lazytriton.core.kernel import LazyKernel
-    from lazytriton.core.resolve import CaptureError
+    from lazytriton.model.arrays import DeviceArray
+    from lazytriton.runtime.kernel import LazyKernel
+    from lazytriton.runtime.resolve import CaptureError
 
     n = 4096
     x = cupy.arange(n, dtype=cupy.float32)

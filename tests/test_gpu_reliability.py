@@ -75,7 +75,7 @@ class Flaky:
         self.armed = True
 
     def __call__(self, *a, **k):
-        from lazytriton.core.spec import ReadRecorder
+        from lazytriton.model.spec import ReadRecorder
 
         probing = bool(a) and isinstance(a[0], ReadRecorder)  # lazytriton finding what a heuristic reads
         if self.armed and not probing:
@@ -132,7 +132,7 @@ def test_jax_exceptions_in_tuning_hooks_surface_at_the_caller_then_retry(cache_d
 
     n = 4096
     x = jax.random.normal(jax.random.key(0), (n,), jnp.float32)
-    import lazytriton.core.kernel as rt
+    import lazytriton.runtime.kernel as rt
 
     for hook in ("heuristic", "early_config_prune"):
         # A cache per hook: the kernels are the same source with the same configs, so the
@@ -295,7 +295,7 @@ def test_first_execution_already_under_capture(cache_dir, monkeypatch, fallback)
 
     from lazytriton import jax as ltj
     from lazytriton.jax import ffi as jax_ffi
-    from lazytriton.core.resolve import CaptureError
+    from lazytriton.runtime.resolve import CaptureError
 
     if fallback:
         monkeypatch.setenv("LAZYTRITON_CAPTURE_FALLBACK", fallback)
@@ -308,7 +308,7 @@ def test_first_execution_already_under_capture(cache_dir, monkeypatch, fallback)
         lowering_platforms=("cuda",)).as_text()
     import re
 
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', lowered)
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', lowered)
     desc = re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1))
     inp = rand(rows * cols).reshape(rows, cols)
     dst = cp.asarray(np.random.default_rng().permutation(rows).astype(np.int32))

@@ -10,8 +10,8 @@ import lazytriton
 from lazytriton import _core
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import device_target
-from lazytriton.core.spec import describe
-from lazytriton.core.tuner import TuneOptions, runtime_args, tune
+from lazytriton.model.spec import kernel_spec
+from lazytriton.runtime.tuner import TuneOptions, runtime_args, tune
 
 from kernels import overlap
 
@@ -37,12 +37,12 @@ def expected(x0, out0, side0, winner_meta):
 def test_later_candidate_writing_more_buffers_is_covered(cache_dir, order):
     x, out, side = buffers()
     x0, out0, side0 = x.copy(), out.copy(), side.copy()
-    spec = describe(overlap.accumulate_side)
+    spec = kernel_spec(overlap.accumulate_side)
     dev = _core.device_info(_core.current_device())
     target = device_target(dev["capability"])
     binder = Binder(spec, target)
     names = ["x", "out", "side", "n"]
-    from lazytriton.core.arrays import PointerArg, array_info
+    from lazytriton.model.arrays import PointerArg, array_info
 
     arrays, bind_vals = {}, []
     for name, v in zip(names, (x, out, side, N)):
@@ -84,10 +84,10 @@ def _two_candidates():
     1 warp: different times), ready for _core's timing calls. The caller keeps
     the arrays alive: the kernels and the snapshot hold their raw pointers."""
     x, out, side = buffers()
-    spec = describe(overlap.accumulate_side)
+    spec = kernel_spec(overlap.accumulate_side)
     target = device_target(_core.device_info(_core.current_device())["capability"])
     names = ["x", "out", "side", "n"]
-    from lazytriton.core.arrays import PointerArg, array_info
+    from lazytriton.model.arrays import PointerArg, array_info
 
     infos = {n: array_info(v, n) for n, v in (("x", x), ("out", out), ("side", side))}
     arrays = {n: (i.ptr, i.nbytes) for n, i in infos.items()}

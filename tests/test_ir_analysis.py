@@ -1,4 +1,4 @@
-"""Tests for lazytriton.core.ir_analysis: which pointer args a kernel may write.
+"""Tests for lazytriton.model.ir_analysis: which pointer args a kernel may write.
 
 Kernels are compiled for sm_90 on the CPU (no GPU needed) and the analysis
 reads ``asm["ttir"]``.  Every case checks both the exact expected answer and
@@ -23,7 +23,7 @@ def _load_analysis():
     from an unbuilt checkout too.
     """
     try:
-        from lazytriton.core.ir_analysis import written_pointer_args as fn
+        from lazytriton.model.ir_analysis import written_pointer_args as fn
         return fn
     except ImportError:
         path = pathlib.Path(__file__).resolve().parents[1] / "lazytriton" / "ir_analysis.py"

@@ -83,8 +83,8 @@ def text(f, *avals) -> str:
     return lowered(f, *avals).as_text()
 
 
-def descriptor(t: str) -> dict:
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', t)
+def payload(t: str) -> dict:
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', t)
     assert m, t
     return json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
 
@@ -103,8 +103,8 @@ def inc_ref(x):
 
 def test_ref_is_updated_in_place_and_lowers_as_an_alias():
     t_ref, t_alias = text(inc_ref, F32), text(inc_aliased, F32)
-    d = descriptor(t_ref)
-    assert d == descriptor(t_alias)  # one call site: same binding, same tuning record
+    d = payload(t_ref)
+    assert d == payload(t_alias)  # one call site: same binding, same tuning record
     assert d["aliases"] == [[0, 0]] and d["args"][0]["buffer"] == 1  # the kernel writes the output buffer
     assert "output_operand_aliases" in t_ref
 
@@ -115,7 +115,7 @@ def test_scalar_before_ref_and_ref_with_an_allocated_output():
         ltj.triton_call(64, r, kernel=n_first_inc_kernel, out_type=(), grid=(1,), BLOCK=64)
         return r[...]
 
-    d = descriptor(text(scalar_first, F32))
+    d = payload(text(scalar_first, F32))
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [64, 1, 64] and d["aliases"] == [[0, 0]]
 
     def with_output(x, acc):
@@ -123,7 +123,7 @@ def test_scalar_before_ref_and_ref_with_an_allocated_output():
         out = ltj.triton_call(x, r, 64, kernel=acc_kernel, out_type=x, grid=(1,), BLOCK=64)
         return out, r[...]
 
-    d = descriptor(text(with_output, F32, F32))
+    d = payload(text(with_output, F32, F32))
     # x: input 0; acc: input 1 aliased to the Ref's output (1); out: output 0.
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 2 + 1, 64, 2 + 0, 64]
     assert d["aliases"] == [[1, 1]]
@@ -159,7 +159,7 @@ def test_old_alias_convention_gets_the_0_4_explanation():
 def test_alias_indices_count_flattened_operands_scalars_included():
     f = lambda x: ltj.triton_call(64, x, kernel=n_first_inc_kernel, out_type=x, grid=(1,), BLOCK=64,  # noqa: E731
                                   input_output_aliases={1: 0})
-    assert descriptor(text(f, F32))["aliases"] == [[0, 0]]
+    assert payload(text(f, F32))["aliases"] == [[0, 0]]
     g = lambda x: ltj.triton_call(64, x, kernel=n_first_inc_kernel, out_type=x, grid=(1,), BLOCK=64,  # noqa: E731
                                   input_output_aliases={0: 0})
     with pytest.raises(ValueError, match="operand 0 is a scalar"):
@@ -169,7 +169,7 @@ def test_alias_indices_count_flattened_operands_scalars_included():
 def test_zeroed_outputs_index_flattened_outputs_aliased_ones_included():
     f = lambda x, y: ltj.triton_call(x, y, 64, kernel=acc_kernel, out_type={"acc": y, "out": x},  # noqa: E731
                                      grid=(1,), BLOCK=64, input_output_aliases={1: 0}, zeroed_outputs=(0,))
-    d = descriptor(text(f, F32, F32))
+    d = payload(text(f, F32, F32))
     assert d["configs"][0]["zeroed"] == [0] and d["args"][1]["buffer"] == 2 + 0 and d["args"][3]["buffer"] == 2 + 1
 
 
@@ -191,7 +191,7 @@ def test_out_type_and_the_deprecated_out_shape():
 def test_backend_options_merge_and_conflict_as_jax_triton():
     f = lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,),  # noqa: E731
                                   backend_options={"num_warps": 2, "enable_fp_fusion": False, "maxnreg": 128})
-    assert descriptor(text(f, F32))["options"] == {"num_warps": 2, "enable_fp_fusion": False, "maxnreg": 128}
+    assert payload(text(f, F32))["options"] == {"num_warps": 2, "enable_fp_fusion": False, "maxnreg": 128}
     with pytest.raises(ValueError, match=r"scale_kernel: cannot specify \['num_warps'\].*backend_options"):
         lowered(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,), num_warps=4,
                                           backend_options={"num_warps": 2}), F32)
@@ -254,9 +254,9 @@ def test_keyword_a_heuristic_sets_is_overwritten_as_triton_does():
     def call(**kw):
         return lambda x: ltj.triton_call(x, 64, kernel=heuristic_scale_kernel, out_type=x, grid=(1,), **kw)
 
-    assert descriptor(text(call(), F32))["configs"][0]["heuristics"] == {"EVEN": True, "SCALE": 2}
+    assert payload(text(call(), F32))["configs"][0]["heuristics"] == {"EVEN": True, "SCALE": 2}
     # EVEN overwritten (the heuristic does not read it); SCALE's heuristic reads the call's value.
-    d = descriptor(text(call(EVEN=False, SCALE=4), F32))
+    d = payload(text(call(EVEN=False, SCALE=4), F32))
     assert d["configs"][0]["heuristics"] == {"EVEN": True, "SCALE": 8}
 
 
@@ -274,7 +274,7 @@ def test_launch_options_reach_every_config_of_an_autotuned_kernel():
 
     f = lambda x: ltj.triton_call(x, 2.0, kernel=tuned_scale_kernel, out_type=x, grid=(1,),  # noqa: E731
                                   backend_options={"launch_pdl": True, "enable_fp_fusion": False, "maxnreg": 96})
-    d = descriptor(text(f, F32))
+    d = payload(text(f, F32))
     assert d["options"] == {"launch_pdl": True, "enable_fp_fusion": False}
     assert [c.get("maxnreg") for c in d["configs"]] == [96, 96]  # maxnreg: a Config field, set per config
     site = jax_ffi.Site(d)
@@ -308,7 +308,7 @@ def test_keyword_scalar_operand_stays_out_of_the_metaparameters():
 def test_callable_constexpr_travels_by_name():
     call = lambda fn: lambda x, y: ltj.triton_call(x, y, kernel=dispatch_kernel, out_type=x,  # noqa: E731
                                                    grid=(1,), FN=fn, BLOCK=64)
-    d_add, d_mul = descriptor(text(call(add_fn), F32, F32)), descriptor(text(call(mul_fn), F32, F32))
+    d_add, d_mul = payload(text(call(add_fn), F32, F32)), payload(text(call(mul_fn), F32, F32))
     assert d_add["args"][3]["scalar"]["$jit"]["qualname"] == "add_fn"
     assert d_add != d_mul
     from lazytriton.jax import ffi as jax_ffi
@@ -326,12 +326,12 @@ def test_python_floats_are_fp32_when_representable_else_fp64():
     from lazytriton.jax import ffi as jax_ffi
     from lazytriton.compile.compiler import Binder, compile_one
     from lazytriton.compile.targets import default_target
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.arrays import PointerArg
 
     call = lambda s: lambda x: ltj.triton_call(x, s, kernel=scale_kernel, out_type=x, grid=(1,))  # noqa: E731
     for s_val, want in ((42.0, "fp32"), (1e-30, "fp32"), (float("inf"), "fp32"), (0.0, "fp32"),
                         (np.float32(3.0), "fp32"), (1e-300, "fp64"), (-3e200, "fp64")):
-        d = descriptor(text(call(s_val), F32))
+        d = payload(text(call(s_val), F32))
         site = jax_ffi.Site(d)
         args = (PointerArg(1 << 20, "fp32"), float(s_val), PointerArg(1 << 21, "fp32"))
         slot = site.lazy._shape(args).slots[1]
@@ -362,7 +362,7 @@ def test_vmap_runs_the_call_per_element():
     f = jax.vmap(lambda x: ltj.triton_call(x, 2.0, kernel=scale_kernel, out_type=x, grid=(1,)))
     t = text(f, jax.ShapeDtypeStruct((3, 64), jnp.float32))
     assert t.count("custom_call @lazytriton_triton_call") == 1 and "stablehlo.while" in t
-    assert descriptor(t)["args"][0]["shape"] == [64]
+    assert payload(t)["args"][0]["shape"] == [64]
 
 
 # -- jax.export ----------------------------------------------------------------

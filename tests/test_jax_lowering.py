@@ -26,8 +26,8 @@ def lower(f, *avals) -> str:
     return jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def descriptor(text: str) -> dict:
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+def payload(text: str) -> dict:
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', text)
     assert m, text
     # MLIR escapes bytes as \XX (hex).
     return json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
@@ -48,7 +48,7 @@ def test_lowering_an_8_config_matmul_compiles_nothing(cache_dir):
     text = lower(mm, a, b)
     assert "stablehlo.custom_call @lazytriton_triton_call" in text
     assert "mhlo.backend_config = {" in text  # typed FFI attributes: custom call API version 4
-    d = descriptor(text)
+    d = payload(text)
     assert len(d["configs"]) == 8
     for c in d["configs"]:  # every config carries its own grid
         assert c["grid"] == [triton.cdiv(512, c["kwargs"]["BM"]), triton.cdiv(384, c["kwargs"]["BN"]), 1]
@@ -63,7 +63,7 @@ def test_meta_parameters_prune_configs_as_jax_triton_does():
         return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_type=x, input_output_aliases={0: 0},
                                grid=lambda m: (triton.cdiv(1000, m["BLOCK"]),), BLOCK=512)
 
-    d = descriptor(lower(f, F32))
+    d = payload(lower(f, F32))
     assert [c["kwargs"]["BLOCK"] for c in d["configs"]] == [512, 512]  # num_warps 2 and 4 remain
     assert [c["grid"] for c in d["configs"]] == [[2, 1, 1]] * 2
 
@@ -75,7 +75,7 @@ def test_aliases_zeroed_outputs_and_heuristics_are_described():
                                input_output_aliases={0: 0}, zeroed_outputs=lambda m: [1] if m["BLOCK"] > 500 else [])
 
     text = lower(f, F32, F32)
-    d = descriptor(text)
+    d = payload(text)
     assert d["aliases"] == [[0, 0]]
     assert {c["kwargs"]["BLOCK"]: c["zeroed"] for c in d["configs"]} == {128: [], 1024: [1]}
     assert "output_operand_aliases" in text
@@ -84,7 +84,7 @@ def test_aliases_zeroed_outputs_and_heuristics_are_described():
         return ltj.triton_call(x, 2.0, 3, True, 1024, kernel=jaxk.axpb_kernel, out_type=x,
                                grid=lambda m: (1024 // m["BLOCK"],) if m["EVEN"] else (0,))
 
-    d = descriptor(lower(g, jax.ShapeDtypeStruct((1024,), jnp.float32)))
+    d = payload(lower(g, jax.ShapeDtypeStruct((1024,), jnp.float32)))
     # The heuristic (EVEN) is evaluated at trace time for the grid: 1024 % BLOCK == 0.
     assert [c["grid"][0] for c in d["configs"]] == [8, 1]
     assert [a.get("scalar") for a in d["args"][1:5]] == [2.0, 3, True, 1024]
@@ -156,7 +156,7 @@ def test_site_rebuilt_from_descriptor_imports_module_level_kernels():
         return ltj.triton_call(x, 1000, kernel=jaxk.inc_inplace_kernel, out_type=x, grid=(1,),
                                input_output_aliases={0: 0})
 
-    d = descriptor(lower(f, F32))
+    d = payload(lower(f, F32))
     jax_ffi._kernels.clear()  # as in a process that never traced it
     site = jax_ffi.Site(d)
     assert site.lazy.spec.fn is jaxk.inc_inplace_kernel.fn
@@ -186,7 +186,7 @@ def test_two_autotune_wrappers_of_one_function_are_two_call_sites():
     zeroed = make(reset_to_zero=["out"])
     sites = []
     for kern in (plain, pruned, zeroed, plain):
-        d = descriptor(lower(lambda x: ltj.triton_call(x, kernel=kern, out_type=x, n=1000,  # noqa: B023
+        d = payload(lower(lambda x: ltj.triton_call(x, kernel=kern, out_type=x, n=1000,  # noqa: B023
                                                        grid=lambda m: (triton.cdiv(1000, m["BLOCK"]),)), F32))
         sites.append(jax_ffi.Site(d))
     assert [s.d["kernel"]["id"] == sites[0].d["kernel"]["id"] for s in sites] == [True, False, False, True]
@@ -226,7 +226,7 @@ def test_keyword_operand_is_bound_by_parameter_name():
     rows, cols = 64, 1024
     f = lambda inp, dst: ltj.triton_call(inp, dst, kernel=capture.permute_rows, out_type=inp,  # noqa: E731
                                          grid=(rows,), cols=cols)
-    d = descriptor(lower(f, jax.ShapeDtypeStruct((rows, cols), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32)))
+    d = payload(lower(f, jax.ShapeDtypeStruct((rows, cols), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32)))
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, 2, cols]
     assert len(d["configs"]) == 5 and d["options"] == {}
     site = jax_ffi.Site(d)
@@ -242,7 +242,7 @@ def test_keyword_operands_conflicts_and_meta_defaults():
     mm = lambda a, b: ltj.triton_call(a, b, kernel=capture.device_tma_matmul,  # noqa: E731
                                       out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
                                       grid=lambda meta: (m // meta["BM"], n // meta["BN"]), M=m, N=n, K=k)
-    d = descriptor(lower(mm, a, a))
+    d = payload(lower(mm, a, a))
     assert [x.get("buffer", x.get("scalar")) for x in d["args"]] == [0, 1, 2, m, n, k]
     with pytest.raises(TypeError, match="given both positionally and as a keyword"):
         lower(lambda x: ltj.triton_call(x, x, 1000, kernel=jaxk.add_kernel, out_type=x, grid=(1,), BLOCK=16, n=5),
@@ -252,7 +252,7 @@ def test_keyword_operands_conflicts_and_meta_defaults():
     def with_default(x, n, out, BLOCK: tl.constexpr = 128):
         pass
 
-    d = descriptor(lower(lambda x: ltj.triton_call(x, 1000, kernel=with_default, out_type=x,
+    d = payload(lower(lambda x: ltj.triton_call(x, 1000, kernel=with_default, out_type=x,
                                                    grid=lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)), F32))
     assert d["args"][-1] == {"name": "BLOCK", "scalar": 128} and d["configs"][0]["grid"] == [8, 1, 1]
 
@@ -269,7 +269,7 @@ def test_heuristics_are_evaluated_once_at_trace_time_and_carried_to_the_compile(
 
     kern = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (128, 1000)], key=["n"])(
         triton.heuristics({"EVEN": even})(jaxk.axpb_kernel.fn.fn))  # axpb's @triton.jit function
-    d = descriptor(lower(lambda x: ltj.triton_call(x, 2.0, 3, False, 1024, kernel=kern, out_type=x,
+    d = payload(lower(lambda x: ltj.triton_call(x, 2.0, 3, False, 1024, kernel=kern, out_type=x,
                                                    grid=lambda m: (triton.cdiv(1024, m["BLOCK"]),)),
                          jax.ShapeDtypeStruct((1024,), jnp.float32)))
     assert calls == [True, False]
@@ -281,7 +281,7 @@ def test_heuristics_are_evaluated_once_at_trace_time_and_carried_to_the_compile(
 
     # An untuned kernel with heuristics: its options go into the one config.
     plain = triton.heuristics({"BLOCK": lambda a: 256, "EVEN": even})(jaxk.axpb_kernel.fn.fn)
-    d = descriptor(lower(lambda x: ltj.triton_call(x, 2.0, 3, False, 1024, kernel=plain, out_type=x, grid=(4,),
+    d = payload(lower(lambda x: ltj.triton_call(x, 2.0, 3, False, 1024, kernel=plain, out_type=x, grid=(4,),
                                                    num_warps=2), jax.ShapeDtypeStruct((1024,), jnp.float32)))
     site = jax_ffi.Site(d)
     (cfg,) = site.lazy.spec.configs
@@ -302,7 +302,7 @@ def test_python_ints_outside_int32_are_typed_as_triton_types_them(n, t):
     Triton types it i64 (u64 from 2**63): so must the call site's shape."""
     f = lambda x, o: ltj.triton_call(x, n, o, kernel=_copy_prefix, out_type=o, grid=(4,), BLOCK=128,  # noqa: E731
                                      input_output_aliases={2: 0})
-    d = descriptor(lower(f, F32, F32))
+    d = payload(lower(f, F32, F32))
     assert {"name": "n", "scalar": n} in d["args"]
     site = jax_ffi.Site(d)
     bufs = ((0x7F0000000000, 4000), (0x7F0000100000, 4000), (0x7F0000100000, 4000))  # o aliased by the output

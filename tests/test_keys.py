@@ -308,13 +308,13 @@ def test_environment_parts_fields():
     assert isinstance(parts["env"], dict)
 
 
-def test_describe_matches_key(kernel):
-    doc = keys.describe("compile", kernel, SIG, CONSTEXPRS, ATTRS, OPTIONS, H100)
+def test_key_document_matches_key(kernel):
+    doc = keys.key_document("compile", kernel, SIG, CONSTEXPRS, ATTRS, OPTIONS, H100)
     assert doc["kind"] == "compile" and doc["kernel_name"] == "kernel"
     assert doc["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}
     assert keys.hash_parts(doc) == ckey(kernel)
-    tdoc = keys.describe_tuning(kernel, SIG, {}, ATTRS, CONFIGS, OPTIONS, H100, DEVICE, (1024, "torch.float32"))
+    tdoc = keys.tuning_key_document(kernel, SIG, {}, ATTRS, CONFIGS, OPTIONS, H100, DEVICE, (1024, "torch.float32"))
     assert tdoc["configs"][0] == {"BLOCK": 128, "num_warps": 4, "num_stages": 3, "num_ctas": 1}
     assert keys.hash_parts(tdoc) == tkey(kernel)
     with pytest.raises(ValueError):
-        keys.describe("nope")
+        keys.key_document("nope")

@@ -164,15 +164,15 @@ import lazytriton
 from lazytriton import _core
 from lazytriton.compile.compiler import Binder, compile_one
 from lazytriton.compile.targets import target_for
-from lazytriton.core.spec import describe
-from lazytriton.core.arrays import PointerArg
+from lazytriton.model.spec import kernel_spec
+from lazytriton.model.arrays import PointerArg
 import triton, triton.language as tl
 
 @triton.jit
 def k(x, BLOCK: tl.constexpr):
     tl.store(x + tl.arange(0, BLOCK), 1.0)
 
-spec = describe(k)
+spec = kernel_spec(k)
 for arch in ("gfx90a", "sm_90"):
     t = target_for(arch)
     b = compile_one(spec, t, Binder(spec, t).bind((), {"x": PointerArg(0x7f0000000000, "fp32"), "BLOCK": 64}))
@@ -257,7 +257,7 @@ import sys
 sys.path.insert(0, sys.argv[2])
 from kernels.hip_kernels import axpy_flag
 from lazytriton.cpp import bundle
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 base = 0x7F0000000000
 x, y, z = (DeviceArray(base + i * 2**22, "fp32", 4000, (1000,)) for i in range(3))
 bundle.Bundle(sys.argv[1]).add(axpy_flag, x, y, z, 1000, -0.75, True, BLOCK=256, grid=(4, 1, 1), stream=0,
@@ -293,7 +293,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import lazytriton
 from kernels.hip_kernels import axpy_flag
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 x, y, z = (DeviceArray(0x7F0000000000 + i * 2**22, "fp32", 4000, (1000,)) for i in range(3))
 try:
     lazytriton.kernel(axpy_flag)[(4,)](x, y, z, 1000, 1.0, True, BLOCK=256, stream=0)

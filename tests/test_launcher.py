@@ -19,9 +19,9 @@ import triton.language as tl
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import stubgen
-from lazytriton.core import kernel as rt
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import stubgen
+from lazytriton.runtime import kernel as rt
+from lazytriton.model.arrays import DeviceArray
 
 from kernels import basic
 
@@ -81,10 +81,10 @@ def entry():
     """A real winner (add_kernel compiled for sm_90) for the table to hold."""
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target
-    from lazytriton.core.arrays import PointerArg
-    from lazytriton.core.spec import describe
+    from lazytriton.model.arrays import PointerArg
+    from lazytriton.model.spec import kernel_spec
 
-    spec, target = describe(basic.add_kernel), default_target()
+    spec, target = kernel_spec(basic.add_kernel), default_target()
     ptr = PointerArg(0x7F0000000000, "fp32")
     cand = Candidate(0, None, Binder(spec, target).bind((ptr, ptr, ptr, 16), {"BLOCK": 1024}))
     compile_all(spec, target, [cand])

@@ -1,4 +1,4 @@
-"""Builds made at run time (lazytriton.core.native) when their process ends first:
+"""Builds made at run time (lazytriton.runtime.native) when their process ends first:
 an ordinary build (a launch stub) is stopped with everything its compiler
 started, leaving no compiler running and no temp file; a build that may outlive
 its process (the torch tensor reader, whose g++ run against torch's headers
@@ -25,7 +25,7 @@ def start_build_then_exit(cache: Path, name: str, outlive: bool) -> subprocess.C
     source.write_text(SLOW.replace("NAME", name))
     code = textwrap.dedent(f"""
         import threading, time
-        from lazytriton.core import native
+        from lazytriton.runtime import native
         src = open({str(source)!r}).read()
         t = threading.Thread(target=lambda: native.load_module("{name}", lambda: src, "a slow module",
                                                                background=True, outlive={outlive}), daemon=True)
@@ -64,7 +64,7 @@ def test_a_build_is_stopped_with_its_process(tmp_path):
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
 def test_a_build_that_may_outlive_its_process_is_published(tmp_path, monkeypatch):
-    from lazytriton.core import native
+    from lazytriton.runtime import native
 
     cache = tmp_path / "cache"
     r = start_build_then_exit(cache, "lt_slow_outliving", outlive=True)

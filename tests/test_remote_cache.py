@@ -433,7 +433,8 @@ def test_cache_commands_list_show_and_clear_remote_entries(tmp_path, fake_driver
 
 
 def test_settings_are_checked(monkeypatch, tmp_path):
-    from lazytriton.cache import Cache, config
+    from lazytriton import settings as config
+    from lazytriton.cache import Cache
 
     monkeypatch.setenv("LAZYTRITON_REMOTE_CACHE", "http://example:80")
     with pytest.raises(config.SettingError, match="LAZYTRITON_REMOTE_CACHE='http://example:80'"):

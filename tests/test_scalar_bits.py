@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from lazytriton.core import native
+from lazytriton.runtime import native
 
 SOURCE = r"""
 #include <pybind11/pybind11.h>

@@ -25,8 +25,9 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import specialize, stubgen
-from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, triton_dtype
+from lazytriton.model import specialize
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DTYPE_IDS, DTYPES, DeviceArray, triton_dtype
 from lazytriton.compile.compiler import Binder
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -39,7 +40,7 @@ def probe(n_i32, n_i64, n_u64,                       # plain ints, one per integ
           noalign_i32, noalign_i64, noalign_u64,     # do_not_specialize_on_alignment
           ann_i64: tl.int64, ann_u32: tl.uint32, ann_i8: tl.int8,  # type fixed by annotation
           p, nospec_p, noalign_p, flag, x,
-          # one pointer per Triton dtype (lazytriton.core.arrays.DTYPES order)
+          # one pointer per Triton dtype (lazytriton.model.arrays.DTYPES order)
           p_u1, p_i8, p_i16, p_i32, p_i64, p_u8, p_u16, p_u32, p_u64,
           p_fp16, p_bf16, p_fp32, p_fp64, p_fp8e4nv, p_fp8e5, p_fp8e4b15, p_fp8e4b8, p_fp8e5b16,
           BLOCK: tl.constexpr):

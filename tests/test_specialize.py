@@ -1,8 +1,8 @@
-"""lazytriton.core.specialize: Triton's rules written once.
+"""lazytriton.model.specialize: Triton's rules written once.
 
 Pinned: slot codes and shape digests name stubs and enter tuning keys (persistent
 records), so they must not change when the rules' code moves (the values below
-were computed before lazytriton.core.specialize existed, from stubgen's Slot/Shape).
+were computed before lazytriton.model.specialize existed, from stubgen's Slot/Shape).
 
 Cross-checked: the C++ bundle's description of a call (lazytriton.cpp.bundle) and
 the Python stubs' reading of it (LazyKernel._shape, and the call key the
@@ -16,9 +16,10 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton.compile.compiler import Binder
-from lazytriton.core import specialize, stubgen, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg
-from lazytriton.core.specialize import Flags, Shape, Slot
+from lazytriton.model import specialize, tuples
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DeviceArray, PointerArg
+from lazytriton.model.specialize import Flags, Shape, Slot
 from lazytriton.cpp import bundle
 
 from kernels import annotated, tuple_kernels
@@ -113,7 +114,7 @@ def test_bundle_description_equals_the_stubs_slots_and_tritons_binder(row, tmp_p
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path))
     args = ROWS[row] + (64,)
     k = lazytriton.kernel(every_kind)
-    types, specs, constexprs, _, layout = bundle.describe_values(bundle.describe(every_kind, "m:every_kind"),
+    types, specs, constexprs, _, layout = bundle.specialize_values(bundle.describe(every_kind, "m:every_kind"),
                                                                  list(args), {})
     assert (types, specs) == stub_view(k, args)
     assert constexprs == {"BLOCK": 64} and layout[-2] == "[_,_]"
@@ -138,7 +139,7 @@ def test_bundle_describes_a_descriptor_as_the_stub_reads_it(tmp_path, monkeypatc
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path))
     base = DeviceArray(4096, "fp16", 256 * 128 * 2, (256, 128))
     args = (lazytriton.TensorDescriptor.from_tensor(base, [64, 32]), ptr(4096), 48)
-    types, specs, *_ = bundle.describe_values(bundle.describe(with_desc, "m:with_desc"), list(args), {})
+    types, specs, *_ = bundle.specialize_values(bundle.describe(with_desc, "m:with_desc"), list(args), {})
     assert (types, specs) == stub_view(lazytriton.kernel(with_desc), args)
     assert types[0] == "tensordesc<fp16[64, 32]>" and specs == ["", "16", "16"]
 

@@ -14,8 +14,8 @@ PROBE = textwrap.dedent("""
     import triton, triton.language as tl
     from lazytriton.compile.compiler import Binder
     from lazytriton.compile.targets import default_target
-    from lazytriton.core.spec import describe
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.spec import kernel_spec
+    from lazytriton.model.arrays import PointerArg
 
     @triton.jit
     def k(x, n, BLOCK: tl.constexpr):
@@ -31,7 +31,7 @@ PROBE = textwrap.dedent("""
         compiler._priming.join(60)
         assert compiler._specializer_primed
     if sys.argv[1] != "triton":
-        b = Binder(describe(k), default_target()).bind((PointerArg(256, "fp16"), 32), {"BLOCK": 64})
+        b = Binder(kernel_spec(k), default_target()).bind((PointerArg(256, "fp16"), 32), {"BLOCK": 64})
         sig = b.signature
     else:  # Triton's specializer used directly: the control
         from triton._C.libtriton import native_specialize_impl

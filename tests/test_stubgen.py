@@ -13,9 +13,9 @@ import time
 import pytest
 
 from lazytriton import _core
-from lazytriton.core import native, stubgen
-from lazytriton.core.arrays import DTYPE_IDS, DeviceArray, constexpr_index
-from lazytriton.core.specialize import Shape, Slot
+from lazytriton.runtime import native, stubgen
+from lazytriton.model.arrays import DTYPE_IDS, DeviceArray, constexpr_index
+from lazytriton.model.specialize import Shape, Slot
 
 MASK = 2**64 - 1
 
@@ -181,8 +181,8 @@ def test_rejects_wrong_argument_count_and_container(stub, stub_cache):
 CHILD = r"""
 import logging, sys, time
 from pathlib import Path
-from lazytriton.core.specialize import Shape, Slot
-from lazytriton.core.stubgen import load_stub
+from lazytriton.model.specialize import Shape, Slot
+from lazytriton.runtime.stubgen import load_stub
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s: %(message)s")
 shape = eval(sys.argv[1], {"Shape": Shape, "Slot": Slot})
 Path(sys.argv[2]).touch()

@@ -5,7 +5,7 @@ parameters (checked against the cubin's own parameter table), validated
 (clear errors naming the kernel and the argument) and how config pre_hooks
 that set block shapes become part of each candidate's compile.
 
-Addresses are made up (lazytriton.core.arrays.DeviceArray); nothing is launched."""
+Addresses are made up (lazytriton.model.arrays.DeviceArray); nothing is launched."""
 import json
 import os
 import re
@@ -24,11 +24,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor as TritonTD
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import pre_hooks, stubgen, tensor_desc
-from lazytriton.core.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg, itemsize
+from lazytriton.model import pre_hooks, tensor_desc
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DTYPE_IDS, DTYPES, DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_all, compile_one
-from lazytriton.core.resolve import Resolution
-from lazytriton.core.spec import KernelSpecError, describe
+from lazytriton.runtime.resolve import Resolution
+from lazytriton.model.spec import KernelSpecError, kernel_spec
 
 from kernels import tma
 
@@ -113,7 +114,7 @@ def test_triton_and_lazytriton_descriptors_key_alike(cache_dir):
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32", "fp8e4nv", "i8", "u16", "i32"])
 def test_binder_type_is_dtype_and_block(dtype):
-    spec = describe(tma.tma_copy_kernel)
+    spec = kernel_spec(tma.tma_copy_kernel)
     info = tensor_desc.read(desc((256, 128), (16, 32), dtype=dtype), "d")
     bound = Binder(spec, SM90).bind((), {"in_desc": tensor_desc.bind_value(info), "out_ptr": PointerArg(BASE, dtype),
                                          "M": 16, "N": 32})
@@ -179,7 +180,7 @@ def meta_of(binary, **over) -> dict:
 
 @pytest.fixture(scope="module")
 def copy_sm90():
-    spec = describe(tma.tma_copy_kernel)
+    spec = kernel_spec(tma.tma_copy_kernel)
     info = tensor_desc.read(desc((256, 128), (64, 64)), "d")
     bound = Binder(spec, SM90).bind((), {"in_desc": tensor_desc.bind_value(info), "out_ptr": PointerArg(BASE, "fp16"),
                                          "M": 64, "N": 64})
@@ -215,8 +216,8 @@ ENCODE_WITHOUT_A_CONTEXT = """
 import json, sys, threading
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import tensor_desc
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model import tensor_desc
+from lazytriton.model.arrays import DeviceArray
 md = json.loads(open(sys.argv[1]).read())
 base = DeviceArray(0x7F0000000000, "fp16", 256 * 128 * 2, (256, 128))
 d = tensor_desc.read(lazytriton.TensorDescriptor.from_tensor(base, [64, 64]), "d").as_tuple()
@@ -289,7 +290,7 @@ def test_sm90_descriptor_is_a_128_byte_map_then_shape_and_strides(copy_sm90, tmp
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="no cuobjdump in Triton's wheel")
 @pytest.mark.parametrize("abi", [2, 1])
 def test_sm80_descriptor_is_decomposed(tmp_path, abi):
-    spec = describe(tma.tma_copy_kernel)
+    spec = kernel_spec(tma.tma_copy_kernel)
     d = desc((256, 128), (64, 64), padding="nan")
     info = tensor_desc.read(d, "d")
     bound = Binder(spec, SM80).bind((), {"in_desc": tensor_desc.bind_value(info), "out_ptr": PointerArg(BASE, "fp16"),

@@ -12,12 +12,12 @@ import pytest
 import lazytriton
 from lazytriton import _core, paths
 from lazytriton.cpp import bundle, export as export_cpp
-from lazytriton.core import tensor_desc, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.model import tensor_desc, tuples
+from lazytriton.model.arrays import DeviceArray, PointerArg
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import default_target
-from lazytriton.core.resolve import Resolved
-from lazytriton.core.spec import describe
+from lazytriton.runtime.resolve import Resolved
+from lazytriton.model.spec import kernel_spec
 
 from kernels import tma
 from test_embed import CMAKE, CPP_CHECKS, check_lines, cmake_build, cmake_project, run
@@ -29,7 +29,7 @@ BASE = 0x7F0000000000
 
 def copy_variant(block=(64, 64)) -> tuple[dict, dict, bytes]:
     """(description, variant, cubin) of tma_copy_kernel for a (256, 128) fp16 descriptor, compiled for sm_90."""
-    spec, desc = describe(tma.tma_copy_kernel), bundle.describe(tma.tma_copy_kernel, SOURCE)
+    spec, desc = kernel_spec(tma.tma_copy_kernel), bundle.describe(tma.tma_copy_kernel, SOURCE)
     d = lazytriton.TensorDescriptor.from_tensor(DeviceArray(BASE, "fp16", 256 * 128 * 2, (256, 128)), list(block))
     info = tensor_desc.read(d, "d")
     out = DeviceArray(BASE + 2**20, "fp16", 2 * block[0] * block[1])

@@ -1,6 +1,6 @@
 """lazytriton.jax.TensorDescriptor (jax-triton 0.4's spelling) without a GPU:
 the pytree, the checks jax-triton makes, and what lowering puts in the call
-site's descriptor (the handler encodes the CUtensorMap from the operand's
+site's payload (the handler encodes the CUtensorMap from the operand's
 address on every execution); config pre_hooks run at trace time and their
 block shapes replayed by the handler's resolution."""
 import dataclasses
@@ -17,8 +17,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 import lazytriton  # noqa: E402
 from lazytriton import jax as ltj  # noqa: E402
 from lazytriton.jax import ffi as jax_ffi  # noqa: E402
-from lazytriton.core import stubgen
-from lazytriton.core.resolve import Resolution  # noqa: E402
+from lazytriton.runtime import stubgen
+from lazytriton.runtime.resolve import Resolution  # noqa: E402
 
 from kernels import tma  # noqa: E402
 from test_tma import hooked, _writes_nargs  # noqa: E402
@@ -30,8 +30,8 @@ def lower(f, *avals) -> str:
     return jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def descriptor(text: str) -> dict:
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+def payload(text: str) -> dict:
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', text)
     assert m, text
     return json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
 
@@ -62,8 +62,8 @@ def copy(x, block, **kw):
 
 def test_lowering_describes_the_descriptor(cache_dir):
     before = lazytriton.stats()["compiles"]
-    d = descriptor(lower(lambda x: copy(x, (32, 64), padding="nan"), jax.ShapeDtypeStruct((64, 128), jnp.float16)))
-    assert d["v"] == jax_ffi.DESCRIPTOR_VERSION == 6
+    d = payload(lower(lambda x: copy(x, (32, 64), padding="nan"), jax.ShapeDtypeStruct((64, 128), jnp.float16)))
+    assert d["v"] == jax_ffi.PAYLOAD_VERSION == 6
     a = d["args"][0]
     assert a == {"buffer": 0, "dtype": "fp16", "shape": [64, 128], "name": "in_desc",
                  "desc": {"shape": [64, 128], "strides": [128, 1], "block": [32, 64], "padding": "nan",
@@ -73,7 +73,7 @@ def test_lowering_describes_the_descriptor(cache_dir):
 
 
 def test_handler_args_and_key_from_the_descriptor(cache_dir):
-    d = descriptor(lower(lambda x: copy(x, (32, 64)), jax.ShapeDtypeStruct((64, 128), jnp.float32)))
+    d = payload(lower(lambda x: copy(x, (32, 64)), jax.ShapeDtypeStruct((64, 128), jnp.float32)))
     d["n_inputs"], d["aliases"] = 1, []
     site = jax_ffi.Site(d)
     args = site.call_args(((BASE, 64 * 128 * 4), (BASE + 2**20, 32 * 64 * 4)))
@@ -125,7 +125,7 @@ def test_tutorial_09_pre_hook_runs_at_trace_time_and_is_replayed(cache_dir):
                                                       * triton.cdiv(N, META["BLOCK_SIZE_N"])),),
                                FP8_OUTPUT=False, NUM_SMS=132, WARP_SPECIALIZE=False)
 
-    d = descriptor(lower(f, jax.ShapeDtypeStruct((M, K), jnp.float16), jax.ShapeDtypeStruct((N, K), jnp.float16)))
+    d = payload(lower(f, jax.ShapeDtypeStruct((M, K), jnp.float16), jax.ShapeDtypeStruct((N, K), jnp.float16)))
     assert len(d["configs"]) == 6
     for c in d["configs"]:
         kw = c["kwargs"]

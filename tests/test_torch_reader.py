@@ -1,4 +1,4 @@
-"""The torch tensor reader (csrc/python/torch_reader.cc, lazytriton.core.torch_reader):
+"""The torch tensor reader (csrc/python/torch_reader.cc, lazytriton.runtime.torch_reader):
 built at run time against the installed torch's own headers, it answers what
 torch's Python getters answer (dtype, is_cuda, data_ptr()) for exact tensors and
 parameters, and declines what the getters might answer differently (a tensor
@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 
 import lazytriton  # noqa: E402
 from lazytriton import _core  # noqa: E402
-from lazytriton.core import native, stubgen, torch_reader  # noqa: E402
-from lazytriton.core.arrays import DeviceArray  # noqa: E402
+from lazytriton.runtime import native, stubgen, torch_reader  # noqa: E402
+from lazytriton.model.arrays import DeviceArray  # noqa: E402
 
 from kernels import basic  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_one_build_per_torch_and_toolchain(reader, tmp_path):
     name = torch_reader.module_name()
     so = Path(reader.__file__)  # <cache>/stubs/<toolchain tag>/<name><EXT_SUFFIX>
     assert native.loaded(name) is reader and so.name.startswith(name + ".")
-    code = ("import lazytriton.core.torch_reader as r, lazytriton.core.native as n, lazytriton._core as c; "
+    code = ("import lazytriton.runtime.torch_reader as r, lazytriton.runtime.native as n, lazytriton._core as c; "
             "assert n.built_and_intact(r.module_name()); r.load(); assert c.torch_reader_installed(); "
             "print(r.module_name())")
     # cwd outside the checkout: the process imports the installed package.

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from lazytriton.core import tuner
+from lazytriton.runtime import tuner
 from lazytriton.compile.compiler import Candidate
-from lazytriton.core.tuner import TuneOptions
+from lazytriton.runtime.tuner import TuneOptions
 
 
 class _Saved:

@@ -13,10 +13,11 @@ from triton.backends.compiler import GPUTarget
 
 import lazytriton
 from lazytriton import _core
-from lazytriton.core import stubgen, tuples
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import stubgen
+from lazytriton.model import tuples
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, compile_one
-from lazytriton.core.tuner import runtime_args, written_buffers
+from lazytriton.runtime.tuner import runtime_args, written_buffers
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -286,7 +287,7 @@ def jax_descriptor(t: str) -> dict:
     import json
     import re
 
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', t)
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', t)
     assert m, t
     return json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
 
@@ -304,7 +305,7 @@ def test_jax_tuple_argument_lowers_flattened():
         return ltj.triton_call((x, (y, 2.5)), n=256, kernel=pair_add, out_type=x, grid=(2,), BLOCK=128)
 
     d = jax_descriptor(lower_text(f, f32, f16))
-    assert d["v"] == jax_ffi.DESCRIPTOR_VERSION >= 5
+    assert d["v"] == jax_ffi.PAYLOAD_VERSION >= 5
     assert [a["name"] for a in d["args"]] == ["xs[0]", "xs[1][0]", "xs[1][1]", "out", "n", "BLOCK"]
     assert [a.get("buffer", a.get("scalar")) for a in d["args"]] == [0, 1, 2.5, 2, 256, 128]
     assert [a.get("dtype") for a in d["args"][:2]] == ["fp32", "fp16"]
@@ -313,7 +314,7 @@ def test_jax_tuple_argument_lowers_flattened():
     g = lambda x, y: ltj.triton_call(((x, y), 2.5), n=256, kernel=pair_add, out_type=x, grid=(2,), BLOCK=128)  # noqa
     assert jax_descriptor(lower_text(g, f32, f16))["layout"] == [[[0, 1], 2], 3, 4, 5]
 
-    # The handler's side: the call rebuilt from the descriptor and the buffers is
+    # The handler's side: the call rebuilt from the payload and the buffers is
     # the tuple the kernel was traced with, and lazytriton reads it as leaves.
     d["n_inputs"], d["aliases"] = 2, []
     for a in d["args"]:
@@ -420,10 +421,10 @@ def compiled_tuple_variant(kernel, source, args: tuple, kwargs: dict, meta: dict
     """(description, variant, cubin) of a call compiled for sm_90 without a GPU: what tuning would write."""
     from lazytriton.cpp import bundle
     from lazytriton.compile.compiler import Candidate, compile_all
-    from lazytriton.core.resolve import Resolved
-    from lazytriton.core.spec import describe
+    from lazytriton.runtime.resolve import Resolved
+    from lazytriton.model.spec import kernel_spec
 
-    spec, desc = describe(kernel), bundle.describe(kernel, source)
+    spec, desc = kernel_spec(kernel), bundle.describe(kernel, source)
     cand = Candidate(0, None, Binder(spec, TARGET).bind(args, kwargs))
     compile_all(spec, TARGET, [cand])
     assert cand.binary is not None, cand.error
@@ -453,7 +454,7 @@ def tuple_kernels():
 @pytest.fixture(scope="module")
 def tuple_bundle(tmp_path_factory):
     from lazytriton.cpp import bundle
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.arrays import PointerArg
 
     tk = tuple_kernels()
     d = tmp_path_factory.mktemp("tuple-bundle")
@@ -487,7 +488,7 @@ def test_bundle_variant_records_tuple_leaves(tuple_bundle):
 
 def test_bundle_refuses_none_inside_a_tuple():
     from lazytriton.cpp import bundle
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.arrays import PointerArg
 
     tk = tuple_kernels()
     desc = bundle.describe(tk.add_pair, "tuple_kernels:add_pair")

@@ -17,7 +17,7 @@ import triton  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton.cache import keys  # noqa: E402
-from lazytriton.core.arrays import DeviceArray  # noqa: E402
+from lazytriton.model.arrays import DeviceArray  # noqa: E402
 
 size = 4096
 x = DeviceArray(0x7F0000000000, "fp32", size * 4, (size,))

@@ -9,7 +9,7 @@ namespace lt {
 
 namespace {
 
-// lazytriton.core.arrays.DTYPES order.
+// lazytriton.model.arrays.DTYPES order.
 constexpr int kDtypeBytes[] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, 1, 1, 1, 1, 1};
 constexpr int kNumDtypes = int(sizeof(kDtypeBytes) / sizeof(kDtypeBytes[0]));
 bool is_float_dtype(int d) { return d >= 9; }  // fp16 .. fp8e5b16

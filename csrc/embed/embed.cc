@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "../python/seam.h"
+
 namespace py = pybind11;
 
 namespace lt {
@@ -122,7 +124,7 @@ class PythonResolver : public Resolver {
     start_python(python_executable(opts_));
     py::gil_scoped_acquire gil;
     try {
-      auto out = module().attr("describe")(source).cast<std::string>();
+      auto out = module().attr(seam::kEmbedDescribe)(source).cast<std::string>();
       ++g_describes;
       return out;
     } catch (py::error_already_set& e) {
@@ -146,7 +148,7 @@ class PythonResolver : public Resolver {
       py::object layouts = py::none();  // tuple arguments: how their elements in `values` nest
       if (!r.layouts.empty()) layouts = py::cast(r.layouts);
       py::tuple out =
-          module().attr("resolve")(r.bundle_dir, r.source, values, options, grid_to_python(r), stream, layouts);
+          module().attr(seam::kEmbedResolve)(r.bundle_dir, r.source, values, options, grid_to_python(r), stream, layouts);
       ++g_resolutions;
       return {out[0].cast<std::string>(), out[1].cast<std::string>()};
     } catch (py::error_already_set& e) {
@@ -164,8 +166,8 @@ class PythonResolver : public Resolver {
   py::object module() {
     PyObject* m = mod_.load();
     if (!m) {
-      py::module_ mod = py::module_::import("lazytriton.cpp.embed");
-      mod.attr("start")(opts_.python_path, opts_.verbose);
+      py::module_ mod = py::module_::import(seam::kEmbedModule);
+      mod.attr(seam::kEmbedStart)(opts_.python_path, opts_.verbose);
       PyObject* expected = nullptr;
       m = mod.release().ptr();
       if (!mod_.compare_exchange_strong(expected, m)) {  // another thread won

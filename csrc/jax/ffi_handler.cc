@@ -29,7 +29,7 @@ namespace {
 struct SiteState {
   static ffi::TypeId id;
   std::shared_ptr<lt::CallSite> site;
-  std::string descriptor;
+  std::string payload;
   std::vector<int64_t> aliases;  // input, output, input, output, ...
   // Scratch of this instruction's launches (kernels with global scratch, e.g.
   // device-side TMA descriptors). Per instruction, not per site: two
@@ -39,11 +39,11 @@ struct SiteState {
 };
 ffi::TypeId SiteState::id = {};
 
-// Python's resolver: (descriptor, buffers, stream, device, capturing) ->
+// Python's resolver: (payload, buffers, stream, device, capturing) ->
 // address of a new std::shared_ptr<const lt::Entry> (lazytriton.jax.ffi).
 PyObject* g_resolver = nullptr;
 
-// Sites with the same descriptor share their resolved launches: a second
+// Sites with the same payload share their resolved launches: a second
 // executable (re-jit, a new process section) never needs Python again.
 std::mutex g_sites_mu;
 std::map<std::string, std::shared_ptr<lt::CallSite>> g_sites;
@@ -85,8 +85,8 @@ std::shared_ptr<const lt::Entry> resolve_in_python(const CallContext& c) {
   PyObject* bufs = PyTuple_New(Py_ssize_t(c.n));
   for (size_t i = 0; bufs && i < c.n; ++i)
     PyTuple_SET_ITEM(bufs, i, Py_BuildValue("(KK)", (unsigned long long)c.buffers[i], (unsigned long long)c.sizes[i]));
-  PyObject* r = bufs ? PyObject_CallFunction(g_resolver, "s#OKiO", c.state->descriptor.data(),
-                                             Py_ssize_t(c.state->descriptor.size()), bufs,
+  PyObject* r = bufs ? PyObject_CallFunction(g_resolver, "s#OKiO", c.state->payload.data(),
+                                             Py_ssize_t(c.state->payload.size()), bufs,
                                              (unsigned long long)(uintptr_t)c.stream, c.device,
                                              capturing ? Py_True : Py_False)
                      : nullptr;
@@ -106,17 +106,17 @@ std::shared_ptr<const lt::Entry> resolve_in_python(const CallContext& c) {
 }
 
 // cost_estimate_json is for XLA and profilers (jax-triton's attribute), not read here.
-ffi::ErrorOr<std::unique_ptr<SiteState>> Instantiate(std::string_view descriptor, ffi::Span<const int64_t> aliases,
+ffi::ErrorOr<std::unique_ptr<SiteState>> Instantiate(std::string_view payload, ffi::Span<const int64_t> aliases,
                                                      int64_t n_buffers, std::string_view /*cost_estimate_json*/) {
   auto state = std::make_unique<SiteState>();
-  state->descriptor = std::string(descriptor);
+  state->payload = std::string(payload);
   // aliases: [count, input, output, input, output, ...] (never empty: an
   // empty array attribute has no element type).
   if (aliases.size() < 1 || aliases.size() != size_t(1 + 2 * aliases[0]))
     return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument("lazytriton: malformed aliases attribute"));
   state->aliases.assign(aliases.begin() + 1, aliases.end());
   std::lock_guard<std::mutex> lock(g_sites_mu);
-  auto& site = g_sites[state->descriptor];
+  auto& site = g_sites[state->payload];
   if (!site) {
     site = std::make_shared<lt::CallSite>("lazytriton site", size_t(n_buffers), [](const lt::CallKey&, void* ctx) {
       return resolve_in_python(*static_cast<const CallContext*>(ctx));
@@ -174,7 +174,7 @@ ffi::Error Execute(lt::cu::CUstream stream, int32_t device, SiteState* state, ff
 
 XLA_FFI_DEFINE_HANDLER(lt_instantiate, Instantiate,
                        ffi::Ffi::BindInstantiate()
-                           .Attr<std::string_view>("descriptor")
+                           .Attr<std::string_view>("payload")
                            .Attr<ffi::Span<const int64_t>>("aliases")
                            .Attr<int64_t>("n_buffers")
                            .Attr<std::string_view>("cost_estimate_json"));

@@ -1,7 +1,7 @@
 // Reading array arguments from Python objects on the launch hot path, shared
 // by lazytriton._core, the launch stubs and the torch reader: per Python type,
-// how to find an array's device pointer and device (lazytriton.core.arrays
-// decides once) and how each attribute is read (its descriptor, called
+// how to find an array's device pointer and device (lazytriton.model.arrays
+// decides once) and how each attribute is read (its type's getter, called
 // directly); per dtype object, its Triton dtype. CPython's C API only.
 #pragma once
 #include <Python.h>
@@ -11,10 +11,12 @@
 #include <cstring>
 #include <utility>
 
+#include "seam.h"
+
 namespace lt::pyargs {
 
 // How to read the device pointer of an array-like type; decided once per
-// Python type by lazytriton.core.arrays.pointer_strategy.
+// Python type by lazytriton.model.arrays.pointer_strategy.
 enum Strategy : int {
   kNotArray = 0,
   kDataPtrMethod = 1,
@@ -52,7 +54,7 @@ inline const Names& names() {
 }
 
 inline PyObject* arrays_module() {
-  static PyObject* mod = PyImport_ImportModule("lazytriton.core.arrays");
+  static PyObject* mod = PyImport_ImportModule(lt::seam::kArraysModule);
   return mod;
 }
 
@@ -86,7 +88,7 @@ inline int ask_python(const char* fn, PyObject* arg) {
   return int(v);
 }
 
-// lazytriton.core.arrays.<fn>(obj), asked once per type of `obj` and kept in
+// lazytriton.model.arrays.<fn>(obj), asked once per type of `obj` and kept in
 // `cache`; -1 (no Python error left set) if Python could not answer.
 template <int N>
 inline int answer_per_type(IdentityCache<N>& cache, const char* fn, PyObject* obj) {
@@ -99,12 +101,12 @@ inline int answer_per_type(IdentityCache<N>& cache, const char* fn, PyObject* ob
   return v;
 }
 
-// Triton dtype id (lazytriton.core.arrays.DTYPE_IDS) of a dtype object.
+// Triton dtype id (lazytriton.model.arrays.DTYPE_IDS) of a dtype object.
 inline int dtype_id(PyObject* dtype) {
   static IdentityCache<64> cache;
   int id;
   if (cache.get(dtype, &id)) return id;
-  id = ask_python("dtype_id", dtype);
+  id = ask_python(lt::seam::kDtypeId, dtype);
   if (id < 0) {
     PyErr_Clear();
     return -1;
@@ -115,7 +117,7 @@ inline int dtype_id(PyObject* dtype) {
 
 // -- attribute reads -----------------------------------------------------------------
 // The attributes a launch reads of each array (dtype, .data.ptr, data_ptr(), is_cuda)
-// are looked up once per type and then read by calling their descriptor directly, as
+// are looked up once per type and then read by calling their type's getter directly, as
 // CPython's own specialized attribute loads do: a C getter (getset), a C slot
 // (member) or a C method taking no arguments (when instances have no __dict__ to
 // shadow it). That skips the generic lookup, most of an attribute read's cost for
@@ -185,7 +187,7 @@ inline bool generic_lookup(PyTypeObject* t) {
   return ok;
 }
 
-// The plan for obj.<name> on objects of type t: the descriptor the generic lookup
+// The plan for obj.<name> on objects of type t: the getter the generic lookup
 // finds first on t's MRO, kept if it is one that may be called directly.
 inline AttrPlan plan_attr(PyTypeObject* t, PyObject* name, bool method) {
   AttrPlan p;
@@ -252,7 +254,7 @@ inline PyObject* read_attr(PyObject* obj, PyObject* name, AttrPlan& plan, bool m
 }
 
 // How arrays of one Python type are read: where their pointer is (`strategy`,
-// decided by lazytriton.core.arrays.pointer_strategy) and a plan for each
+// decided by lazytriton.model.arrays.pointer_strategy) and a plan for each
 // attribute read: dtype, then `first` (is_cuda, data_ptr(), data,
 // __cuda_array_interface__ or __dlpack__(), by strategy), `second` (data.ptr,
 // planned for the type of `data`; torch's data_ptr()) and `third` (the device:
@@ -274,7 +276,7 @@ inline ArrayReader* reader_of(PyObject* obj) {
   PyTypeObject* t = Py_TYPE(obj);
   for (int i = 0; i < n; ++i)
     if (rows[i].type == t) return &rows[i];
-  int strategy = ask_python("pointer_strategy", obj);
+  int strategy = ask_python(lt::seam::kPointerStrategy, obj);
   if (strategy < 0) return PyErr_Clear(), nullptr;
   for (int i = 0; i < n; ++i)  // Python may have run another launch meanwhile
     if (rows[i].type == t) return &rows[i];
@@ -302,7 +304,7 @@ inline bool read_u64(PyObject* v, uint64_t* out) {
 
 struct DLDataType_ { uint8_t code, bits; uint16_t lanes; };
 // DLPack device types a kernel can read: kDLCUDA, kDLCUDAManaged (not kDLCPU,
-// nor kDLCUDAHost); lazytriton.core.arrays.DLPACK_DEVICE_TYPES says the same.
+// nor kDLCUDAHost); lazytriton.model.arrays.DLPACK_DEVICE_TYPES says the same.
 inline bool dlpack_device_ok(int32_t device_type) { return device_type == 2 || device_type == 13; }
 struct DLTensor_ {
   void* data;
@@ -447,7 +449,7 @@ inline int typestr_dtype_id(PyObject* typestr) {
   if (len >= Py_ssize_t(sizeof(Seen::text))) return -1;  // longer than any typestr Triton takes
   for (int i = 0; i < n; ++i)
     if (std::strcmp(seen[i].text, text) == 0) return seen[i].id;
-  int id = ask_python("dtype_id", typestr);
+  int id = ask_python(lt::seam::kDtypeId, typestr);
   if (id < 0) return PyErr_Clear(), -1;
   if (n < 16) {
     std::memcpy(seen[n].text, text, size_t(len) + 1);
@@ -504,7 +506,7 @@ inline bool get_pointer(PyObject* obj, int want_dtype, uint64_t* ptr, int* devic
     bool interface = r->strategy == kCudaArrayInterface || r->strategy == kDataDotPtr;
     if (!interface || !PyErr_ExceptionMatches(PyExc_AttributeError)) return PyErr_Clear(), false;
     PyErr_Clear();
-    // As lazytriton.core.arrays.array_info reads it; the type's later objects too, once one had a typestr.
+    // As lazytriton.model.arrays.array_info reads it; the type's later objects too, once one had a typestr.
     bool typed = false;
     bool ok = interface_pointer(obj, *r, want_dtype, ptr, &typed);
     r->dtype_from_interface = typed;

@@ -139,7 +139,7 @@ std::shared_ptr<void> hold(py::object obj) {
 
 }  // namespace
 
-// A descriptor argument as Python hands it over (lazytriton.core.tensor_desc.DescInfo.as_tuple):
+// A descriptor argument as Python hands it over (lazytriton.model.tensor_desc.DescInfo.as_tuple):
 // (base, dtype id, shape, strides, block_shape, nan padding, round_f32_to_tf32[, argument name]).
 HostTensorDesc lt::bindings::host_desc_from(py::handle h, std::string* name) {
   auto t = h.cast<py::tuple>();
@@ -181,7 +181,7 @@ PYBIND11_MODULE(_core, m) {
         if (!fn) throw py::error_already_set();
         readers.torch = reinterpret_cast<pyargs::TorchRead>(fn);
       },
-      "Install the torch tensor reader (the capsule of lazytriton.core.torch_reader's module), or None.");
+      "Install the torch tensor reader (the capsule of lazytriton.runtime.torch_reader's module), or None.");
   m.def("torch_reader_installed", [] { return readers.torch != nullptr; });
 
   m.def("driver_status", [] {

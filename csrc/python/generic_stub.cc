@@ -1,6 +1,6 @@
 // lazytriton._generic_stub: the launch stub of any argument shape, read from a
 // table at run time instead of generated and compiled per shape. It serves a
-// shape's first calls while its generated stub (lazytriton.core.stubgen) builds in
+// shape's first calls while its generated stub (lazytriton.runtime.stubgen) builds in
 // the background, so no compiler runs on the critical path of a first call.
 // Same interface and same bytes as a generated stub: its C entry (`entry`,
 // stub_protocol.h StubEntry), launch(handle, grid, stream, args), key(args),
@@ -15,7 +15,7 @@
 //             (0 i8, 1 i16, 2 i32, 3 i64, 4 u8, 5 u16, 6 u32, 7 u64); a descriptor's rank
 //   float_code: 0 fp16, 1 bf16, 2 fp32, 3 fp64
 // Values are packed and keyed by encode.h, as in the generated stubs and the C++ bundles.
-// Tuple arguments (lazytriton.core.tuples): Stub(..., arg_names, paths, tuples)
+// Tuple arguments (lazytriton.model.tuples): Stub(..., arg_names, paths, tuples)
 // reads slot i at paths[i] (argument index, then element indices) after
 // checking every (path, length) of `tuples` is a tuple of that length; the
 // grid callable sees the arg_names. Without them, slot i is argument i.

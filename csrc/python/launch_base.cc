@@ -26,7 +26,7 @@ PyObject* stub_refs_of(PyObject* stubs) {
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(stubs); ++i) {
     PyObject* obj = PyTuple_GET_ITEM(stubs, i);
     StubRef ref{{nullptr, nullptr}, obj};
-    PyObject* cap = PyObject_GetAttrString(obj, "entry");
+    PyObject* cap = PyObject_GetAttrString(obj, seam::kStubEntry);
     if (!cap) {
       if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return nullptr;
       PyErr_Clear();
@@ -180,7 +180,7 @@ PyObject* base_run(PyObject* o, PyObject* const* args, Py_ssize_t nargs, PyObjec
     int truth = PyObject_IsTrue(warmup);
     if (truth != 0) {
       if (truth > 0) {
-        PyObject* kname = PyObject_GetAttrString(o, "name");
+        PyObject* kname = PyObject_GetAttrString(o, seam::kKernelName);
         if (!kname) PyErr_Clear();
         PyErr_Format(PyExc_NotImplementedError, "kernel %S: run(warmup=True) is not supported: lazytriton "
                      "compiles and tunes on the first real call (k.resolve(...) does it without launching)",

@@ -24,8 +24,8 @@ namespace {
 // Interned names and lazily imported modules, kept for the life of the process.
 PyObject *s_stream, *s_run, *s_first_call, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
 PyObject* g_sys;
-PyObject* g_runtime;        // lazytriton.core.kernel
-PyObject* g_stream_handle;  // lazytriton.core.kernel.stream_handle as defined there
+PyObject* g_runtime;        // lazytriton.runtime.kernel
+PyObject* g_stream_handle;  // lazytriton.runtime.kernel.stream_handle as defined there
 
 constexpr Py_ssize_t kInlineArgs = 64;  // a bound call of more arguments is held on the heap
 
@@ -60,7 +60,7 @@ bool stream_of(PyObject* stream, cu::CUstream* out) {
   if (stream && PyLong_CheckExact(stream)) {
     s = Py_NewRef(stream);
   } else {
-    if (!g_runtime && !(g_runtime = PyImport_ImportModule("lazytriton.core.kernel"))) return false;
+    if (!g_runtime && !(g_runtime = PyImport_ImportModule(seam::kKernelModule))) return false;
     PyObject* fn = PyObject_GetAttr(g_runtime, s_stream_handle);  // looked up per call, as Python does
     if (!fn) return false;
     if (!stream) stream = Py_None;
@@ -90,7 +90,7 @@ void name_stream_error(PyObject* kernel) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
-  PyObject* name = PyObject_GetAttrString(kernel, "name");
+  PyObject* name = PyObject_GetAttrString(kernel, seam::kKernelName);
   if (name && PyUnicode_Check(name) && value) {
     PyErr_Format(PyExc_TypeError, "kernel %U: %S", name, value);
     Py_XDECREF(type);
@@ -437,7 +437,7 @@ PyGetSetDef launch_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
-// lazytriton.core.kernel.stream_handle as core/kernel.py defines it, so that the
+// lazytriton.runtime.kernel.stream_handle as runtime/kernel.py defines it, so that the
 // launcher can tell it from a replacement (monkeypatching), which it then calls.
 PyObject* register_stream_handle(PyObject*, PyObject* fn) {
   PyObject* old = g_stream_handle;
@@ -447,7 +447,7 @@ PyObject* register_stream_handle(PyObject*, PyObject* fn) {
 }
 
 PyMethodDef register_def = {"register_stream_handle", register_stream_handle, METH_O,
-                            "Tell the launcher which function is lazytriton.core.kernel.stream_handle."};
+                            "Tell the launcher which function is lazytriton.runtime.kernel.stream_handle."};
 
 }  // namespace
 
@@ -465,12 +465,12 @@ Launch* new_launch(PyObject* kernel, PyObject* grid) {
 
 bool init_names() {
   s_stream = PyUnicode_InternFromString("stream");
-  s_run = PyUnicode_InternFromString("_run");
-  s_first_call = PyUnicode_InternFromString("_first_call");
-  s_fast_plan = PyUnicode_InternFromString("_fast_plan");
+  s_run = PyUnicode_InternFromString(seam::kRun);
+  s_first_call = PyUnicode_InternFromString(seam::kFirstCall);
+  s_fast_plan = PyUnicode_InternFromString(seam::kFastPlan);
   s_modules = PyUnicode_InternFromString("modules");
   s_cupy = PyUnicode_InternFromString("cupy");
-  s_stream_handle = PyUnicode_InternFromString("stream_handle");
+  s_stream_handle = PyUnicode_InternFromString(seam::kStreamHandle);
   s_get = PyUnicode_InternFromString("get");
   g_sys = PyImport_ImportModule("sys");
   return s_stream && s_run && s_first_call && s_fast_plan && s_modules && s_cupy && s_stream_handle && s_get && g_sys;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lazytriton/resolve_table.h"
+#include "seam.h"
 #include "stub_protocol.h"
 
 namespace lt::launcher {

@@ -19,20 +19,20 @@
 namespace lt::pyargs {
 
 // Whether objects of this type are host tensor descriptors (decided once per
-// type by lazytriton.core.arrays.is_tensor_descriptor).
+// type by lazytriton.model.arrays.is_tensor_descriptor).
 inline bool is_tensor_desc_type(PyObject* obj) {
   static IdentityCache<16> cache;
-  return answer_per_type(cache, "is_tensor_descriptor", obj) == 1;
+  return answer_per_type(cache, lt::seam::kIsTensorDescriptor, obj) == 1;
 }
 
 // A value Triton's binder folds into a constexpr when it is passed for a
 // parameter not declared tl.constexpr: None, a tl.constexpr, a @triton.jit
-// function (decided once per type by lazytriton.core.arrays.is_folded_constexpr).
+// function (decided once per type by lazytriton.model.arrays.is_folded_constexpr).
 // A slot made from such a value takes only such values (specialize.Slot.folded).
 inline bool is_folded_constexpr(PyObject* obj) {
   if (obj == Py_None) return true;
   static IdentityCache<16> cache;
-  return answer_per_type(cache, "is_folded_constexpr", obj) == 1;
+  return answer_per_type(cache, lt::seam::kIsFoldedConstexpr, obj) == 1;
 }
 
 // `n` ints from a sequence attribute (list, tuple, torch.Size; items with __index__).
@@ -89,7 +89,7 @@ inline bool get_tensor_desc(PyObject* obj, int want_dtype, int rank, HostTensorD
 }
 
 // A descriptor as params(args) reports it: (base, dtype, shape, strides,
-// block, nan padding, tf32), the tuple lazytriton.core.tensor_desc reads too.
+// block, nan padding, tf32), the tuple lazytriton.model.tensor_desc reads too.
 inline PyObject* desc_tuple(const HostTensorDesc& d) {
   auto ints = [&](const int64_t* v) {
     PyObject* t = PyTuple_New(d.rank);
@@ -160,14 +160,14 @@ inline bool get_real(PyObject* obj, double* value) {
 }
 
 // Key of a constexpr object that is not None/bool/int/float: the index of its
-// value in lazytriton.core.arrays' per-process table (equal values, one index; the
+// value in lazytriton.model.arrays' per-process table (equal values, one index; the
 // table keeps every value alive). The objects seen last are remembered here by
 // identity, kept alive too. False: Python failed (no error left set).
 inline bool constexpr_index(PyObject* obj, uint64_t* index) {
   static IdentityCache<64> seen;
   int i;
   if (seen.get(obj, &i)) return *index = uint64_t(i), true;
-  i = ask_python("constexpr_index", obj);
+  i = ask_python(lt::seam::kConstexprIndex, obj);
   if (i < 0) return PyErr_Clear(), false;
   seen.put(obj, i);
   *index = uint64_t(i);

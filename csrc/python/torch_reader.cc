@@ -2,7 +2,7 @@
 // is on the GPU, its data pointer and its device index. Torch's Python getters (`t.dtype`,
 // `t.is_cuda`, `t.data_ptr()`) cost about 50-300 ns each on a launch; these
 // reads cost a few ns. Built at run time against the installed torch's own
-// headers (lazytriton.core.torch_reader) and handed to the stubs through
+// headers (lazytriton.runtime.torch_reader) and handed to the stubs through
 // lazytriton._core (array_reads.h `Readers`); the stubs fall back to the
 // Python getters whenever this reader declines.
 //

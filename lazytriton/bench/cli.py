@@ -117,7 +117,7 @@ def run(args) -> int:
             return 2
         groups = [g for g in groups if wanted & set(g.sections)]
     if args.dry_run:
-        text = plan.describe(suite, groups, skipped, n)
+        text = plan.summary(suite, groups, skipped, n)
         est = plan.estimate_s(groups, n)
         if args.budget and est > args.budget:
             text += (f"\n\nWARNING: the estimate ({est / 60:.1f} min) exceeds --budget ({args.budget / 60:.1f} min): "

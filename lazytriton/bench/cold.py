@@ -8,7 +8,7 @@ with empty local caches that finds the cold process's winner in Redis: SEEDED_FR
 - lazytriton standalone (torch arrays): binding and cache lookup, compiling the
   candidates (worker processes), tuning (overlapped with compiling, from the
   first two compiled), the launch-stub build (g++, in the background) and the
-  first launch; lazytriton.core.resolve.timings() and the `lazytriton` logger say
+  first launch; lazytriton.runtime.resolve.timings() and the `lazytriton` logger say
   when each ended;
 - JAX (lazytriton.jax, jax-triton): jit(...).lower(), XLA's compile, the first
   execution (lazytriton: compile and tune inside it; the FFI handler's build).
@@ -55,7 +55,7 @@ LAZY = PRELUDE + r"""
 import logging
 import torch, triton, lazytriton
 from lazytriton.compile import pool as compile_pool
-from lazytriton.core import resolve, stubgen, torch_reader
+from lazytriton.runtime import resolve, stubgen, torch_reader
 from lazytriton.demo_kernels import demo_matmul
 
 class Events(logging.Handler):  # when the background stub build started and ended
@@ -134,7 +134,7 @@ def triton_call(*args, out_shape, **kwargs):
     return lazytriton.jax.triton_call(*args, out_type=out_shape, **kwargs)
 """ + JAX_CALL + r"""
 from lazytriton.jax import ffi as jax_ffi
-from lazytriton.core import resolve
+from lazytriton.runtime import resolve
 h = jax_ffi.handler_info()
 # How the FFI handler became ready, and when from the data being ready (> 0: lowering waited for it).
 r["handler"] = {"how": h.get("how"), "seconds": h.get("seconds"),

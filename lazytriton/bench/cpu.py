@@ -82,12 +82,12 @@ def _lowering_ms(reps: int) -> list[float] | None:
 
 _COMPILE_ONE = r"""
 import json, sys, time
-from lazytriton.core.arrays import PointerArg
+from lazytriton.model.arrays import PointerArg
 from lazytriton.compile.compiler import Binder, Candidate, compile_one
 from lazytriton.compile.targets import default_target
 from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
-from lazytriton.core.spec import describe
-spec, target = describe(demo_matmul), default_target()
+from lazytriton.model.spec import kernel_spec
+spec, target = kernel_spec(demo_matmul), default_target()
 binder = Binder(spec, target)
 p = PointerArg(1 << 20, "fp16")
 cfg = DEMO_CONFIGS[int(sys.argv[1])]
@@ -118,10 +118,10 @@ def _compile_rows(which: list[int], progress) -> list[dict]:
 
 _STUB_BUILD = r"""
 import json, time
-from lazytriton.core import stubgen
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.bench.kernels import permute_rows
-from lazytriton.core.kernel import LazyKernel
+from lazytriton.runtime.kernel import LazyKernel
 a, idx = DeviceArray(1 << 20, "fp32", 4096), DeviceArray(1 << 21, "i32", 64)
 shape = LazyKernel(permute_rows)._shape((a, idx, a, 1000))
 t0 = time.perf_counter()

@@ -184,7 +184,7 @@ def compile_vs_binary() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TRITON_CACHE_DIR"] = tmp
         import lazytriton
-        from lazytriton.core.arrays import PointerArg
+        from lazytriton.model.arrays import PointerArg
         from lazytriton.cache import encode_binary
         from lazytriton.compile.compiler import Binder, compile_one
         from lazytriton.compile.targets import device_target

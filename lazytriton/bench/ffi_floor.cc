@@ -3,7 +3,7 @@
 //   lt_bench_noop: decodes its stream and buffers, launches nothing.
 //   lt_bench_raw:  the same, then one plain cuLaunchKernel of a cubin set by
 //                  set_cubin() (parameters: input, n, output, two scratch).
-// Built by jax_group.py through lazytriton.core.stubgen, against jaxlib's headers.
+// Built by jax_group.py through lazytriton.runtime.stubgen, against jaxlib's headers.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 

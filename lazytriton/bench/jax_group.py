@@ -81,7 +81,7 @@ def _ffi_floor_module(kern):
     handler set to launch `kern` (None: only the no-launch handler works)."""
     import jax
 
-    from lazytriton.core import native
+    from lazytriton.runtime import native
 
     src = Path(__file__).with_name("ffi_floor.cc").read_text()
     tag = "-bench" + hashlib.sha256(src.encode()).hexdigest()[:8]

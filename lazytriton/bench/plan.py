@@ -126,7 +126,7 @@ def schedule(groups: list[Group], n: int) -> list[tuple[Group, int]]:
     return [(g, rep) for rep in range(n) for g in groups if rep < processes_of(g, n)]
 
 
-def describe(suite: str, groups: list[Group], notes: list[str], n: int) -> str:
+def summary(suite: str, groups: list[Group], notes: list[str], n: int) -> str:
     """The --dry-run listing: every process, the rows per section, the estimate."""
     lines = [f"lazytriton bench --suite {suite}: {len(schedule(groups, n))} processes "
              f"({n} repetition(s)), about {estimate_s(groups, n) / 60:.1f} min by estimate", ""]

@@ -69,7 +69,7 @@ def _launch(progress, suite: str) -> dict:
 
     import lazytriton
     from lazytriton import _core
-    from lazytriton.core import stubgen, torch_reader
+    from lazytriton.runtime import stubgen, torch_reader
 
     from .kernels import add, add_tuned
 
@@ -193,7 +193,7 @@ def _cpp_measure(full: bool) -> dict:
 def _small(progress, suite: str) -> dict:
     import torch
 
-    from lazytriton.core import stubgen
+    from lazytriton.runtime import stubgen
 
     rows, notes = [], []
     for w in small_workloads(suite):

@@ -1,6 +1,6 @@
 """Safe on-disk store for compiled binaries and tuning records.
 
-- config.py: settings from the environment (Settings, settings());
+- the settings (Settings, settings()) are lazytriton.settings, re-exported here;
 - entries.py: what is stored (CompiledBinary, TuningRecord) and its framing;
 - files.py: atomic publish by rename, bounded advisory locks;
 - store.py: the Cache (layout, degradation to memory, management);
@@ -10,7 +10,7 @@
 """
 
 from .archive import ARCHIVE_FORMAT
-from .config import Settings, default_cache_dir, settings
+from ..settings import Settings, default_cache_dir, settings
 from .entries import (KIND_BINARY, KIND_RECORD, MAGIC, BadEntry, CompiledBinary, EntryInfo, TuningRecord,
                       decode_binary, decode_record, encode_binary, encode_record)
 from .files import STALE_TEMP_AGE_S, atomic_write

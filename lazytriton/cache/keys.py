@@ -399,7 +399,7 @@ def _call_parts(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping
     }
 
 
-def describe_compile(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, options: Mapping,
+def compile_key_document(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, options: Mapping,
                      target: Any) -> dict:
     """The un-hashed document behind compile_key (for `cache show`)."""
     parts = _call_parts(fn, signature, constexprs, attrs, target)
@@ -407,7 +407,7 @@ def describe_compile(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Ma
     return parts
 
 
-def describe_tuning(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, configs: list,
+def tuning_key_document(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, configs: list,
                     base_options: Mapping, target: Any, device_name: str, tune_key_values: tuple,
                     driver_version: Any = None) -> dict:
     """The un-hashed document behind tuning_key (for `cache show`)."""
@@ -431,7 +431,7 @@ def describe_tuning(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Map
 def compile_key(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, options: Mapping,
                 target: Any) -> str:
     """Key of one compiled binary."""
-    return hash_parts(describe_compile(fn, signature, constexprs, attrs, options, target))
+    return hash_parts(compile_key_document(fn, signature, constexprs, attrs, options, target))
 
 
 def tuning_key(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping, configs: list,
@@ -439,14 +439,14 @@ def tuning_key(fn: Any, signature: Mapping, constexprs: Mapping, attrs: Mapping,
                driver_version: Any = None) -> str:
     """Key of one tuning record."""
     return hash_parts(
-        describe_tuning(fn, signature, constexprs, attrs, configs, base_options, target, device_name,
+        tuning_key_document(fn, signature, constexprs, attrs, configs, base_options, target, device_name,
                         tune_key_values, driver_version))
 
 
-def describe(kind: str, *args: Any, **kwargs: Any) -> dict:
-    """describe("compile", ...) / describe("tuning", ...): the un-hashed dict."""
+def key_document(kind: str, *args: Any, **kwargs: Any) -> dict:
+    """key_document("compile", ...) / key_document("tuning", ...): the un-hashed dict."""
     if kind == "compile":
-        return describe_compile(*args, **kwargs)
+        return compile_key_document(*args, **kwargs)
     if kind == "tuning":
-        return describe_tuning(*args, **kwargs)
+        return tuning_key_document(*args, **kwargs)
     raise ValueError(f"unknown key kind {kind!r} (expected 'compile' or 'tuning')")

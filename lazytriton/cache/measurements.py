@@ -8,7 +8,7 @@ model and driver, Triton / ptxas / lazytriton versions, the compile options and
 the tuning options (TuneOptions). Under that key, one document holds a result
 per config, keyed by the config itself (its parameters, warps, stages...), so
 that a kernel whose list changed times only the configs not measured before and
-chooses among all of them (lazytriton.core.resolve). What is assumed: a time
+chooses among all of them (lazytriton.runtime.resolve). What is assumed: a time
 measured in an earlier process, on the same GPU model with the same software and
 options, compares with one measured now (clocks, temperature and other work on
 the GPU differ between processes: a few percent, the size of the noise the
@@ -50,7 +50,7 @@ def measure_key(fn: Any, shape_sig: Mapping, options: Mapping, target: Any, devi
                 driver_version: Any, tune_options: Any) -> str:
     """The key of one specialization's measurements: a tuning key's parts without the configs,
     with the tuning options."""
-    parts = keys.describe_tuning(fn, shape_sig, {}, {}, [], options, target, device_name, tune_key_values,
+    parts = keys.tuning_key_document(fn, shape_sig, {}, {}, [], options, target, device_name, tune_key_values,
                                  driver_version)
     del parts["configs"]
     options_doc = dataclasses.asdict(tune_options) if dataclasses.is_dataclass(tune_options) else tune_options

@@ -35,7 +35,7 @@ from typing import Any, Iterator, Optional
 
 from .keys import FORMAT_VERSION
 from . import archive, files, measurements
-from .config import env_flag, env_seconds, remote_cache_url, settings
+from ..settings import env_flag, env_seconds, remote_cache_url, settings
 from .entries import (KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, CompiledBinary, EntryInfo,
                       TuningRecord, check_key, decode, decode_record, encode_binary, encode_record, peek_binary_head)
 from .remote import RemoteCache, from_settings as remote_from_settings

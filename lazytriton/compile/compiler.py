@@ -23,10 +23,10 @@ from triton.runtime.jit import create_function_from_signature
 from . import ir_text, pool as compile_pool, schedule
 from .server import reason
 from .targets import ast_source, target_label
-from ..core import tuples
+from ..model import tuples
 from ..cache import CompiledBinary
-from ..core.spec import KernelSpec
-from ..core.specialize import WIDE_FLOAT
+from ..model.spec import KernelSpec
+from ..model.specialize import WIDE_FLOAT
 
 log = logging.getLogger("lazytriton.compile.compiler")
 
@@ -75,7 +75,7 @@ class Bound:
     @property
     def flat_signature(self) -> dict[str, str]:
         """{leaf name: type}: a tuple parameter's elements as "xs[0]", "xs[1][0]"
-        (lazytriton.core.tuples), in the order of the kernel's parameters."""
+        (lazytriton.model.tuples), in the order of the kernel's parameters."""
         return tuples.flat_signature(self.signature)
 
 
@@ -310,7 +310,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
         for c in todo:
             ticket = schedule.Ticket(functools.partial(_front_end, spec, target, pool, threads, c, outer[id(c)], stop),
-                                     priority)
+                                     priority, f"{spec.name} {c.label}")
             if id(c) in shared:
                 shared[id(c)][1].ticket = ticket
             schedule.submit(ticket)
@@ -325,7 +325,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         pending = set(futures)
         while pending:
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-            for fut in done:
+            for fut in sorted(done, key=lambda f: futures[f].index):  # alike errors name the first config
                 c = futures[fut]
                 if _settle(spec, c, fut):  # the worker could not read the job (or a shared compile stopped)
                     c.extra.pop("joined", None)
@@ -371,19 +371,15 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
                fut: cf.Future, stop: threading.Event, ticket: schedule.Ticket) -> None:
     """One candidate, on the front-end thread (compile.schedule): its front end
     here, its back end in the compile server as soon as its TTIR is ready;
-    while the server is not ready yet, it compiles whole on `threads` instead
-    (None: it queues for the server). `fut` gets the result."""
+    while the server is not ready yet, its back end runs on `threads` instead
+    (None: it queues for the server). `fut` gets the result. Front ends run
+    here even then: a call's own run first, ahead of those compiled ahead of
+    time, instead of contending for the GIL with them."""
     if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
         fut.cancel()
         return
-    if threads is not None and not pool.ready():
-        c.extra["compiled_in"] = "thread"
-        try:
-            threads.submit(_compile_here, spec, target, c).add_done_callback(functools.partial(_forward, fut, 0.0))
-        except RuntimeError:  # the stream stopped since (its threads are shut down)
-            fut.cancel()
-        return
-    c.extra["compiled_in"] = "worker"
+    here = threads is not None and not pool.ready()
+    c.extra["compiled_in"] = "thread" if here else "worker"
     t0 = time.perf_counter()
     try:
         b = c.bound
@@ -391,12 +387,18 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
     except Exception as exc:  # CompilationError and the like: Triton's whole message
         fut.set_exception(compile_pool.CompileFailed(reason(exc)))
         return
-    c.extra["front_end_s"] = time.perf_counter() - t0
+    c.extra["front_end_s"] = front_s = time.perf_counter() - t0
+    if here:
+        try:
+            threads.submit(_back_end_here, ir, target).add_done_callback(functools.partial(_forward, fut, front_s))
+        except RuntimeError:  # the stream stopped since (its threads are shut down)
+            fut.cancel()
+        return
     job = compile_pool.worker_job(ir, target)
     if job is None:
         fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
         return
-    ticket.hand_to(pool, job).add_done_callback(functools.partial(_forward, fut, c.extra["front_end_s"]))
+    ticket.hand_to(pool, job).add_done_callback(functools.partial(_forward, fut, front_s))
 
 
 def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:
@@ -409,6 +411,11 @@ def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:
     else:
         binary, seconds = inner.result()
         outer.set_result((binary, front_s + seconds))
+
+
+def _back_end_here(ir: dict, target: GPUTarget):
+    t0 = time.perf_counter()
+    return ir_text.compile_text(ir, target), time.perf_counter() - t0
 
 
 def _compile_here(spec: KernelSpec, target: GPUTarget, c: Candidate):

@@ -27,7 +27,7 @@ from triton.compiler import ASTSource, make_backend
 
 from .targets import ast_source
 
-__all__ = ["TextSource", "front_end"]
+__all__ = ["TextSource", "compile_text", "front_end"]
 
 
 def _make_ir(src: ASTSource, target, options, context):
@@ -88,3 +88,13 @@ class TextSource(ASTSource):
             os.unlink(path)
         module.context = context  # as the code generator leaves it: the passes read it
         return module
+
+
+def compile_text(ir: dict, target):
+    """The CompiledBinary of `front_end`'s output: every later stage of Triton's
+    compile (a compile server's worker, or a thread of the caller)."""
+    import triton
+
+    from ..cache import CompiledBinary
+
+    return CompiledBinary.from_triton(triton.compile(TextSource(ir), target=target, options=ir["options"]))

@@ -29,7 +29,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from ..cache.config import compile_workers
+from ..settings import compile_workers
 from .server import BOOTSTRAP, PROMOTE, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
 
 log = logging.getLogger("lazytriton.compile.pool")

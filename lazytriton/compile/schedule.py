@@ -14,16 +14,18 @@ would tune its first kernel only once the last one had compiled.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
 import os
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger("lazytriton.compile")
 
-__all__ = ["BACKGROUND", "URGENT", "Ticket", "promote", "submit"]
+__all__ = ["BACKGROUND", "URGENT", "Ticket", "history", "promote", "submit"]
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
@@ -36,21 +38,26 @@ class Ticket:
     """One candidate's compile on its way. `work(ticket)` runs its front end on
     the queue's thread and hands the job on with `hand_to`."""
 
-    __slots__ = ("work", "priority", "state", "job", "pool")
+    __slots__ = ("work", "priority", "state", "job", "pool", "times")
 
-    def __init__(self, work: Callable[["Ticket"], None], priority: int) -> None:
+    def __init__(self, work: Callable[["Ticket"], None], priority: int, label: str = "") -> None:
         self.work = work
         self.priority = priority
         self.state = "queued"  # then "running", then "done"
         self.job = None  # the compile server's JobFuture
         self.pool = None
+        # When it was queued, promoted, its front end started and ended, its job ended
+        # (time.perf_counter()): where a first step's seconds go (history()).
+        self.times = {"label": label, "priority": priority, "queued": time.perf_counter()}
+        _history.append(self.times)
 
     def hand_to(self, pool, job: dict):
         """Submits the job to the compile pool at this ticket's priority now
         (a promote that came during the front end counts); its JobFuture."""
         with _lock:
             self.pool, self.job = pool, pool.submit(job, priority=self.priority)
-            return self.job
+        self.job.add_done_callback(lambda _: self.times.__setitem__("job_done", time.perf_counter()))
+        return self.job
 
 
 class _FrontEnds:
@@ -73,6 +80,7 @@ class _FrontEnds:
             if ticket.priority == URGENT:
                 return
             ticket.priority = URGENT  # read again when it is handed to the server
+            ticket.times["promoted"] = time.perf_counter()
             if ticket.state == "queued":  # a second entry, ahead; the first is skipped when popped
                 heapq.heappush(self._heap, (URGENT, next(self._seq), ticket))
                 self._cv.notify()
@@ -90,11 +98,13 @@ class _FrontEnds:
                 if ticket.state != "queued":
                     continue
                 ticket.state = "running"
+            ticket.times["front_end"] = time.perf_counter()
             try:
                 ticket.work(ticket)
             except BaseException:  # work settles its own future; this thread must go on
                 log.exception("lazytriton: a front-end job failed unexpectedly")
             finally:
+                ticket.times["front_end_done"] = time.perf_counter()
                 with self._cv:
                     ticket.state = "done"
 
@@ -106,6 +116,7 @@ class _FrontEnds:
         self._thread = None
 
 
+_history: collections.deque = collections.deque(maxlen=4096)
 _queue = _FrontEnds()
 os.register_at_fork(after_in_child=_queue._after_fork)
 
@@ -119,3 +130,10 @@ def promote(ticket: Ticket) -> None:
     """A call now waits for this candidate: its front end and its back end go
     ahead of every compile made ahead of time."""
     _queue.promote(ticket)
+
+
+def history() -> list[dict]:
+    """The process's last compiles through this queue, each with its label,
+    priority and perf_counter times (queued, promoted, front_end,
+    front_end_done, job_done): for benchmarks."""
+    return [dict(t) for t in _history]

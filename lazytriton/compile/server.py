@@ -26,6 +26,8 @@ its stdin closes, killing its children.
 Queued jobs start by ``job["priority"]`` (0 first), then in the order they came:
 a call that waits for its candidates goes ahead of compiles made ahead of time
 that no call waits for yet (the caller promotes those when a call reaches them).
+Those run niced, and urgent jobs start even when every worker is busy with
+them: a call does not wait for a free worker behind compiles it does not need.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ serve(int(sys.argv[1]), key)
 
 _HEADER = struct.Struct("<Q")
 READY = -1  # the job id of the frame the server sends once, when it is ready to fork
+_BACKGROUND_NICE = 10
 PROMOTE = -2  # the caller's frame (PROMOTE, [job ids]): start those jobs before lower-priority ones
 
 
@@ -106,10 +109,7 @@ def shadows(entry: str, here: str) -> bool:
 # -- compiling one job (in a forked child) -----------------------------------------------
 
 def _compile(job: dict):
-    import triton
-
-    from ..cache import CompiledBinary
-    from .ir_text import TextSource
+    from .ir_text import TextSource, compile_text
 
     env = job.get("env")
     if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
@@ -117,10 +117,11 @@ def _compile(job: dict):
             del os.environ[k]
         os.environ.update(env)
     try:
-        src = TextSource(job["ir"])
+        TextSource(job["ir"])
+        job["ir"]["options"]
     except Exception as exc:  # a job this lazytriton cannot read: the caller compiles it itself
         raise WorkerUnavailable(f"unreadable job: {type(exc).__name__}: {exc}") from None
-    return CompiledBinary.from_triton(triton.compile(src, target=job["target"], options=job["ir"]["options"]))
+    return compile_text(job["ir"], job["target"])
 
 
 def reason(exc: BaseException) -> str:
@@ -136,6 +137,11 @@ def _child(job: dict, wfd: int) -> None:
     t0 = time.perf_counter()
     if job.get("crash_for_test"):  # tests: a worker that dies as a compiler crash would kill it
         os.kill(os.getpid(), signal.SIGKILL)
+    if job.get("priority", 0) > 0:  # compiled ahead of time: the cores go first to what a call waits for
+        try:
+            os.nice(_BACKGROUND_NICE)
+        except OSError:
+            pass
     try:
         try:
             result = ("ok", _compile(job))
@@ -218,7 +224,12 @@ class _Queue:
             entry = self._entries.get(job_id)
             if entry is not None and entry[0] > 0:
                 job, entry[3] = entry[3], None  # the stale entry is skipped when popped
-                self.push(job_id, job, 0)
+                self.push(job_id, dict(job, priority=0), 0)
+
+    def head_priority(self) -> int:
+        while self._heap[0][3] is None:  # stale entries of promoted jobs
+            heapq.heappop(self._heap)
+        return self._heap[0][0]
 
     def pop(self) -> tuple[int, dict]:
         while True:
@@ -260,7 +271,10 @@ def serve(workers: int, key: threading.Thread) -> None:
         write_frame(stdout, (job_id, status, value, seconds))
 
     while stdin_open or queue or running:
-        while queue and len(running) < workers:
+        # A call waits for urgent jobs (priority 0): they start even when every worker is
+        # busy with jobs compiled ahead of time, which run niced (_child) and so yield the
+        # cores to them instead of making them wait for a free worker.
+        while queue and (len(running) < workers or (len(running) < 2 * workers and queue.head_priority() == 0)):
             job_id, job = queue.pop()
             rfd, wfd = os.pipe()
             pid = os.fork()

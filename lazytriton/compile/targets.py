@@ -9,8 +9,8 @@ import re
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ..cache import config
-from ..core.spec import is_gluon
+from .. import settings
+from ..model.spec import is_gluon
 
 DEFAULT_ARCH = 90  # target used to compile when no GPU is present (demo, tests)
 # AMD targets lazytriton knows by name (AOT use, no device): wave64 CDNA, wave32 RDNA.
@@ -36,7 +36,7 @@ def target_for(arch: str | int) -> GPUTarget:
 
 
 def default_target() -> GPUTarget:
-    return target_for(config.default_arch(DEFAULT_ARCH))
+    return target_for(settings.default_arch(DEFAULT_ARCH))
 
 
 def device_target(dev: dict | tuple[int, int]) -> GPUTarget:

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..core import specialize, tuples
-from ..core.arrays import is_array
+from ..model import specialize, tuples
+from ..model.arrays import is_array
 from ..cache import atomic_write
-from ..core.spec import KernelSpec, ReadRecorder
-from ..core.spec import describe as describe_spec
-from ..core.specialize import BUNDLE_OPTION_NAMES, check_option
+from ..model.spec import KernelSpec, ReadRecorder
+from ..model.spec import kernel_spec
+from ..model.specialize import BUNDLE_OPTION_NAMES, check_option
 
 log = logging.getLogger("lazytriton.cpp.bundle")
 
@@ -55,7 +55,7 @@ def default_dir() -> Path:
 
 def _spec_of(kernel: Any) -> KernelSpec:
     spec = getattr(kernel, "spec", None)
-    return spec if isinstance(spec, KernelSpec) else describe_spec(kernel)
+    return spec if isinstance(spec, KernelSpec) else kernel_spec(kernel)
 
 
 def source_of(kernel: Any) -> str:
@@ -156,7 +156,7 @@ def _flags(param: dict) -> specialize.Flags:
 
 def _slot(param: dict, value: Any, what: str) -> specialize.Slot:
     """The runtime argument's slot, as the Python stubs read it: the bundle describes
-    each argument with the same rules (lazytriton.core.specialize)."""
+    each argument with the same rules (lazytriton.model.specialize)."""
     slot = specialize.slot_for(_flags(param), value, False, what)
     if slot.kind == "constexpr":  # a tl.constexpr or @jit value for a plain parameter
         raise TypeError(f"{what}: unsupported argument type {type(value).__name__}")
@@ -190,10 +190,10 @@ def _check_heuristics(desc: dict, lk: Any) -> None:
                            "description did not find; please report this")
 
 
-def describe_values(desc: dict, values: list, options: dict) -> tuple[list, list, dict, dict, list]:
+def specialize_values(desc: dict, values: list, options: dict) -> tuple[list, list, dict, dict, list]:
     """(types, specs, constexprs, key_values, layout) of a call's `values`: the kernel
     parameter type and Triton's specialization of each leaf (as the stubs read it,
-    lazytriton.core.specialize), the constexprs (`options` among them), the keyed
+    lazytriton.model.specialize), the constexprs (`options` among them), the keyed
     values, and per call parameter its tuple nesting ("" for a plain argument)."""
     name = desc["name"]
     types, specs, constexprs, key_values, layout = [], [], dict(options), {}, []
@@ -230,8 +230,8 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
     `values`; `device` (the GPU's name) defaults to the current device's."""
     _check_heuristics(desc, lk)
     name = desc["name"]
-    types, specs, constexprs, key_values, layout = describe_values(desc, values, options)
-    i = len(types)  # leaves: a tuple argument has one per element (lazytriton.core.tuples), as resolved.types
+    types, specs, constexprs, key_values, layout = specialize_values(desc, values, options)
+    i = len(types)  # leaves: a tuple argument has one per element (lazytriton.model.tuples), as resolved.types
     for k, v in {**constexprs, **resolved.meta}.items():
         if not _jsonable(v):
             raise TypeError(f"kernel {name}: {k}={v!r} is not a plain value (None, bool, int, float, str); "
@@ -370,7 +370,7 @@ class Bundle:
         tune on these arguments: then `grid` is needed) and write it into the
         bundle. `kernel`: a Triton kernel, a LazyKernel or "module:function";
         `source` overrides the "module:function" the C++ side names it by."""
-        from ..core.kernel import LazyKernel
+        from ..runtime.kernel import LazyKernel
 
         if isinstance(kernel, str):
             source, kernel = source or kernel, load_source(kernel)

@@ -10,7 +10,7 @@ import sys
 import threading
 
 from . import bundle
-from ..core import tuples
+from ..model import tuples
 
 log = logging.getLogger("lazytriton.cpp.embed")
 
@@ -31,7 +31,7 @@ def start(python_path: list[str], verbose: bool) -> None:
 
 
 def _kernel(source: str):
-    from ..core.kernel import LazyKernel
+    from ..runtime.kernel import LazyKernel
 
     with _lock:
         lk = _kernels.get(source)
@@ -49,8 +49,8 @@ def _value(v):
     base, dtype, nbytes or 0, shape, strides, block, padding, tf32) or a plain value."""
     if isinstance(v, tuple) and v and v[0] in ("ptr", "desc"):
         from .. import _core
-        from ..core import tensor_desc
-        from ..core.arrays import DeviceArray
+        from ..model import tensor_desc
+        from ..model.arrays import DeviceArray
 
         _, ptr, dtype, nbytes, *desc = v
         base = DeviceArray(ptr, dtype, nbytes or _core.allocation_extent(ptr))
@@ -63,7 +63,7 @@ def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, str
     """The winner for one C++ call, as (variant JSON, cubin). It is persisted
     into the bundle when the directory is writable (else only used). With
     tuple arguments `values` are leaves and `layouts` gives, per call
-    parameter, "" or its tuple's nesting (lazytriton.core.tuples.structure_text)."""
+    parameter, "" or its tuple's nesting (lazytriton.model.tuples.structure_text)."""
     lk = _kernel(source)
     args = [_value(v) for v in values]
     if layouts:

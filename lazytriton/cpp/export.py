@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle
-from ..core import tuples
-from ..core.spec import describe as describe_spec
-from ..core.arrays import DTYPE_IDS, DTYPES
-from ..core.specialize import BUNDLE_OPTION_NAMES, CTYPES, FLOAT_TYPES, INT_CLASSES, INT_TYPES, check_option
+from ..model import tuples
+from ..model.spec import kernel_spec
+from ..model.arrays import DTYPE_IDS, DTYPES
+from ..model.specialize import BUNDLE_OPTION_NAMES, CTYPES, FLOAT_TYPES, INT_CLASSES, INT_TYPES, check_option
 
 # The C++ type a typed stub takes each scalar as: an integer as packed; tl.int1 as bool;
 # half-precision floats as double: converted once, from the double, as Triton's launcher
@@ -287,7 +287,7 @@ def export(kernel: str, signature: str, constexprs: dict | None = None, out_dir:
                           "--path DIR") from exc
     desc = bundle.describe(obj, kernel)
     constexprs = dict(constexprs or {})
-    check_addresses(describe_spec(obj).fn.src, desc, runtime_params(desc, signature, constexprs))
+    check_addresses(kernel_spec(obj).fn.src, desc, runtime_params(desc, signature, constexprs))
     hname, header, source = generate(desc, signature, constexprs, function)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

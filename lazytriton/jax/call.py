@@ -13,12 +13,12 @@ from jax._src.state.types import TransformedRef
 
 from .. import _core
 from . import ffi as jax_ffi
-from ..core import tuples
-from ..core.arrays import DTYPE_IDS, triton_dtype
-from ..core.spec import PreHookRefused, describe
-from ..core.specialize import JAX_OPTION_NAMES, check_option
+from ..model import tuples
+from ..model.arrays import DTYPE_IDS, triton_dtype
+from ..model.spec import PreHookRefused, kernel_spec
+from ..model.specialize import JAX_OPTION_NAMES, check_option
 from .primitive import is_ref, triton_call_p
-from .site import describe_call
+from .site import site_payload
 from .types import Call, TensorDescriptor, hook_refusal
 
 
@@ -65,7 +65,7 @@ def triton_call(*args: Any, kernel: Any, out_type: Any = None,
     """
     del compute_capability, custom_call_target_name, serialized_metadata
     _refuse_hooks(kernel)
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     label = f"triton_call {name or spec.name}" + (f" (kernel {spec.name})" if name and name != spec.name else "")
     if "out_shape" in kwargs and not any(p.name == "out_shape" for p in spec.params):
         if out_type is not None:
@@ -79,13 +79,13 @@ def triton_call(*args: Any, kernel: Any, out_type: Any = None,
     options = _options(label, backend_options, num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
                        debug=debug, enable_fp_fusion=enable_fp_fusion)
     call = _bind(kernel, label, list(args), kwargs, out_types, dict(input_output_aliases or {}))
-    desc = describe_call(call, grid, zeroed_outputs, options)
+    payload = site_payload(call, grid, zeroed_outputs, options)
     if jax_ffi.cuda_present():
         jax_ffi.ensure_registered()
     cost = None
     if cost_estimate:
         cost = tuple(sorted((str(k), int(v)) for k, v in dict(cost_estimate).items()))
-    outs = triton_call_p.bind(*call.inputs, descriptor=desc, name=label, out_types=tuple(out_types),
+    outs = triton_call_p.bind(*call.inputs, payload=payload, name=label, out_types=tuple(out_types),
                               aliases=tuple(sorted(call.aliases.items())), has_side_effect=bool(has_side_effect),
                               cost_estimate=cost, metaparams=_Frozen(_hashable_meta(call.meta)))
     return jax.tree_util.tree_unflatten(out_tree, outs)
@@ -108,7 +108,7 @@ def _refuse_hooks(kernel: Any) -> None:
         if getattr(c, "post_hook", None) is not None:
             raise NotImplementedError(hook_refusal(name, i, c, "is a post_hook"))
     try:
-        describe(kernel)
+        kernel_spec(kernel)
     except PreHookRefused as exc:
         raise NotImplementedError(hook_refusal(name, exc.index, at.configs[exc.index], exc.why)) from None
 
@@ -181,7 +181,7 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
     parameters in order, keywords naming a non-constexpr parameter to it
     (operands), other keywords are meta-parameters; the outputs not aliased to
     an input fill the parameters left unbound, in order."""
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     supplied = {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
     params = [p for p in spec.params if p.name not in supplied]
     by_name = {p.name: p for p in params}
@@ -219,7 +219,7 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
     leaf_params, paths = [], []  # per entry of `values`: its parameter, and its path in a tuple argument
 
     def operand(p, path: tuple, v) -> None:
-        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.core.tuples)."""
+        """One operand: a parameter's value, or one element of a tuple argument (lazytriton.model.tuples)."""
         what = tuples.leaf_name(p.name, path)
         if isinstance(v, TransformedRef):
             raise NotImplementedError(f"{label}: argument {what} is a transformed Ref (ref.at[...]); pass "
@@ -227,7 +227,7 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
         leaf_params.append(p)
         paths.append(path)
         if isinstance(v, TensorDescriptor):  # its base is the operand, the rest is static
-            _checkdescribe_call(label, what, v)
+            _check_tensor_descriptor(label, what, v)
             if is_ref(v.base):
                 refs.append(len(inputs))
             values.append(("desc", len(inputs), v))
@@ -325,7 +325,7 @@ def _layout_of(value: tuple, start: int) -> list:
     return walk(value)
 
 
-def _checkdescribe_call(label: str, name: str, d: TensorDescriptor) -> None:
+def _check_tensor_descriptor(label: str, name: str, d: TensorDescriptor) -> None:
     """What jax-triton refuses, and what no launch could encode (checked again,
     with the operand's real address, on every execution)."""
     if d.layout is not None:

@@ -11,15 +11,16 @@ from typing import Any
 
 from .. import _core, paths
 from ..cache import keys
-from ..core import native, tensor_desc
-from ..core.arrays import DeviceArray
-from ..core.specialize import WIDE_FLOAT, needs_fp64
-from ..cache import config
+from ..runtime import native
+from ..model import tensor_desc
+from ..model.arrays import DeviceArray
+from ..model.specialize import WIDE_FLOAT, needs_fp64
+from .. import settings
 
 log = logging.getLogger("lazytriton.jax")
 
 TARGET = "lazytriton_triton_call"
-DESCRIPTOR_VERSION = 6  # the call-site descriptor lazytriton.jax writes (v3: aliased inputs point at their
+PAYLOAD_VERSION = 6  # the call-site payload lazytriton.jax writes (v3: aliased inputs point at their
 # output buffer, @triton.jit values as {"$jit": ...}, a cost_estimate_json attribute; v4: heuristic values
 # per config, evaluated at trace time; v5: tuple arguments: "args" has one entry per leaf (a tuple
 # argument's elements, depth first) with its "name" ("xs[1][0]"), "layout" per call parameter the index
@@ -50,7 +51,7 @@ def handler_module():
         name = "lt_jax_ffi"
         src = paths.jax_handler_source().read_text()
         # LAZYTRITON_PREBUILT_HANDLER=0: ignore the prebuilt one (as a wheel built in isolation has none).
-        use_prebuilt = config.prebuilt_handler()
+        use_prebuilt = settings.prebuilt_handler()
         _module, how = (_prebuilt_handler(name, src, jaxlib.__version__) if use_prebuilt else None), "prebuilt"
         if _module is None:
             tag = "-jax" + hashlib.sha256((src + jaxlib.__version__).encode()).hexdigest()[:8]
@@ -184,10 +185,10 @@ def register_kernel(identity: str, kernel: Any) -> str:
     return key
 
 
-def _resolve(descriptor: str, buffers: tuple, stream: int, device: int, capturing: bool) -> int:
-    site = _sites.get(descriptor)
+def _resolve(payload: str, buffers: tuple, stream: int, device: int, capturing: bool) -> int:
+    site = _sites.get(payload)
     if site is None:
-        site = _sites.setdefault(descriptor, Site(json.loads(descriptor)))
+        site = _sites.setdefault(payload, Site(json.loads(payload)))
     return site.resolve(buffers, stream, device, capturing).share()
 
 
@@ -197,13 +198,13 @@ def _resolve(descriptor: str, buffers: tuple, stream: int, device: int, capturin
 _AHEAD_BASE, _AHEAD_STRIDE = 0x7F0000000000, 1 << 36
 
 
-def compile_ahead(descriptor: str, nbytes: list[int]) -> None:
+def compile_ahead(payload: str, nbytes: list[int]) -> None:
     """When a program is lowered on a GPU machine, starts compiling its call
     site's candidates in the background (LazyKernel.compile_ahead), so that a
     program of many kernels pays about its slowest compile on its first step,
     not the sum of them. `nbytes`: each buffer's size (inputs, then outputs).
     Failures are left to the first execution, which compiles and reports."""
-    if not config.compile_ahead() or not cuda_present():
+    if not settings.compile_ahead() or not cuda_present():
         return
     from .. import distributed
 
@@ -212,33 +213,33 @@ def compile_ahead(descriptor: str, nbytes: list[int]) -> None:
 
     def run():
         try:
-            site = _sites.get(descriptor)
+            site = _sites.get(payload)
             if site is None:
-                site = _sites.setdefault(descriptor, Site(json.loads(descriptor)))
+                site = _sites.setdefault(payload, Site(json.loads(payload)))
             buffers = tuple((_AHEAD_BASE + i * _AHEAD_STRIDE, n) for i, n in enumerate(nbytes))
             site.lazy.compile_ahead(*site.call_args(buffers), **site.options)
         except Exception as exc:  # noqa: BLE001  (the first execution resolves again and raises)
-            log.debug("%s: compiling ahead failed: %s", descriptor[:80], exc)
+            log.debug("%s: compiling ahead failed: %s", payload[:80], exc)
 
     threading.Thread(target=run, name="lazytriton-compile-ahead-site", daemon=True).start()
 
 
 class Site:
-    """One triton_call site, rebuilt from its descriptor (so a process that
+    """One triton_call site, rebuilt from its payload (so a process that
     loaded the executable from JAX's persistent cache can resolve it too)."""
 
     def __init__(self, d: dict):
-        from ..core.kernel import LazyKernel
-        from ..core.spec import describe
+        from ..runtime.kernel import LazyKernel
+        from ..model.spec import kernel_spec
 
         self.d = d
         self.name = d["name"]
-        if d.get("v") != DESCRIPTOR_VERSION:
+        if d.get("v") != PAYLOAD_VERSION:
             raise RuntimeError(f"{self.name}: this executable was lowered by another lazytriton version "
-                               f"(descriptor v{d.get('v')}, this one reads v{DESCRIPTOR_VERSION}); re-trace the "
+                               f"(payload v{d.get('v')}, this one reads v{PAYLOAD_VERSION}); re-trace the "
                                "function (or clear JAX's persistent compilation cache)")
         kernel = _kernels.get(d["kernel"]["id"]) or _import_kernel(d["kernel"])
-        if keys.kernel_fingerprint(describe(kernel).fn) != d["kernel"]["fingerprint"]:
+        if keys.kernel_fingerprint(kernel_spec(kernel).fn) != d["kernel"]["fingerprint"]:
             raise RuntimeError(f"{self.name}: kernel {d['kernel']['name']} changed since this executable "
                                "was lowered; re-trace the function")
         # Callable constexprs (@triton.jit functions) travel by name: resolve them once.
@@ -256,7 +257,7 @@ class Site:
                         if self.lazy.spec.autotuned else d["options"])
 
     def call_leaves(self, buffers: tuple) -> list:
-        """One value per entry of the descriptor's "args" (a leaf): an array,
+        """One value per entry of the payload's "args" (a leaf): an array,
         a host TMA descriptor on a buffer, or a scalar. `buffers`: (address,
         bytes) of each buffer."""
         leaves = []
@@ -279,7 +280,7 @@ class Site:
         and replays see the same call."""
         leaves = self.call_leaves(buffers) if leaves is None else leaves
 
-        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.core.tuples)
+        def nest(item):  # a tuple argument rebuilt from its leaves (lazytriton.model.tuples)
             return tuple(nest(x) for x in item) if isinstance(item, list) else leaves[item]
 
         return [nest(item) for item in self.d["layout"]]
@@ -290,7 +291,7 @@ class Site:
         args = self.call_args(buffers, leaves)
         mode = "tune"
         if capturing:
-            mode = "first" if config.capture_fallback() == "first_config" else "record"
+            mode = "first" if settings.capture_fallback() == "first_config" else "record"
         log.info("%s: resolving on its first execution (%s)", self.name,
                  "stream capturing" if capturing else "tuning allowed")
         if capturing:
@@ -339,10 +340,10 @@ def _site_kernel(kernel: Any, d: dict, LazyKernel):
 
     import triton
 
-    from ..core import pre_hooks
-    from ..core.spec import describe
+    from ..model import pre_hooks
+    from ..model.spec import kernel_spec
 
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     # Heuristics were evaluated at trace time (they chose the grid): their values
     # become part of each config, so the compile uses exactly those values.
     # An untuned kernel whose options a Config cannot carry keeps evaluating them.

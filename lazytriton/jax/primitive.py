@@ -33,7 +33,7 @@ def is_ref(a: Any) -> bool:
 
 # Our own primitive rather than jax.ffi.ffi_call: a Ref operand needs a state
 # discharge rule (it becomes an input aliased to an extra output), and the
-# final buffer numbering of the descriptor depends on those aliases, so it is
+# final buffer numbering of the payload depends on those aliases, so it is
 # done at lowering.
 
 triton_call_p = jex.core.Primitive("lazytriton_triton_call")
@@ -86,8 +86,8 @@ else:
 state_discharge.register_discharge_rule(triton_call_p)(_discharge_rule)
 
 
-def _lowering(ctx, *operands, descriptor, out_types, aliases, has_side_effect, cost_estimate, **_):
-    d = json.loads(descriptor)
+def _lowering(ctx, *operands, payload, out_types, aliases, has_side_effect, cost_estimate, **_):
+    d = json.loads(payload)
     n_in = len(operands)
     alias = dict(aliases)
     for a in d["args"]:
@@ -105,7 +105,7 @@ def _lowering(ctx, *operands, descriptor, out_types, aliases, has_side_effect, c
     text = json.dumps(d, sort_keys=True, separators=(",", ":"))
     jax_ffi.compile_ahead(text, [int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
                                  for a in (*ctx.avals_in, *ctx.avals_out)])
-    return rule(ctx, *operands, descriptor=text,
+    return rule(ctx, *operands, payload=text,
                 aliases=np.asarray(flat, np.int64), n_buffers=np.int64(n_in + len(out_types)),
                 cost_estimate_json=json.dumps(dict(cost_estimate)) if cost_estimate else "")
 

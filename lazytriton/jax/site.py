@@ -1,4 +1,4 @@
-"""The call site descriptor: a bound triton_call as the JSON the custom call
+"""The call site's payload: a bound triton_call as the JSON the custom call
 carries (kernel identity, arguments, scalars, meta-parameters, every candidate
 config with its grid and zeroed outputs). The handler's resolver
 (lazytriton.jax.ffi.Site) rebuilds the call from it alone."""
@@ -14,9 +14,9 @@ import triton
 
 from . import ffi as jax_ffi
 from ..cache import keys
-from ..core import pre_hooks, tuples
-from ..core.arrays import triton_dtype
-from ..core.spec import KernelSpecError
+from ..model import pre_hooks, tuples
+from ..model.arrays import triton_dtype
+from ..model.spec import KernelSpecError
 from .types import OPTION_DEFAULTS, Call, TensorDescriptor, hook_refusal, kernel_identity
 
 class _Aval:
@@ -29,7 +29,7 @@ class _Aval:
         return int(np.prod(self.shape))
 
 
-def describe_call(call: Call, grid, zeroed_outputs, options) -> str:
+def site_payload(call: Call, grid, zeroed_outputs, options) -> str:
     """The call site as JSON, buffers still named as ("input", i) /
     ("output", o): the lowering numbers them once the aliases are final (a
     Ref's output is added when its state is discharged)."""
@@ -37,7 +37,7 @@ def describe_call(call: Call, grid, zeroed_outputs, options) -> str:
     ident = kernel_identity(call.kernel)
     ident = {**ident, "id": jax_ffi.register_kernel(ident["id"], call.kernel)}
     n_out = len(call.out_types)
-    args, seen = [], []  # per value: its descriptor entry, and what a grid or heuristic sees of it
+    args, seen = [], []  # per value: its payload entry, and what a grid or heuristic sees of it
     for p, path, (kind, v, *rest) in zip(call.params, call.paths, call.values):
         name = tuples.leaf_name(p.name, path)
         if kind == "desc":  # a host TMA descriptor: its base is operand v, the rest is static
@@ -92,7 +92,7 @@ def describe_call(call: Call, grid, zeroed_outputs, options) -> str:
         if any(not 0 <= z < n_out for z in c["zeroed"]):
             raise ValueError(f"{label}: zeroed_outputs {c['zeroed']} out of range ({n_out} outputs)")
         c["kwargs"] = {k: _encode(v, label, k) for k, v in c["kwargs"].items()}
-    d = {"v": jax_ffi.DESCRIPTOR_VERSION, "name": label, "kernel": ident, "args": args, "layout": call.layout,
+    d = {"v": jax_ffi.PAYLOAD_VERSION, "name": label, "kernel": ident, "args": args, "layout": call.layout,
          "configs": configs, "options": call_options}
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 

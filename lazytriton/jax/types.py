@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from ..cache import keys
-from ..core.spec import describe
+from ..model.spec import kernel_spec
 
 # Compile options lazytriton's compiler takes (backend_options= and the explicit arguments).
 OPTION_DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "debug": False, "launch_pdl": False}
@@ -66,7 +66,7 @@ def hook_refusal(name: str, i: int, c: Any, why: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def kernel_identity(kernel: Any) -> dict:
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     fn = spec.fn.fn
     fingerprint = keys.kernel_fingerprint(spec.fn)
     ident = {"module": fn.__module__, "qualname": fn.__qualname__, "name": spec.name, "fingerprint": fingerprint}
@@ -79,7 +79,7 @@ class Call:
     """A triton_call bound to the kernel's parameters, as the handler will
     launch it: one value per call parameter (the parameters not set by autotune
     configs or heuristics), in the kernel's order. This binding is the only
-    one: the descriptor carries it whole, and both the tuning launches and the
+    one: the payload carries it whole, and both the tuning launches and the
     C++ launches read their arguments from it, so they cannot disagree."""
     kernel: Any
     spec: Any
@@ -90,7 +90,7 @@ class Call:
     out_types: list
     meta: dict  # meta-parameters: constexpr values, the kernel's defaults, names only the grid reads
     aliases: dict  # input index -> output index (the kernel writes that input; no parameter for the output)
-    # A tuple argument is flattened (lazytriton.core.tuples): each element is one value, `paths` gives its
+    # A tuple argument is flattened (lazytriton.model.tuples): each element is one value, `paths` gives its
     # path in the tuple (() for a whole parameter), `layout` per call parameter the index of its value,
     # or for a tuple argument nested lists of its elements' indices.
     call_params: list = dataclasses.field(default_factory=list)

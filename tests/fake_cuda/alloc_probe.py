@@ -17,8 +17,8 @@ from triton.backends.compiler import GPUTarget
 import lazytriton
 from lazytriton import _core, _generic_stub
 from lazytriton.compile.compiler import Binder, compile_one
-from lazytriton.core import stubgen
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DeviceArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import basic, tuple_kernels  # noqa: E402

@@ -486,7 +486,7 @@ def jax_call(face: Face, args, kwargs, grid, out_index: int) -> list[dict]:
                                **operands, **kwargs)
 
     text = jax.jit(f).trace(*avals_in).lower(lowering_platforms=("cuda",)).as_text()
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', text)
     d = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
     site = jax_ffi.Site(d)
     bufs = [(b.ptr, b.nbytes) for b in leaves] + [(out.ptr, out.nbytes)]

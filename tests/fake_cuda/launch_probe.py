@@ -19,10 +19,11 @@ from triton.backends.nvidia import driver as nvd
 
 import lazytriton
 from lazytriton.cpp import bundle
-from lazytriton.core import stubgen, tensor_desc, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg, itemsize
+from lazytriton.runtime import stubgen
+from lazytriton.model import tensor_desc, tuples
+from lazytriton.model.arrays import DeviceArray, PointerArg, itemsize
 from lazytriton.compile.compiler import Binder, compile_one
-from lazytriton.core.spec import describe
+from lazytriton.model.spec import kernel_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tma, tuple_kernels  # noqa: E402
@@ -115,7 +116,7 @@ def records() -> list[dict]:
 def triton_launch(fn, args, meta, grid, sizes_env, flatten=False, options=None):
     """Compiles `fn` for these arguments as lazytriton's compiler does, and launches
     it with Triton's own launcher; returns (its cuLaunchKernelEx records, signature)."""
-    spec = describe(fn)
+    spec = kernel_spec(fn)
     names = [p.name for p in spec.params]
     bound = Binder(spec, SM90).bind((), {**dict(zip(names, (bind_value(a) for a in args))), **meta, **(options or {})})
     binary = compile_one(spec, SM90, bound)
@@ -209,7 +210,7 @@ def jax_cases(sizes_env):
 
     def site_of(f, *avals):
         text = jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-        m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+        m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', text)
         d = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
         return jax_ffi.Site(d)
 
@@ -266,7 +267,7 @@ def jax_site(f, *avals):
     from lazytriton.jax import ffi as jax_ffi
 
     text = jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-    m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+    m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', text)
     d = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
     return jax_ffi.Site(d)
 

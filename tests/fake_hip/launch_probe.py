@@ -23,11 +23,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescr
 import lazytriton
 from lazytriton import _core
 from lazytriton.cpp import bundle
-from lazytriton.core import stubgen, tensor_desc, tuples
-from lazytriton.core.arrays import DeviceArray, PointerArg
+from lazytriton.runtime import stubgen
+from lazytriton.model import tensor_desc, tuples
+from lazytriton.model.arrays import DeviceArray, PointerArg
 from lazytriton.compile.compiler import Binder, compile_one
 from lazytriton.compile.targets import ast_source, device_target
-from lazytriton.core.spec import describe
+from lazytriton.model.spec import kernel_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import tma, tuple_kernels  # noqa: E402
@@ -108,7 +109,7 @@ TARGET = None
 def triton_launch(fn, args, meta, grid, sizes_env, options=None):
     """Compiles `fn` for these arguments as lazytriton's compiler does and launches it
     with Triton's own HIP launcher; returns (its records, signature, metadata)."""
-    spec = describe(fn)
+    spec = kernel_spec(fn)
     names = [p.name for p in spec.params]
     bound = Binder(spec, TARGET).bind((), {**dict(zip(names, (bind_value(a) for a in args))), **meta,
                                            **(options or {})})
@@ -194,7 +195,7 @@ def jax_cases(sizes_env):
     def site_of(f, *avals):
         text = jax.jit(f).trace(*avals).lower(lowering_platforms=("rocm",)).as_text()
         assert ltj.CUSTOM_CALL_TARGET_NAME in text, text[-2000:]
-        m = re.search(r'descriptor = "((?:[^"\\]|\\.)*)"', text)
+        m = re.search(r'payload = "((?:[^"\\]|\\.)*)"', text)
         d = json.loads(re.sub(r"\\([0-9A-Fa-f]{2})", lambda h: chr(int(h.group(1), 16)), m.group(1)))
         return jax_ffi.Site(d)
 

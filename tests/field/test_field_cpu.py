@@ -14,9 +14,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 import lazytriton
-from lazytriton.core.arrays import DeviceArray
+from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import compile_all
-from lazytriton.core.resolve import Resolution
+from lazytriton.runtime.resolve import Resolution
 
 from field import upstream
 

@@ -4,7 +4,7 @@ Gluon kernel).
 
 For each call of each case it checks, on the CPU (sm_90, no GPU needed):
 
-- binding: what lazytriton compiles for every config (lazytriton.core.kernel's
+- binding: what lazytriton compiles for every config (lazytriton.runtime.kernel's
   Resolution._candidates: signature, constexprs, attrs, options) equals what
   Triton's own JITFunction.run decides for the same call (Autotuner/Heuristics/
   JITFunction.warmup, observed through knobs.runtime.jit_cache_hook, nothing
@@ -55,10 +55,10 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 import lazytriton  # noqa: E402
 from lazytriton import _core  # noqa: E402
-from lazytriton.core import stubgen
-from lazytriton.core.arrays import DeviceArray  # noqa: E402
+from lazytriton.runtime import stubgen
+from lazytriton.model.arrays import DeviceArray  # noqa: E402
 from lazytriton.compile.compiler import compile_all  # noqa: E402
-from lazytriton.core.resolve import Resolution  # noqa: E402
+from lazytriton.runtime.resolve import Resolution  # noqa: E402
 
 import matrix_kernels as mk  # noqa: E402
 

@@ -30,7 +30,7 @@
 
 namespace lt {
 
-// Triton element types, numbered as lazytriton.core.arrays.DTYPES.
+// Triton element types, numbered as lazytriton.model.arrays.DTYPES.
 enum Dtype : int8_t {
   kNoDtype = -1,
   kU1 = 0, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64,

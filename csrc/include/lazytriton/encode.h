@@ -3,7 +3,7 @@
 // alignment bit). The Python stubs (generated and table-driven), the C++
 // bundles, the tuning launches and the JAX handler's scalars all pack through
 // these. Which rule applies (the slot's type, whether == 1 and % 16 are keyed)
-// is decided in Python (lazytriton.core.specialize.Slot) or by a bundle's
+// is decided in Python (lazytriton.model.specialize.Slot) or by a bundle's
 // signature; these functions only carry it out. Tensor descriptors are
 // encoded by tensor_desc.h.
 #pragma once

@@ -45,7 +45,7 @@ int tensor_desc_abi_of(const std::string& triton_version);  // from metadata["tr
 // A host-side descriptor argument of one call: what a TensorDescriptor holds.
 struct HostTensorDesc {
   uint64_t base = 0;
-  int dtype = -1;  // lazytriton dtype id (lazytriton.core.arrays.DTYPES)
+  int dtype = -1;  // lazytriton dtype id (lazytriton.model.arrays.DTYPES)
   int rank = 0;
   int64_t shape[kMaxDescRank] = {};    // elements, outermost dimension first
   int64_t strides[kMaxDescRank] = {};  // elements

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .. import config
+from ... import settings
 from ..entries import BadEntry, CompiledBinary, TuningRecord, decode_binary, decode_record, encode_binary
 from ..keys import FORMAT_VERSION, lazytriton_version, triton_version
 from .backend import Backend, RemoteError, Refused, open_backend, redact
@@ -135,7 +135,7 @@ class RemoteCache:
         """The backend, opened on first use; RemoteError if it cannot be (the client is missing)."""
         with self._opening:
             if self._backend is None:
-                self._backend = open_backend(self.url, config.remote_cache_timeout())
+                self._backend = open_backend(self.url, settings.remote_cache_timeout())
             return self._backend
 
     def warm_up(self) -> None:
@@ -176,7 +176,7 @@ class RemoteCache:
             self._count("failures")
             if not isinstance(exc, RemoteError):
                 exc = RemoteError(f"{type(exc).__name__}: {exc}")
-            retry = config.remote_cache_retry_after()
+            retry = settings.remote_cache_retry_after()
             self._down_until = time.monotonic() + retry
             self._was_down = True
             self._say_once("unavailable", "lazytriton remote cache %s is unreachable or slow (%s, while "
@@ -195,21 +195,21 @@ class RemoteCache:
         return f"{NAMESPACE}{kind}:{key}"
 
     def _get(self, kind: str, key: str) -> Optional[bytes]:
-        ttl = config.remote_cache_ttl()
+        ttl = settings.remote_cache_ttl()
         ok, value = self._request(f"looking up the {KIND_TITLES[kind]} {key[:16]}",
                                   lambda b: b.get(self._name(kind, key), ttl))
         return value if ok else None
 
     def _put(self, kind: str, key: str, value: bytes, if_absent: bool = False) -> bool:
         """Whether the server took the request (with if_absent, an existing value counts as stored)."""
-        limit = config.remote_cache_max_entry()
+        limit = settings.remote_cache_max_entry()
         if len(value) > limit:
             self._count("not_published")
             self._say_once("size", "lazytriton remote cache: the %s %s is %d bytes, more than "
                            "LAZYTRITON_REMOTE_CACHE_MAX_ENTRY (%d): kept in the local cache only",
                            KIND_TITLES[kind], key[:16], len(value), limit)
             return False
-        ttl = config.remote_cache_ttl()
+        ttl = settings.remote_cache_ttl()
         ok, _ = self._request(f"publishing the {KIND_TITLES[kind]} {key[:16]}",
                               lambda b: b.put(self._name(kind, key), value, ttl, if_absent=if_absent))
         return ok
@@ -401,5 +401,5 @@ class RemoteCache:
 
 def from_settings() -> Optional[RemoteCache]:
     """The remote tier LAZYTRITON_REMOTE_CACHE names, or None (SettingError for a malformed URL)."""
-    url = config.remote_cache_url()
+    url = settings.remote_cache_url()
     return RemoteCache(url) if url else None

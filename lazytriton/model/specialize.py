@@ -65,7 +65,7 @@ class Slot:
     """How one call argument is read. kind: ptr | int | float | bool | constexpr |
     desc (a host tensor descriptor: its block shape goes into the call key)."""
     kind: str
-    dtype: int = -1  # ptr, desc: lazytriton.core.arrays.DTYPE_IDS value
+    dtype: int = -1  # ptr, desc: lazytriton.model.arrays.DTYPE_IDS value
     int_type: str = ""  # int: Triton type of this call ("i32"/"i64"/"u64", or the annotation)
     # Type fixed by the parameter's annotation. int: no class switching, and a
     # bool is taken too, as 0 or 1 with no bits keyed (as Triton's binder does);
@@ -128,7 +128,7 @@ class Slot:
 class Shape:
     """How a call's arguments are read: one slot per leaf. Without tuple
     arguments a leaf is an argument (`paths`, `args` and `tuples` empty).
-    With them (lazytriton.core.tuples), `paths[i]` is slot i's path (argument index,
+    With them (lazytriton.model.tuples), `paths[i]` is slot i's path (argument index,
     then element indices), `args` the call's argument names (what a grid
     callable sees) and `tuples` the (path, length) of every tuple argument and
     nested tuple, which the stub checks before reading the leaves."""
@@ -238,7 +238,7 @@ TUPLE_ELEMENT = Flags()
 
 
 def flags_of(p: Any) -> Flags:
-    """The flags of a lazytriton.core.spec.Param."""
+    """The flags of a lazytriton.model.spec.Param."""
     return Flags(p.is_constexpr, p.annotation.removeprefix("tl."), not p.do_not_specialize,
                  not p.do_not_specialize_on_alignment)
 

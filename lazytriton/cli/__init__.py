@@ -6,13 +6,13 @@ import logging
 import sys
 import time
 
-from . import paths
+from .. import paths
 
 
 def _demo(args) -> int:
     """Run an autotuned matmul lazily; without a GPU, compile its candidates for a default target."""
     import lazytriton
-    from . import _core
+    from .. import _core
     from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -59,16 +59,16 @@ def _demo(args) -> int:
 
 
 def _demo_without_gpu(why: str, kernel, configs) -> int:
-    from lazytriton.core.arrays import PointerArg
+    from lazytriton.model.arrays import PointerArg
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target, target_label
-    from lazytriton.core.spec import describe
+    from lazytriton.model.spec import kernel_spec
 
     target = default_target()  # LAZYTRITON_DEFAULT_ARCH: sm_90 unless set (e.g. gfx942)
     binary = "HSACO" if target.backend == "hip" else "cubin"
     print(f"No GPU found ({why}).\nCompiling the demo's {len(configs)} matmul candidates to {binary} for "
           f"{target_label(target)} instead (no launch):")
-    spec = describe(kernel)
+    spec = kernel_spec(kernel)
     binder = Binder(spec, target)
     M = N = K = 2048
     ptr = PointerArg(1 << 20, "fp16")
@@ -93,13 +93,13 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
 
 
 def _export_cpp(args) -> int:
-    from .cpp.export import cli_main  # imported on use: it imports Triton
+    from ..cpp.export import cli_main  # imported on use: it imports Triton
 
     return cli_main(args)
 
 
 def _bundle(args) -> int:
-    from .cpp.bundle import cli_list
+    from ..cpp.bundle import cli_list
 
     return cli_list(args)
 
@@ -122,7 +122,7 @@ def _add_cpp_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(prog="lazytriton", description=__doc__)
     parser.add_argument("--version", action="version", version=f"lazytriton {__version__}")
@@ -132,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run an autotuned kernel lazily and show what was tuned")
     demo.add_argument("--size", type=int, default=2048)
     demo.set_defaults(func=_demo)
-    from .cache.cli import add_cache_commands, add_pretune_command
+    from .cache import add_cache_commands, add_pretune_command
 
     add_cache_commands(sub)
     add_pretune_command(sub)
-    from .bench import cli as bench_cli
+    from ..bench import cli as bench_cli
 
     bench = sub.add_parser("bench", help="benchmark lazytriton beside Triton, torch and the floors; "
                                          "writes results.json, report.md and plots")
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from .cache.config import SettingError
+    from ..settings import SettingError
 
     try:
         return args.func(args)

@@ -118,7 +118,7 @@ def is_tensor_descriptor(obj: Any) -> int:
 def is_folded_constexpr(obj: Any) -> int:
     """1 for a value Triton's binder turns into a constexpr when it is passed for a
     parameter not declared tl.constexpr: None, a tl.constexpr, a @triton.jit function.
-    Stated here, not in lazytriton.core.specialize (which reads it), because the
+    Stated here, not in lazytriton.model.specialize (which reads it), because the
     C++ stubs ask this module (once per type; None is checked in C)."""
     return int(obj is None or isinstance(obj, (constexpr, JITFunction)))
 

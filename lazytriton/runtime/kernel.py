@@ -16,14 +16,15 @@ from typing import Any
 
 from .. import _core
 from ..cache import Cache, TuningRecord
-from ..cache.config import remote_cache_url
+from ..settings import remote_cache_url
 from ..compile import compiler
 from ..compile.compiler import Binder
-from . import resolve, specialize, stubgen, tensor_desc, torch_reader, tuples
-from .arrays import ANY_DEVICE, array_device, array_info, is_array
+from . import resolve, stubgen, torch_reader
+from ..model import specialize, tensor_desc, tuples
+from ..model.arrays import ANY_DEVICE, array_device, array_info, is_array
 from .resolve import Resolution, Resolved
-from .spec import KernelSpec, ReadRecorder, describe
-from .specialize import OPTION_NAMES, Shape, Slot
+from ..model.spec import KernelSpec, ReadRecorder, kernel_spec
+from ..model.specialize import OPTION_NAMES, Shape, Slot
 from .tuner import TuneOptions
 
 log = logging.getLogger("lazytriton")
@@ -73,7 +74,7 @@ class LazyKernel(_core.LaunchBase):
     _core.LaunchBase, read by the C launcher."""
 
     def __init__(self, kernel: Any, *, cache: Cache | None = None, tune_options: TuneOptions | None = None):
-        self.spec: KernelSpec = describe(kernel)
+        self.spec: KernelSpec = kernel_spec(kernel)
         self.name = self.spec.name
         self._cache = cache
         self.tune_options = TuneOptions.given(tune_options, f"kernel {self.name}")
@@ -208,7 +209,7 @@ class LazyKernel(_core.LaunchBase):
         call with these arguments, and persists the binaries; nothing is tuned
         or launched. That call's first execution then only tunes (or waits for
         candidates still compiling). Arrays may be stand-ins with no memory
-        behind them (``lazytriton.core.arrays.DeviceArray(address, dtype,
+        behind them (``lazytriton.model.arrays.DeviceArray(address, dtype,
         nbytes, shape)``): only their dtype and alignment count. For programs
         that know their calls early (the JAX face does this for every call
         site when a program is lowered). `target`: a compile target
@@ -378,7 +379,7 @@ class LazyKernel(_core.LaunchBase):
 
     def _shape(self, args: tuple) -> Shape:
         """How the stubs read this call: one slot per argument, per leaf of a tuple argument
-        (lazytriton.core.specialize decides each)."""
+        (lazytriton.model.specialize decides each)."""
         keyed = set(self.spec.tune_keys) | (self._heuristic_reads or set())
         names, slots, paths, nodes = [], [], [], []
         for i, (p, v) in enumerate(zip(self.call_params, args)):

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
-from ..cache import config, files
+from .. import settings
+from ..cache import files
 
-log = logging.getLogger("lazytriton.core.native")
+log = logging.getLogger("lazytriton.runtime.native")
 
 def _toolchain_tag() -> str:
     """Stubs are rebuilt whenever anything they compile against changes."""
@@ -37,7 +38,7 @@ def _toolchain_tag() -> str:
 
     here = Path(__file__).parent
     h = hashlib.sha256((here / "stubgen.py").read_bytes())  # the stub generator
-    h.update((here / "specialize.py").read_bytes())  # the slot types it generates from
+    h.update((here.parent / "model" / "specialize.py").read_bytes())  # the slot types it generates from
     h.update(Path(__file__).read_bytes())  # how modules are built
     for f in [*sorted(paths.include_dir().rglob("*.h")), *sorted(paths.stub_source_dir().glob("*.h"))]:
         h.update(f.read_bytes())
@@ -154,7 +155,7 @@ def _writable(d: Path) -> Path:
             _warned_dirs.add(d)
             log.warning("cannot write launch stubs to %s (%s); building them in %s for this process only (set "
                         "LAZYTRITON_CACHE_DIR to a writable directory; it is %s)", d, why, _private,
-                        config.default_cache_dir())
+                        settings.default_cache_dir())
     out = _private / d.name
     out.mkdir(exist_ok=True)
     return out
@@ -268,7 +269,7 @@ def _remove(path: Path) -> None:
 
 def _build_detached(name: str, source: Callable[[], str], so: Path, what: str, extra_flags: tuple[str, ...],
                     background: bool = False, broken: str | None = None) -> None:
-    """_build in a builder process of its own (`python -m lazytriton.core.native`), in a session of its
+    """_build in a builder process of its own (`python -m lazytriton.runtime.native`), in a session of its
     own: this process waits for it, but does not stop it when it exits, and the builder publishes the
     module for the next process."""
     so.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +280,7 @@ def _build_detached(name: str, source: Callable[[], str], so: Path, what: str, e
     with _lock:
         if _exiting:
             raise RuntimeError(f"{what}: not built, the process is exiting")
-    proc = subprocess.Popen([sys.executable, "-m", "lazytriton.core.native", json.dumps(job)],
+    proc = subprocess.Popen([sys.executable, "-m", "lazytriton.runtime.native", json.dumps(job)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             cwd=str(so.parent))  # not this process's: its directory may be a package's checkout
     _, err = proc.communicate()

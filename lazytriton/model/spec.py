@@ -230,7 +230,7 @@ def _params_of(fn: JITFunction) -> list[Param]:
     return out
 
 
-def describe(kernel: Any) -> KernelSpec:
+def kernel_spec(kernel: Any) -> KernelSpec:
     """Unwraps triton.autotune / triton.heuristics (either order) down to the jit function."""
     if isinstance(kernel, KernelSpec):
         return kernel

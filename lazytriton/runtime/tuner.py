@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .. import _core
-from ..cache import config
+from .. import settings
 from ..compile.compiler import AllCandidatesFailed, Candidate
-from .ir_analysis import written_pointer_args
+from ..model.ir_analysis import written_pointer_args
 
-log = logging.getLogger("lazytriton.core.tuner")
+log = logging.getLogger("lazytriton.runtime.tuner")
 
 
 @dataclass
@@ -38,7 +38,7 @@ class TuneOptions:
     # None: flush L2 before every timed launch when the call's buffers fit in
     # L2 (else a trial would time cache hits left by the previous one);
     # LAZYTRITON_FLUSH_L2=0/1 forces it.
-    flush_l2: bool | None = dataclasses.field(default_factory=config.flush_l2)
+    flush_l2: bool | None = dataclasses.field(default_factory=settings.flush_l2)
     # Second pass: the candidates within `retime_within` of the first pass's
     # best (at most `retime_top`) are timed again against each other, their
     # launches interleaved one by one, so that clock and power drift (a GPU at
@@ -101,10 +101,10 @@ class CallBuffers:
 def runtime_args(c: Candidate, names: list[str], values: tuple, arrays: dict) -> tuple[list[str], list]:
     """Kernel parameter types and values for one candidate (constexprs dropped);
     a tensor descriptor as the tuple the C++ core encodes for the candidate."""
-    from . import tensor_desc
+    from ..model import tensor_desc
 
     types, vals = [], []
-    sig = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.core.tuples)
+    sig = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.model.tuples)
     for name, value in zip(names, values):
         t = sig.get(name, "constexpr")
         if t == "constexpr":

@@ -18,10 +18,10 @@ from .. import _core, distributed
 from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings
 from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream
 from ..compile.targets import device_target
-from . import pre_hooks, tensor_desc, tuples
-from .arrays import PointerArg, array_info, is_array
-from .spec import KernelSpecError, pre_hook_refusal
-from .specialize import OPTION_NAMES, Shape
+from ..model import pre_hooks, tensor_desc, tuples
+from ..model.arrays import PointerArg, array_info, is_array
+from ..model.spec import KernelSpecError, pre_hook_refusal
+from ..model.specialize import OPTION_NAMES, Shape
 from .tuner import tune
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ def counters() -> dict:
 def timings() -> list[dict]:
     """Per compile-and-tune resolution of this process: kernel, candidates,
     compiled_s (when the last candidate was ready), front_end_s (Triton's front
-    end in this process, summed over candidates), in_threads (candidates
+    end in this process, summed over candidates), compile_s (every
+    candidate's front end and back end, summed: CPU seconds, about), in_threads (candidates
     compiled on threads here: the compile server was not ready), tuned_s
     (compile and tune, overlapped), at (time.perf_counter() when it ended).
     For benchmarks."""
@@ -61,7 +62,7 @@ class Resolved:
     names: list  # the kernel's call arguments, in order
     args: tuple  # their values in this call
     # Each leaf's kernel parameter type ("*fp16", "i32", "fp32", "u1") or "constexpr": one per
-    # argument, a tuple argument one per element (depth first; lazytriton.core.tuples), as entry.is_param.
+    # argument, a tuple argument one per element (depth first; lazytriton.model.tuples), as entry.is_param.
     types: list
     meta: dict  # the winner's meta-parameters (what a grid callable sees besides the arguments)
     grid: tuple | None  # (x, y, z) when a grid was given
@@ -86,7 +87,7 @@ class Resolution:
         self.extras = args[k.n_call:]
         self.names = [p.name for p in k.call_params]
         self.named = dict(zip(self.names, self.values))
-        # Leaves: an argument, or each element of a tuple argument (lazytriton.core.tuples).
+        # Leaves: an argument, or each element of a tuple argument (lazytriton.model.tuples).
         # Tuning, kernel parameters and written buffers are per leaf.
         n_leaves = shape.call_leaves(k.n_call)
         self.leaf_names = list(shape.names[:n_leaves])
@@ -324,6 +325,7 @@ class Resolution:
         _timings.append({"kernel": k.name, "candidates": len(pruned),
                          "compiled_s": max((c.extra.get("ready_s", 0.0) for c in pruned), default=0.0),
                          "front_end_s": sum(c.extra.get("front_end_s", 0.0) for c in pruned),
+                         "compile_s": sum(c.compile_s for c in pruned),
                          "in_threads": sum(c.extra.get("compiled_in") == "thread" for c in pruned),
                          "tuned_s": time.perf_counter() - t0, "at": time.perf_counter()})
         rec = TuningRecord(

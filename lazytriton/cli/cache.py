@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from . import USED_KEYS_ENV, Cache, encode_record
-from .config import env_flag
-from .remote import RemoteCache, RemoteError
+from ..cache import USED_KEYS_ENV, Cache, encode_record
+from ..cache.remote import RemoteCache, RemoteError
+from ..settings import env_flag
 
 
 def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -253,7 +253,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     what = f" of kernel {args.kernel}" if args.kernel else ""
     stubs = ""
     if not args.kernel:
-        from ..core.native import clear_stubs
+        from ..runtime.native import clear_stubs
 
         n = clear_stubs(cache.root)
         stubs = f" and {n} launch stub{'' if n == 1 else 's'}"

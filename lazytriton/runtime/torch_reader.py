@@ -5,7 +5,7 @@ data pointer. Through torch's Python getters (`t.dtype`, `t.is_cuda`, `t.data_pt
 a torch launch's host cost beyond the driver's: 0.20 us a tensor, measured from C on an H200 host
 (0.15 us calling the getters' descriptors directly); through torch's C++ API, 0.017 us. So a small module (csrc/python/torch_reader.cc) is compiled at
 run time against the installed torch's own headers and libraries, once per torch build and toolchain
-(core/native.py caches it on disk), and handed to the stubs (`_core.set_torch_reader`). Until it is
+(runtime/native.py caches it on disk), and handed to the stubs (`_core.set_torch_reader`). Until it is
 loaded, and for whatever it declines (a tensor subclass, an active torch function mode), the stubs
 read tensors through the Python getters: the answers are the same.
 
@@ -24,10 +24,10 @@ import threading
 from typing import Any
 
 from .. import _core, paths
-from ..cache import config
+from .. import settings
 from . import native
 
-log = logging.getLogger("lazytriton.core.torch_reader")
+log = logging.getLogger("lazytriton.runtime.torch_reader")
 
 _lock = threading.Lock()
 _requested = False
@@ -39,7 +39,7 @@ def request(args: tuple) -> None:
     global _requested, _thread
     if _requested or "torch" not in sys.modules or not _holds_cuda_tensor(args):
         return
-    mode = config.stub_build()
+    mode = settings.stub_build()
     if mode == "off":  # no compiler now; a later first call under another setting may build it
         return
     with _lock:
