@@ -158,6 +158,10 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     assert "distributed" in [g.name for g in two]
     one, _ = plan.build("full", gpus=1, importable=_all, only={"distributed"})
     assert "distributed" in [g.name for g in one]  # asked for: its ranks share the one GPU
+    # The heavy-package rows (fresh processes importing torch and jax): only when asked for.
+    assert "field" not in [g.name for g in two] and "field" not in [g.name for g in quick]
+    field_only, _ = plan.build("quick", gpus=1, importable=_all, only={"field"})
+    assert [g.sections for g in field_only if g.name == "field"] == [["field", "field_program"]]
 
 
 def test_schedule_is_round_robin_and_cold_rows_precede_their_warm_rows():
@@ -202,7 +206,7 @@ def test_dry_run_lists_processes_rows_and_estimate(tmp_path):
 @pytest.mark.parametrize("script,section", [("launch_overhead.py", "launch"), ("cpp_launch_overhead.py", "launch"),
                                             ("jax_chain.py", "chain"), ("cold_warm_start.py", "first_call"),
                                             ("distributed_first_step.py", "distributed"),
-                                            ("tma_steady_state.py", "throughput")])
+                                            ("tma_steady_state.py", "throughput"), ("cold_field.py", "field")])
 def test_benchmark_scripts_are_entry_points_to_the_harness(script, section, tmp_path):
     src = (ROOT / "benchmarks" / script).read_text()
     assert "script_main" in src and "perf_counter" not in src and "def " not in src  # no timing loop of their own
@@ -210,7 +214,7 @@ def test_benchmark_scripts_are_entry_points_to_the_harness(script, section, tmp_
                        text=True, timeout=120, cwd=str(tmp_path), env=ENV)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "lazytriton bench --suite full:" in r.stdout
-    planned = {s for g in plan.build("full", gpus=2, importable=_all)[0] for s in g.sections}
+    planned = {s for g in plan.build("full", gpus=2, importable=_all, only={section})[0] for s in g.sections}
     assert section in planned
 
 
@@ -846,3 +850,37 @@ def test_gpu_quick_suite_measures_every_planned_row_correctly(tmp_path):
     slow = [f"{run['group']}: {run['wall_s']:.0f} s (estimate {run['estimate_s']:.0f} s)" for run in res["runs"]
             if run["wall_s"] > 2 * run["estimate_s"] + 5]
     assert not slow, f"processes far slower than their estimate: {slow}"
+
+
+def test_field_sections_from_a_measurement(tmp_path):
+    """lazytriton/bench/field.py: measure()'s numbers (every row a fresh process on
+    a GPU) as the harness's two sections, their tables and plots; a row that
+    failed becomes a note."""
+    from lazytriton.bench import field
+
+    timings = [{"compiled_s": 0.6, "tuned_s": 0.65, "compile_s": 3.0}, {"compiled_s": 1.2, "tuned_s": 1.3,
+                                                                          "compile_s": 6.0}]
+    ref = field.reference(timings)
+    assert ref["slowest_compile_s"] == 1.2 and abs(ref["sum_tunes_s"] - 0.15) < 1e-9
+    assert abs(ref["ref_s"] - 1.35) < 1e-9 and ref["compile_s"] == 9.0 and ref["cores"] >= 1
+    res = {"lazytriton": {"first_s": 1.3, "all_first_s": [1.2, 1.3, 1.4]},
+           "threads": {"first_s": 1.35, "all_first_s": [1.3, 1.35, 1.5]},
+           "triton": {"failed": True, "error": "RuntimeError: no GPU"},
+           "warm": {"first_s": 0.04, "compiles": 0, "tunes": 0, "record_hits": 1},
+           "jax_ahead": {"first_s": 3.5, "all_first_s": [3.4, 3.5, 4.1], "compiles": 76, "tunes": 16},
+           "jax_serial": {"first_s": 6.0, "all_first_s": [6.0, 6.1, 6.4]},
+           "jax_warm": {"first_s": 0.2, "compiles": 0, "tunes": 0, "record_hits": 16},
+           "jax_reference": ref}
+    secs = field.sections(res)
+    one, prog = secs["field"], secs["field_program"]
+    assert [r["system"] for r in one["rows"]] == [field.ONE_ROWS[0], field.ONE_ROWS[1], field.ONE_ROWS[3]]
+    assert any("triton: FAILED (RuntimeError: no GPU)" in n for n in one["notes"])
+    assert [r["kind"] for r in prog["rows"]] == ["lazytriton", "lazytriton", "lazytriton", "floor"]
+    assert prog["rows"][3]["samples"] == [ref["ref_s"]] and prog["ratio_to"] == field.PROGRAM_ROWS[3]
+    assert any("jax_warm: compiles 0, tunes 0" in n for n in prog["notes"])
+    md = report.write({"suite": "quick", "sections": cli.merge([{"group": "field", "rep": 0, "sections": secs}])},
+                      tmp_path)
+    text = md.read_text()
+    assert "| in-process threads (LAZYTRITON_COMPILE_WORKERS=0) | 1.35 |" in text
+    assert "(floor)" in text and "2.59x" in text  # the JAX first step against the reference
+    assert (tmp_path / "field.png").exists() and (tmp_path / "field_program.png").exists()

@@ -354,3 +354,28 @@ def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_t
         assert called_at < max(ready_at[f"first{i}"] for i in range(4)), ready_at
     finally:
         pool.close()
+
+
+def test_queued_in_the_order_the_compiles_were_asked_for():
+    """compile.schedule: among background tickets, the order taken when the
+    compiles were asked for (next_order: a program's lowering order) beats the
+    order in which the compile-ahead threads queued them."""
+    import threading
+
+    from lazytriton.compile import schedule
+
+    gate, ran = threading.Event(), []
+    blocker = schedule.Ticket(lambda t: gate.wait(30), schedule.BACKGROUND)
+    schedule.submit(blocker)
+    first, second = schedule.next_order(), schedule.next_order()
+    late = [schedule.Ticket(lambda t, n=n: ran.append(n), schedule.BACKGROUND, order=(second, i))
+            for i, n in enumerate(("second-a", "second-b"))]
+    early = [schedule.Ticket(lambda t, n=n: ran.append(n), schedule.BACKGROUND, order=(first, i))
+             for i, n in enumerate(("first-a", "first-b"))]
+    for t in late + early:  # the later-asked stream's thread got to the queue first
+        schedule.submit(t)
+    gate.set()
+    deadline = time.time() + 30
+    while any(t.state != "done" for t in late + early) and time.time() < deadline:
+        time.sleep(0.005)
+    assert ran == ["first-a", "first-b", "second-a", "second-b"]

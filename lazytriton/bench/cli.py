@@ -272,7 +272,7 @@ def _process(g, rep: int, suite: str, work: Path, timeout: float,
 
 def _worker(group: str, suite: str, path: str) -> int:
     """One group's process: measures, writes {"sections": ...} to path."""
-    from . import cpu, distributed, jax_group, throughput_group, torch_group
+    from . import cpu, distributed, field, jax_group, throughput_group, torch_group
 
     run_group = {
         "torch": lambda: torch_group.run(progress, suite),
@@ -280,6 +280,7 @@ def _worker(group: str, suite: str, path: str) -> int:
         "jax-cb-on": lambda: jax_group.run(progress, suite, True),
         "jax-cb-off": lambda: jax_group.run(progress, suite, False),
         "distributed": lambda: distributed.run(progress, suite),
+        "field": lambda: field.run(progress, suite),
         "cpu": lambda: {"sections": {"cpu": cpu.run(progress, suite)}},
     }.get(group)
     if run_group is None:

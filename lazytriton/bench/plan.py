@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import cold, cpu, distributed, jax_group, redis_server, throughput_group, torch_group
+from . import cold, cpu, distributed, field as field_group, jax_group, redis_server, throughput_group, torch_group
 
 SUITES = ("cpu", "quick", "full")
 # Cold rows run once whatever --processes says: a build of the FFI handler (g++) per repetition costs more
@@ -20,7 +20,7 @@ SUITES = ("cpu", "quick", "full")
 # The row warm from Redis too: its empty cache builds the launch stub and the torch reader after its call.
 ONCE = {"cold-jax-runtime-handler", "cold-jax-triton", "cold-lazy-gap", "warm-redis"}
 SECTION_ORDER = ("launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call", "distributed",
-                 "cpu")
+                 "field", "field_program", "cpu")
 
 
 @dataclass
@@ -95,7 +95,16 @@ def build(suite: str, gpus: int, importable=cold.importable, only: set | None = 
         groups.append(Group("distributed", "jax.distributed first step, 2 and 4 ranks",
                             {"distributed": list(distributed.ROWS)}, needs=("jax",), est_s=(200.0, 200.0),
                             once=True))
+    # Kernels of a heavy package and a 16-kernel program, every row a fresh process that imports torch
+    # and jax (seconds each): only when asked for by name, as the distributed group on one GPU.
+    with_field = bool({"field", "field_program"} & set(only or ()))
+    if with_field:
+        groups.append(Group("field", "kernels of a package that imports torch and jax; a 16-kernel program",
+                            {"field": list(field_group.ONE_ROWS), "field_program": list(field_group.PROGRAM_ROWS)},
+                            needs=("torch", "jax"), est_s=(q(130, 220), q(130, 220)), once=True))
     groups.append(cpu_group)
+    if not with_field:
+        notes.append("kernels of a heavy package, 16-kernel program: with --only=field (benchmarks/cold_field.py)")
     if full and not with_distributed:
         notes.append("distributed first step: in the full suite with 2 GPUs or more; on one GPU with "
                      "--only=distributed (benchmarks/distributed_first_step.py)")

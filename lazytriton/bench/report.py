@@ -231,7 +231,7 @@ def _plots(results: dict, out: Path) -> dict:
     for name, sec in secs.items():
         if not sec.get("rows"):
             continue
-        if name in ("launch", "chain", "cpu", "distributed"):
+        if name in ("launch", "chain", "cpu", "distributed", "field", "field_program"):
             f = _bars(sec, out / f"{name}.png")
         elif name == "small":
             f = _grouped(sec, out / "small.png")

@@ -244,7 +244,8 @@ def _copy_future(dst: cf.Future, src: cf.Future) -> None:
 
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
-                   max_workers: int | None = None, key=None, wait_for_server: bool = False) -> Iterator[Candidate]:
+                   max_workers: int | None = None, key=None, wait_for_server: bool = False,
+                   order: int | None = None) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
     start on the first. With the compile server (compile_pool), Triton's front
@@ -255,7 +256,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     streams of this process share compiles: a candidate that another stream
     is compiling is waited for, not compiled again. Candidates reached while
     the compile server still starts compile on threads here, unless
-    `wait_for_server` (background compiles, which no caller waits for)."""
+    `wait_for_server` (background compiles, which no caller waits for).
+    `order` (compile.schedule.next_order(), taken when the compiles were asked
+    for) places them in the queue among those of their priority."""
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -308,9 +311,11 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                                             thread_name_prefix="lazytriton-compile")
         pool.start()  # warming up for the candidates to come, if nothing started it yet
         priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
-        for c in todo:
+        if order is None:
+            order = schedule.next_order()
+        for rank, c in enumerate(todo):
             ticket = schedule.Ticket(functools.partial(_front_end, spec, target, pool, threads, c, outer[id(c)], stop),
-                                     priority, f"{spec.name} {c.label}")
+                                     priority, f"{spec.name} {c.label}", (order, rank))
             if id(c) in shared:
                 shared[id(c)][1].ticket = ticket
             schedule.submit(ticket)

@@ -25,7 +25,7 @@ from typing import Callable
 
 log = logging.getLogger("lazytriton.compile")
 
-__all__ = ["BACKGROUND", "URGENT", "Ticket", "history", "promote", "submit"]
+__all__ = ["BACKGROUND", "URGENT", "Ticket", "history", "next_order", "promote", "submit"]
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
@@ -38,11 +38,12 @@ class Ticket:
     """One candidate's compile on its way. `work(ticket)` runs its front end on
     the queue's thread and hands the job on with `hand_to`."""
 
-    __slots__ = ("work", "priority", "state", "job", "pool", "times")
+    __slots__ = ("work", "priority", "order", "state", "job", "pool", "times")
 
-    def __init__(self, work: Callable[["Ticket"], None], priority: int, label: str = "") -> None:
+    def __init__(self, work: Callable[["Ticket"], None], priority: int, label: str = "", order: tuple = ()) -> None:
         self.work = work
         self.priority = priority
+        self.order = order  # among tickets of one priority: (its stream's next_order(), its rank there)
         self.state = "queued"  # then "running", then "done"
         self.job = None  # the compile server's JobFuture
         self.pool = None
@@ -69,7 +70,7 @@ class _FrontEnds:
 
     def submit(self, ticket: Ticket) -> None:
         with self._cv:
-            heapq.heappush(self._heap, (ticket.priority, next(self._seq), ticket))
+            heapq.heappush(self._heap, (ticket.priority, ticket.order, next(self._seq), ticket))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lazytriton-front-end", daemon=True)
                 self._thread.start()
@@ -82,7 +83,7 @@ class _FrontEnds:
             ticket.priority = URGENT  # read again when it is handed to the server
             ticket.times["promoted"] = time.perf_counter()
             if ticket.state == "queued":  # a second entry, ahead; the first is skipped when popped
-                heapq.heappush(self._heap, (URGENT, next(self._seq), ticket))
+                heapq.heappush(self._heap, (URGENT, ticket.order, next(self._seq), ticket))
                 self._cv.notify()
                 return
             job, pool = ticket.job, ticket.pool
@@ -94,7 +95,7 @@ class _FrontEnds:
             with self._cv:
                 while not self._heap:
                     self._cv.wait()
-                _, _, ticket = heapq.heappop(self._heap)
+                *_, ticket = heapq.heappop(self._heap)
                 if ticket.state != "queued":
                     continue
                 ticket.state = "running"
@@ -117,8 +118,16 @@ class _FrontEnds:
 
 
 _history: collections.deque = collections.deque(maxlen=4096)
+_orders = itertools.count()
 _queue = _FrontEnds()
 os.register_at_fork(after_in_child=_queue._after_fork)
+
+
+def next_order() -> int:
+    """A place in the queue, taken when compiles are asked for: a program's
+    call sites compiled ahead are queued in the order it asked (its lowering
+    order), whichever background thread then gets to each first."""
+    return next(_orders)
 
 
 def submit(ticket: Ticket) -> None:

@@ -215,12 +215,15 @@ class LazyKernel(_core.LaunchBase):
         site when a program is lowered). `target`: a compile target
         (``lazytriton.compile.target_for("sm_90")``), default the current
         device's. Returns a Future of the number of candidates compiled."""
+        from ..compile import schedule
         from ..compile.targets import device_target
 
         args, shape, key = self._keyed_call(args, kwargs)
         if target is None:
             target = device_target(_core.device_info(_core.current_device()))
-        return _ahead().submit(Resolution(self, key, args, 0, None, shape).compile_ahead, target)
+        # Queued in the order asked for (a program's lowering order), not the order the threads get to them.
+        order = schedule.next_order()
+        return _ahead().submit(Resolution(self, key, args, 0, None, shape).compile_ahead, target, order)
 
     def _bind_call(self, args: tuple, kwargs: dict) -> tuple:
         """The positional call tuple the stubs read."""

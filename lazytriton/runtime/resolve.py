@@ -257,7 +257,8 @@ class Resolution:
             log.info("kernel %s: pruned to %d of %d configs", self.k.name, len(pruned), len(cands))
         return pruned
 
-    def _compile_stream(self, cache: Cache, cands: list[Candidate], background: bool = False):
+    def _compile_stream(self, cache: Cache, cands: list[Candidate], background: bool = False,
+                        order: int | None = None):
         """compile_stream over the cache: binaries found there are not compiled,
         those compiled are stored, and a candidate another thread of this
         process is compiling already (compile_ahead, a first call of another
@@ -269,9 +270,10 @@ class Resolution:
             cache.store_binary(ckeys[id(c)], binary)
 
         return ckeys, compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(ckeys[id(c)]),
-                                     store=store, key=lambda c: ckeys[id(c)], wait_for_server=background)
+                                     store=store, key=lambda c: ckeys[id(c)], wait_for_server=background,
+                                     order=order)
 
-    def compile_ahead(self, target) -> int:
+    def compile_ahead(self, target, order: int | None = None) -> int:
         """Compiles every candidate of this specialization for `target` and
         persists the binaries, tuning nothing and launching nothing: a later
         first call of it finds them (or waits for those still compiling).
@@ -282,7 +284,7 @@ class Resolution:
             cands = cands[:1]
         # No first call waits on these: they wait for the compile server rather than
         # compiling on threads of this process beside the program's own work.
-        _, ready = self._compile_stream(self.k.cache, cands, background=True)
+        _, ready = self._compile_stream(self.k.cache, cands, background=True, order=order)
         return sum(1 for c in ready if c.binary is not None)
 
     def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool, agreed=None) -> Candidate:
