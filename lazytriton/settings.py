@@ -179,3 +179,56 @@ def default_arch(fallback: int | str) -> str:
                            f"{', '.join(map(str, NVIDIA_CAPABILITIES))}), or an AMD architecture (gfx90a, "
                            "gfx942, gfx950, gfx1100, gfx1201, ...)")
     return value
+
+
+# -- the remote cache tier (lazytriton.cache.remote): every setting it reads, in one block ----------
+
+REMOTE_CACHE_SCHEMES = ("redis", "rediss", "unix")
+DEFAULT_REMOTE_TIMEOUT_S = 0.5
+DEFAULT_REMOTE_RETRY_AFTER_S = 30.0
+DEFAULT_REMOTE_TTL_S = 30 * 24 * 3600.0
+DEFAULT_REMOTE_MAX_ENTRY_BYTES = 8 << 20
+
+
+def remote_cache_url() -> Optional[str]:
+    """LAZYTRITON_REMOTE_CACHE: the fleet's cache server behind the local cache, as a Redis URL
+    (redis://[[user]:password@]host:port/db, rediss:// for TLS, unix:///path?db=N); None: no remote tier."""
+    raw = _raw("LAZYTRITON_REMOTE_CACHE")
+    if raw is None:
+        return None
+    value = raw.strip()
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in REMOTE_CACHE_SCHEMES or not rest:
+        raise SettingError("LAZYTRITON_REMOTE_CACHE", raw, "a Redis URL: redis://host:port/db, rediss://host:port/db "
+                           "(TLS; a password as redis://:PASSWORD@host:port/db) or unix:///path/redis.sock?db=0")
+    return value
+
+
+def remote_cache_timeout() -> float:
+    """LAZYTRITON_REMOTE_CACHE_TIMEOUT: seconds one request to the remote cache may take, connecting
+    included (default 0.5); a request that takes longer is a miss (or an unpublished entry), never an error."""
+    value = env_seconds("LAZYTRITON_REMOTE_CACHE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT_S)
+    if value == 0:
+        raise SettingError("LAZYTRITON_REMOTE_CACHE_TIMEOUT", os.environ["LAZYTRITON_REMOTE_CACHE_TIMEOUT"],
+                           "a number of seconds > 0")
+    return value
+
+
+def remote_cache_retry_after() -> float:
+    """LAZYTRITON_REMOTE_CACHE_RETRY_AFTER: seconds a process leaves the remote cache alone after it
+    failed (unreachable, slow, refusing writes) before trying it again (default 30)."""
+    return env_seconds("LAZYTRITON_REMOTE_CACHE_RETRY_AFTER", DEFAULT_REMOTE_RETRY_AFTER_S)
+
+
+def remote_cache_ttl() -> float:
+    """LAZYTRITON_REMOTE_CACHE_TTL: seconds a remote entry lives unused (default 30 days); every hit
+    renews it. 0: entries never expire (then size the server's maxmemory-policy to evict)."""
+    return env_seconds("LAZYTRITON_REMOTE_CACHE_TTL", DEFAULT_REMOTE_TTL_S)
+
+
+def remote_cache_max_entry() -> int:
+    """LAZYTRITON_REMOTE_CACHE_MAX_ENTRY: the largest value, in bytes, published to the remote cache
+    (default 8 MiB); a larger one stays local (one warning)."""
+    value = env_int("LAZYTRITON_REMOTE_CACHE_MAX_ENTRY", DEFAULT_REMOTE_MAX_ENTRY_BYTES, minimum=1)
+    assert value is not None
+    return value

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lazytriton.bench import cli, cold, cpp, plan, report, torch_group
+from lazytriton.bench import cli, cold, cpp, plan, redis_server, report, torch_group
 from lazytriton.bench.timing import interleaved, summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +108,13 @@ def test_suites_compose_every_system_and_fit_their_budgets():
     names = [g.name for g in full]
     assert names == ["torch", "throughput", "jax-cb-on", "jax-cb-off", "cold-triton", "cold-lazy", "warm-lazy",
                      "cold-lazy-gap", "cold-jax", "warm-jax", "cold-jax-runtime-handler", "cold-jax-triton", "cpu"]
+    # The row warm from Redis: where a redis-server is installed (CI installs it), when its section is asked
+    # for (--only first_call), after the cold row whose winners it finds.
+    redis = ["warm-redis"] if redis_server.available() else []
+    quick_first = [g.name for g in plan.build("quick", gpus=1, importable=_all, only={"first_call"})[0]
+                   if "first_call" in g.rows]
+    assert quick_first == ["cold-triton", "cold-lazy", "warm-lazy", *redis, "cold-jax", "cold-jax-triton"]
+    assert any("with --only first_call" in n for n in notes) == bool(redis)
     rows = {}
     for g in full:
         for sec, rs in g.rows.items():
@@ -333,6 +340,44 @@ def test_budget_and_warm_rows_decide_what_runs_and_the_report_says_so(tmp_path, 
     # A hung process costs a few times its estimate, the cpu suite's (on CI machines) 300 s.
     assert cli.default_timeout("full", 40) == 160 and cli.default_timeout("full", 5) == 90
     assert cli.default_timeout("cpu", 25) == 300 and cli.default_timeout("full", 500) == 300
+
+
+# The row warm from Redis: a fresh local cache, LAZYTRITON_REMOTE_CACHE naming the run's server, which
+# answers and holds what `lazytriton cache push` published from the cold row's cache (here: nothing,
+# the marker script tunes nothing) and not what was there before the seed.
+_REDIS_CHECK = cold.PRELUDE + r"""
+import redis
+from pathlib import Path
+lt = Path(os.environ["LAZYTRITON_CACHE_DIR"])
+url = os.environ.get("LAZYTRITON_REMOTE_CACHE", "")
+if lt.parent.name != "warm-redis" or (lt / "marker").exists() or not url.startswith("redis://127.0.0.1:"):
+    sys.exit(f"environment: {lt} {url!r}")
+r = redis.Redis.from_url(url)
+stale = "lazytriton:v1:meas:" + "0" * 64  # what an earlier repetition's process left
+if r.get(stale) is not None:
+    sys.exit("the server was not emptied before the seed")
+r.set(stale, b"1")
+done({"first_call_s": 0.6, "imports_s": 0.1, "max_err": 0.0, "ref_max": 1.0})
+"""
+
+
+@pytest.mark.skipif(redis_server.available() is None, reason="redis-server is not installed (apt-get install "
+                    "redis-server; .ci/run installs it)")
+def test_the_row_warm_from_redis_gets_a_seeded_server_and_an_empty_cache(tmp_path, monkeypatch):
+    import argparse
+
+    pytest.importorskip("redis")
+    monkeypatch.setenv("LAZYTRITON_REMOTE_CACHE", "redis://fleet.invalid:6379/0")  # never passed on
+    groups = [plan.Group("cold-lazy", "first call: cold", {"first_call": ["lazytriton, cold"]}, est_s=(1, 1),
+                         script=_ENV_CHECK, env={"GROUP": "cold"}, fresh_cache="cold-lazy"),
+              plan.Group("warm-redis", "first call: warm from Redis", {"first_call": ["lazytriton, from Redis"]},
+                         est_s=(1, 1), script=_REDIS_CHECK, fresh_cache="warm-redis", seeded_from="cold-lazy")]
+    out = tmp_path / "out"
+    rc = cli._run_suite("quick", groups, [], 2, out, argparse.Namespace(budget=300.0, timeout=None, keep_work=False))
+    res = json.loads((out / "results.json").read_text())
+    assert rc == 0, res["runs"]
+    rows = {r["system"]: r for r in res["sections"]["first_call"]["rows"]}
+    assert rows["lazytriton, warm from Redis (new process, empty local cache)"]["samples"] == [0.6, 0.6]
 
 
 def test_dry_run_warns_when_the_estimate_exceeds_the_budget(tmp_path, capsys, monkeypatch):

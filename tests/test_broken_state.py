@@ -530,18 +530,26 @@ def test_fault_injection_every_file_the_runtime_writes(fake_driver, triton_cache
     env = fake_env(fake_driver, cache, triton_cache, LAZYTRITON_STUB_BUILD="sync")
     assert first_call(env)[0] == {"tunes": 1, "record_hits": 0}
 
-    # Tuning record and binaries: discarded one by one, re-tuned.
+    # Tuning record, binaries and the configs' measured times: discarded one by one, re-tuned.
     records = sorted((cache / "v1" / "records").glob("*"))
     binaries = sorted((cache / "v1" / "binaries").glob("*"))
-    assert records and binaries
+    measured = sorted((cache / "v1" / "measurements").glob("*"))
+    assert records and binaries and measured
     records[0].write_bytes(records[0].read_bytes()[:40])
     for b in binaries:
         b.write_bytes(os.urandom(b.stat().st_size))
+    measured[0].write_bytes(measured[0].read_bytes()[:-3])
     out, err, _ = first_call(env)
     assert out["tunes"] == 1
     discarded = [line for line in err.splitlines() if "discarding invalid cache entry" in line]
     assert sum(records[0].name in d for d in discarded) == 1, err[-3000:]
     assert all(sum(b.name in d for d in discarded) <= 1 for b in binaries), discarded
+    assert sum(measured[0].name in line for line in err.splitlines() if "discarding the invalid measurements" in line) == 1
+    # The record alone: rebuilt from the configs' times measured then, no trial; the winner compiled alone.
+    [record] = sorted((cache / "v1" / "records").glob("*"))
+    record.write_bytes(b"junk")
+    out, err, _ = first_call(env)
+    assert out == {"tunes": 0, "record_hits": 0} and err.count("discarding") == 1, err[-3000:]
     assert first_call(env)[0] == {"tunes": 0, "record_hits": 1}  # healed: no warnings, no tuning
 
     # Launch stub.

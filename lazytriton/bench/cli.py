@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import plan, report
+from . import plan, redis_server, report
 from .common import progress
 
 DEFAULT_PROCESSES = {"cpu": 1, "quick": 1, "full": 3}
@@ -145,6 +145,7 @@ def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, 
     for note in skipped:
         progress(f"skipped: {note}")
     outputs = []
+    servers: dict = {}  # the run's Redis server, started for the first row that needs one
     budget = args.budget or float("inf")
     ok_runs: set = set()  # (group, rep) that succeeded
     for i, (g, rep) in enumerate(todo, 1):
@@ -155,9 +156,11 @@ def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, 
         if elapsed + est > budget:
             # Over the time budget: not started, so that what was measured is reported in time.
             why = f"not run: the time budget ({budget:.0f} s) would be exceeded ({elapsed:.0f} s elapsed, ~{est:.0f} s more)"
-        elif g.fresh_cache and g.fresh_cache != g.name and (g.fresh_cache, rep) not in ok_runs:
-            # A warm row runs on the caches its cold row left in this repetition: without them it would be cold.
-            why = f"not run: it needs the caches of {g.fresh_cache}, process {rep + 1}, which did not complete"
+        elif (need := next((d for d in (g.fresh_cache, g.seeded_from) if d and d != g.name), None)) \
+                and (need, rep) not in ok_runs:
+            # A warm row runs on the caches its cold row left in this repetition (in its directory, or
+            # pushed to the run's Redis): without them it would be cold.
+            why = f"not run: it needs the caches of {need}, process {rep + 1}, which did not complete"
         if why:
             progress(f"[{i}/{len(todo)}] {g.name} (process {rep + 1}): {why}")
             outputs.append({"group": g.name, "rep": rep, "sections": None, "not_run": why, "planned": g.sections})
@@ -169,7 +172,7 @@ def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, 
                  f"left after it: {len(todo) - i} processes, ~{left:.0f} s")
         timeout = min(args.timeout or default_timeout(suite, est), max(30.0, budget + BUDGET_GRACE_S - elapsed))
         t0 = time.perf_counter()
-        sections, error = _process(g, rep, suite, work, timeout)
+        sections, error = _process(g, rep, suite, work, timeout, servers)
         wall = time.perf_counter() - t0
         outputs.append({"group": g.name, "rep": rep, "sections": sections, "error": error,
                         "planned": g.sections})
@@ -181,6 +184,8 @@ def _run_suite(suite: str, groups: list, skipped: list[str], n: int, out: Path, 
                  f"(elapsed {time.perf_counter() - t_run:.0f} s)")
         results["sections"] = merge(outputs)
         (out / "results.json").write_text(json.dumps(results, indent=1))
+    for server in servers.values():
+        server.stop()
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results["wall_s"] = round(time.perf_counter() - t_run, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -201,8 +206,10 @@ def default_timeout(suite: str, est: float) -> float:
     return 300.0 if suite == "cpu" else min(300.0, max(90.0, 4 * est))
 
 
-def _process(g, rep: int, suite: str, work: Path, timeout: float) -> tuple[dict | None, str | None]:
-    """Runs one process of group g: (its sections, None) or (None, why it failed)."""
+def _process(g, rep: int, suite: str, work: Path, timeout: float,
+             servers: dict | None = None) -> tuple[dict | None, str | None]:
+    """Runs one process of group g: (its sections, None) or (None, why it failed). servers: the
+    run's Redis server, started here for the first row seeded from another's winners."""
     path = work / f"{g.name}-{rep}.json"
     path.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LAZYTRITON_BENCH_WORK": str(work),
@@ -211,11 +218,24 @@ def _process(g, rep: int, suite: str, work: Path, timeout: float) -> tuple[dict 
     # XLA's settings are the harness's: JAX rows run with XLA's defaults unless their group sets
     # XLA_FLAGS (command buffers on / off), whatever the calling shell (or pytest's conftest) set.
     env.pop("XLA_FLAGS", None)
+    # The rows measure this run's caches: never a fleet's server the calling shell may name.
+    env.pop("LAZYTRITON_REMOTE_CACHE", None)
     # Cold rows: fresh caches per repetition (warm rows reuse the cold row's);
     # the other groups share the run's caches (their first process compiles).
     base = work / f"rep{rep}" / g.fresh_cache if g.fresh_cache else work
     env.update(LAZYTRITON_CACHE_DIR=str(base / "lazytriton-cache"), TRITON_CACHE_DIR=str(base / "triton-cache"))
     env.update(g.env)
+    if g.seeded_from:
+        try:
+            server = servers.get("redis") if servers is not None else None
+            if server is None:
+                server = redis_server.RedisServer(work / "redis").start()
+                if servers is not None:
+                    servers["redis"] = server
+            redis_server.seed(server, work / f"rep{rep}" / g.seeded_from / "lazytriton-cache")
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            return None, f"could not seed the run's Redis server with the winners of {g.seeded_from}: {exc}"
+        env["LAZYTRITON_REMOTE_CACHE"] = server.url
     if g.script:
         argv = [sys.executable, "-c", g.script, str(path)]
     else:

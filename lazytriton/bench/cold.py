@@ -1,7 +1,8 @@
 """First call of the 8-config autotuned matmul (2048^3 fp16), each row in a
 fresh process: cold (empty lazytriton, Triton and JAX caches) and warm (a new
 process on the caches a cold one left: the persisted winner), as a timeline of
-phases from the moment the data is ready:
+phases from the moment the data is ready (and, where a redis-server is installed, a new process
+with empty local caches that finds the cold process's winner in Redis: SEEDED_FROM):
 
 - Triton's own @triton.autotune: compile and benchmark every config, serially;
 - lazytriton standalone (torch arrays): binding and cache lookup, compiling the
@@ -154,6 +155,10 @@ ROWS = [
      ("quick", "full"), "torch"),
     # The compile server starts when a kernel is wrapped; the script above calls at once, so the server's
     # start-up (about 0.5 s) is on its path. A program with other set-up in between does not pay it:
+    # A new host: empty local caches (lazytriton's, Triton's), the winner the cold row tuned found in Redis
+    # (SEEDED_FROM); beside the warm row above (same run, same winner), its bar is within 1.5x of it.
+    ("warm-redis", "lazytriton, warm from Redis (new process, empty local cache)", "lazytriton", LAZY, {}, None,
+     ("quick", "full"), "torch"),
     ("cold-lazy-gap", "lazytriton, cold, kernel wrapped 1.5 s before the data", "lazytriton", LAZY,
      {"LAZYTRITON_BENCH_WRAP_GAP_S": "1.5"}, None, ("full",), "torch"),
     ("cold-jax", "lazytriton.jax, cold", "lazytriton", JAX_LAZY, {}, None, ("quick", "full"), "jax"),
@@ -163,6 +168,12 @@ ROWS = [
      {"LAZYTRITON_PREBUILT_HANDLER": "0"}, None, ("full",), "jax"),
     ("cold-jax-triton", "jax-triton, cold", "other", JAX_TRITON, {}, None, ("quick", "full"), "jax_triton"),
 ]
+
+
+# Rows run with LAZYTRITON_REMOTE_CACHE set to the run's own Redis server (bench/redis_server.py), which
+# holds what the named group's process of the same repetition tuned (`lazytriton cache push`), and
+# nothing else; they run only where `redis-server` and the redis client are installed.
+SEEDED_FROM = {"warm-redis": "cold-lazy"}
 
 
 def importable(module: str) -> bool:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import cold, cpu, distributed, field as field_group, jax_group, throughput_group, torch_group
+from . import cold, cpu, distributed, field as field_group, jax_group, redis_server, throughput_group, torch_group
 
 SUITES = ("cpu", "quick", "full")
 # Cold rows run once whatever --processes says: a build of the FFI handler (g++) per repetition costs more
 # than its spread tells, and jax-triton's cold first call (its serial compile of every config at lowering,
 # 6-7 s on an H100 host, 2026-11-24) is the baseline of a ratio far from its goal; the cold row with a gap
 # between wrapping and calling says where the compile server's start-up went.
-ONCE = {"cold-jax-runtime-handler", "cold-jax-triton", "cold-lazy-gap"}
+# The row warm from Redis too: its empty cache builds the launch stub and the torch reader after its call.
+ONCE = {"cold-jax-runtime-handler", "cold-jax-triton", "cold-lazy-gap", "warm-redis"}
 SECTION_ORDER = ("launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call", "distributed",
                  "field", "field_program", "cpu")
 
@@ -33,6 +34,7 @@ class Group:
     env: dict = field(default_factory=dict)
     fresh_cache: str | None = None   # cold/warm rows: the group whose fresh per-repetition caches it uses
     once: bool = False               # runs in one process whatever --processes says
+    seeded_from: str | None = None   # cold/warm rows: the group whose winners the run's Redis holds (cold.SEEDED_FROM)
     notes: list = field(default_factory=list)
 
     @property
@@ -70,12 +72,22 @@ def build(suite: str, gpus: int, importable=cold.importable, only: set | None = 
     ]
     # Full-suite figures: what each process took on an H100 host with 16 cores (2026-11-24).
     est = {"cold-triton": 11, "cold-lazy": 7, "warm-lazy": 6, "cold-lazy-gap": 9, "cold-jax": 13, "warm-jax": 12,
-           "cold-jax-runtime-handler": 15, "cold-jax-triton": 18}
+           "cold-jax-runtime-handler": 15, "cold-jax-triton": 18,
+           "warm-redis": 25}  # an estimate: its empty cache builds the launch stub and the torch reader afterwards
+    notes = []
     for name, row, _, script, env, shared, suites, need in cold.ROWS:
         if suite in suites:
-            groups.append(Group(name, f"first call: {row}", {"first_call": [row]}, needs=(need,),
-                                est_s=(est[name], est[name]), script=script, env=env, fresh_cache=shared or name,
-                                once=name in ONCE))
+            seeded = cold.SEEDED_FROM.get(name)
+            if seeded and redis_server.available() is None:
+                notes.append(f"first call: {row}: skipped (redis-server is not installed: apt-get install redis-server)")
+                continue
+            if seeded and "first_call" not in (only or ()):  # the suites' budgets have no room for it
+                notes.append(f"first call: {row}: with --only first_call")
+                continue
+            groups.append(Group(name, f"first call: {row}", {"first_call": [row]},
+                                needs=(need, "redis") if seeded else (need,), est_s=(est[name], est[name]),
+                                script=script, env=env, fresh_cache=shared or name, once=name in ONCE,
+                                seeded_from=seeded))
     # Its ranks share the GPUs (on one, every rank shares it): there only when asked for by name,
     # to keep the full suite inside its budget.
     with_distributed = full and (gpus >= 2 or "distributed" in (only or ()))
@@ -91,7 +103,6 @@ def build(suite: str, gpus: int, importable=cold.importable, only: set | None = 
                             {"field": list(field_group.ONE_ROWS), "field_program": list(field_group.PROGRAM_ROWS)},
                             needs=("torch", "jax"), est_s=(q(130, 220), q(130, 220)), once=True))
     groups.append(cpu_group)
-    notes = []
     if not with_field:
         notes.append("kernels of a heavy package, 16-kernel program: with --only=field (benchmarks/cold_field.py)")
     if full and not with_distributed:

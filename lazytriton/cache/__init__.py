@@ -4,7 +4,9 @@
 - entries.py: what is stored (CompiledBinary, TuningRecord) and its framing;
 - files.py: atomic publish by rename, bounded advisory locks;
 - store.py: the Cache (layout, degradation to memory, management);
-- archive.py: export/import of entries as a verified .tar.gz archive.
+- archive.py: export/import of entries as a verified .tar.gz archive;
+- measurements.py: each config's measured time, apart from the config list;
+- remote/: the fleet's server behind the local cache (LAZYTRITON_REMOTE_CACHE).
 """
 
 from .archive import ARCHIVE_FORMAT

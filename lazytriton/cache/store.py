@@ -14,10 +14,15 @@ readers, removed once older than an hour) and never a half entry.
 
 If the directory cannot be written (read-only, full, not a directory) the
 cache degrades to an in-memory store with one warning and keeps working.
+
+With LAZYTRITON_REMOTE_CACHE set, a local miss asks the remote tier
+(lazytriton.cache.remote) and keeps what it finds; a stored tuning record is
+published there with its winner's binary.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -29,10 +34,11 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from .keys import FORMAT_VERSION
-from . import archive, files
-from ..settings import env_flag, env_seconds, settings
+from . import archive, files, measurements
+from ..settings import env_flag, env_seconds, remote_cache_url, settings
 from .entries import (KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, CompiledBinary, EntryInfo,
                       TuningRecord, check_key, decode, decode_record, encode_binary, encode_record, peek_binary_head)
+from .remote import RemoteCache, from_settings as remote_from_settings
 
 log = logging.getLogger("lazytriton.cache")
 
@@ -135,6 +141,14 @@ class Cache:
         }
         if not self.disk_requested:
             log.debug("disk cache disabled (LAZYTRITON_CACHE=0); using memory only")
+        # The fleet's server behind this cache (LAZYTRITON_REMOTE_CACHE), or None: asked on a
+        # local miss, published to after a tune (lazytriton.cache.remote).
+        self.remote: Optional[RemoteCache] = remote_from_settings()
+
+    def warm_up(self) -> None:
+        """Connect to the remote tier in the background (a kernel is wrapped: its first call follows)."""
+        if self.remote is not None:
+            self.remote.warm_up()
 
     def __repr__(self) -> str:
         mode = "disk" if self._disk else "memory"
@@ -243,6 +257,8 @@ class Cache:
 
     def load_binary(self, key: str) -> Optional[CompiledBinary]:
         result = self._load(KIND_BINARY, check_key(key))
+        if result is None and self.remote is not None:
+            result = self._from_remote(KIND_BINARY, key, self.remote.fetch_binary(key))
         self._count("binary_hits" if result is not None else "binary_misses")
         return result
 
@@ -250,17 +266,37 @@ class Cache:
         self._store_raw(KIND_BINARY, check_key(key), encode_binary(key, binary))
         self._count("binary_stores")
 
-    def load_record(self, key: str) -> Optional[TuningRecord]:
+    def load_record(self, key: str, expect: Optional[dict] = None) -> Optional[TuningRecord]:
+        """The tuning record `key`: local, else the remote tier's, when it says what `expect`
+        says ({"device_name":, "driver_version":} of this process's device)."""
         result = self._load(KIND_RECORD, check_key(key))
+        if result is None and self.remote is not None:
+            result = self._from_remote(KIND_RECORD, key, self.remote.fetch_record(key, expect))
         self._count("record_hits" if result is not None else "record_misses")
         if result is not None:
             note_used_record(key)
         return result
 
     def store_record(self, key: str, record: TuningRecord) -> None:
-        self._store_raw(KIND_RECORD, check_key(key), encode_record(key, record))
+        data = encode_record(key, record)
+        self._store_raw(KIND_RECORD, check_key(key), data)
         self._count("record_stores")
         note_used_record(key)
+        if self.remote is not None:
+            self.remote.publish(key, record, data, self._load(KIND_BINARY, record.winner), record.winner)
+
+    def _from_remote(self, kind: int, key: str, data: Optional[bytes]) -> Any:
+        """A remote tier's entry (checked there), kept in this cache too: in memory at once, on disk
+        by a thread (an atomic write's fsyncs cost milliseconds the first call does not wait for;
+        the process waits for it at exit). None for a miss."""
+        if data is None:
+            return None
+        obj = decode(kind, key, data)
+        self._mem[(kind, key)] = data
+        self._mem_mtime[(kind, key)] = time.time()
+        if self._disk:
+            _write_behind(lambda: self._store_raw(kind, key, data))
+        return obj
 
     # -- locking ---------------------------------------------------------------------
 
@@ -469,7 +505,7 @@ class Cache:
                 files.remove_unheld_lock(path)
         if kernel is None:
             self.clean_temp(max_age_s=files.STALE_TEMP_AGE_S)
-        return removed
+        return removed + measurements.clear(self, kernel)
 
     # -- export / import -------------------------------------------------------------
 
@@ -506,6 +542,31 @@ class Cache:
 
 
 # --------------------------------------------------------------------------
+# Writes off the caller's path
+# --------------------------------------------------------------------------
+
+_behind: list[threading.Thread] = []
+_behind_guard = threading.Lock()
+WRITE_BEHIND_EXIT_WAIT_S = 10.0
+
+
+def _write_behind(write) -> None:
+    thread = threading.Thread(target=write, name="lazytriton-cache-write", daemon=True)
+    with _behind_guard:
+        _behind[:] = [t for t in _behind if t.is_alive()] + [thread]
+    thread.start()
+
+
+@atexit.register
+def _finish_writes() -> None:
+    # A daemon thread dies at exit: an entry whose write was cut stays a temp file (removed later), never
+    # a half entry; waiting a little keeps it for the next process.
+    deadline = time.monotonic() + WRITE_BEHIND_EXIT_WAIT_S
+    for thread in list(_behind):
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+# --------------------------------------------------------------------------
 # Process-wide default
 # --------------------------------------------------------------------------
 
@@ -518,6 +579,7 @@ def get_cache() -> Cache:
     global _default
     conf = settings()
     with _default_guard:
-        if _default is None or _default.root != conf.cache_dir or _default.disk_requested != conf.disk_cache:
+        if (_default is None or _default.root != conf.cache_dir or _default.disk_requested != conf.disk_cache
+                or (_default.remote.url if _default.remote else None) != remote_cache_url()):
             _default = Cache(conf.cache_dir, disk=conf.disk_cache)
         return _default

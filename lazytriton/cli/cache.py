@@ -1,4 +1,4 @@
-"""`lazytriton cache ...` subcommands (list, show, clear, export, import) and
+"""`lazytriton cache ...` subcommands (list, show, clear, push, export, import) and
 `lazytriton pretune` (run a program, archive the tuned kernels it used)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from ..cache import USED_KEYS_ENV, Cache
+from ..cache import USED_KEYS_ENV, Cache, encode_record
+from ..cache.remote import RemoteCache, RemoteError
 from ..settings import env_flag
 
 
@@ -31,19 +32,29 @@ def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
     _add = sub.add_parser
     sub.add_parser = lambda *a, **k: _add(*a, parents=[common], **k)  # type: ignore[method-assign]
 
+    remote_help = "the remote cache's entries instead (the server $LAZYTRITON_REMOTE_CACHE names)"
     p = sub.add_parser("list", help="list cached binaries and tuning records")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--remote", action="store_true", help=remote_help)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("show", help="show one entry by key (a unique prefix is enough)")
     p.add_argument("key")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--remote", action="store_true", help=remote_help)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("clear", help="remove entries (all, with the built launch stubs; or those of one kernel)")
     p.add_argument("--kernel", default=None, help="only entries of this kernel name (launch stubs, shared by "
                                                   "kernels, stay)")
+    p.add_argument("--remote", action="store_true", help=remote_help + ": every host sharing it loses them")
     p.set_defaults(func=cmd_clear)
+
+    p = sub.add_parser("push", help="publish every tuned winner of this cache (record and binary) to the remote "
+                                    "cache $LAZYTRITON_REMOTE_CACHE names (e.g. after `cache import` of a pretune "
+                                    "archive: seeds a fleet's server)")
+    p.add_argument("--kernel", default=None, help="only the winners of this kernel name")
+    p.set_defaults(func=cmd_push)
 
     p = sub.add_parser("export", help="write all valid entries to an archive (.tar.gz)")
     p.add_argument("file")
@@ -92,21 +103,60 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    cache = _open_cache(args)
-    entries = cache.entries()
+def _on_remote(args: argparse.Namespace, action) -> Optional[int]:
+    """With --remote: action(the remote cache $LAZYTRITON_REMOTE_CACHE names), its exit status
+    (a failure to reach it said); None without --remote."""
+    if not getattr(args, "remote", False):
+        return None
+    remote = _open_cache(args).remote
+    if remote is None:
+        print("error: --remote: no remote cache is set (LAZYTRITON_REMOTE_CACHE=redis://host:port/db lazytriton cache "
+              f"{args.cache_command} --remote)", file=sys.stderr)
+        return 2
+    try:
+        return action(remote)
+    except RemoteError as exc:
+        print(f"error: cannot reach the remote cache {remote.shown}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _print_listing(args: argparse.Namespace, where: str, entries: list, row, header: list[str]) -> int:
     if args.json:
         print(json.dumps([e.to_dict() for e in entries], indent=2))
-        return 0
-    print(f"cache: {cache.dir}")
-    if not entries:
-        print("(empty)")
-        return 0
-    rows = [[e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), _fmt_time(e.mtime), e.device_name or "",
-             _fmt_config(e.winner_config)] for e in entries]
-    print(_table(rows, ["KIND", "KEY", "KERNEL", "SIZE", "MODIFIED", "DEVICE", "WINNER"]))
-    total = sum(e.size for e in entries)
-    print(f"{len(entries)} entries, {_fmt_size(total)}")
+    elif not entries:
+        print(f"{where}\n(empty)")
+    else:
+        print(where)
+        print(_table([row(e) for e in entries], header))
+        print(f"{len(entries)} entries, {_fmt_size(sum(e.size for e in entries))}")
+    return 0
+
+
+def _remote_summary(cache: Cache) -> None:
+    """One line on the remote tier under `cache list`: where it is, how many entries (or why not)."""
+    if cache.remote is None:
+        return
+    try:
+        n = len(cache.remote.entries())
+        print(f"remote cache {cache.remote.shown}: {n} entr{'y' if n == 1 else 'ies'} (lazytriton cache list --remote)")
+    except RemoteError as exc:
+        print(f"remote cache {cache.remote.shown}: cannot reach it ({exc})")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    on_remote = _on_remote(args, lambda remote: _print_listing(
+        args, f"remote cache: {remote.shown}", remote.entries(),
+        lambda e: [e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), e.device_name or "",
+                   _fmt_config(e.winner_config)], ["KIND", "KEY", "KERNEL", "SIZE", "DEVICE", "WINNER"]))
+    if on_remote is not None:
+        return on_remote
+    cache = _open_cache(args)
+    _print_listing(args, f"cache: {cache.dir}", cache.entries(),
+                   lambda e: [e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), _fmt_time(e.mtime),
+                              e.device_name or "", _fmt_config(e.winner_config)],
+                   ["KIND", "KEY", "KERNEL", "SIZE", "MODIFIED", "DEVICE", "WINNER"])
+    if not args.json:
+        _remote_summary(cache)
     return 0
 
 
@@ -137,7 +187,32 @@ def _print_binary(binary: dict) -> None:
         print(f"\nttir ({binary['ttir'].count(chr(10)) + 1} lines; use --json for the text)")
 
 
+def _show_remote(args: argparse.Namespace, remote: RemoteCache) -> int:
+    try:
+        entry = remote.show(args.key)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(entry, indent=2))
+        return 0 if entry["valid"] else 1
+    for field in ("kind", "key", "server", "kernel_name", "size"):
+        print(f"{field:20} {entry.get(field)}")
+    if not entry["valid"]:
+        print(f"INVALID: {entry.get('error')} (a lookup treats it as a miss and removes it)")
+        return 1
+    print(f"{'written by':20} " + ", ".join(f"{k} {entry['head'].get(k)}" for k in ("triton", "lazytriton", "format")))
+    if entry.get("blob"):
+        print(f"{'image':20} blob {entry['blob']}")
+    if "record" in entry:
+        _print_record(entry["record"])
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
+    on_remote = _on_remote(args, lambda remote: _show_remote(args, remote))
+    if on_remote is not None:
+        return on_remote
     try:
         entry = _open_cache(args).show(args.key)
     except KeyError as exc:
@@ -162,7 +237,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clear_remote(args: argparse.Namespace, remote: RemoteCache) -> int:
+    removed = remote.clear(args.kernel)
+    what = f" of kernel {args.kernel}" if args.kernel else ""
+    print(f"removed {removed} remote entr{'y' if removed == 1 else 'ies'}{what} from {remote.shown}")
+    return 0
+
+
 def cmd_clear(args: argparse.Namespace) -> int:
+    on_remote = _on_remote(args, lambda remote: _clear_remote(args, remote))
+    if on_remote is not None:
+        return on_remote
     cache = _open_cache(args)
     removed = cache.clear(args.kernel)
     what = f" of kernel {args.kernel}" if args.kernel else ""
@@ -174,6 +259,29 @@ def cmd_clear(args: argparse.Namespace) -> int:
         stubs = f" and {n} launch stub{'' if n == 1 else 's'}"
     print(f"removed {removed} entr{'y' if removed == 1 else 'ies'}{what}{stubs}")
     return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    cache = _open_cache(args)
+    if cache.remote is None:
+        print("error: no remote cache is set (LAZYTRITON_REMOTE_CACHE=redis://host:port/db lazytriton cache push)",
+              file=sys.stderr)
+        return 2
+    pushed = skipped = 0
+    for info in cache.entries():
+        if info.kind != "record" or (args.kernel and info.kernel_name != args.kernel):
+            continue
+        rec = cache.load_record(info.key)
+        binary = cache.load_binary(rec.winner) if rec is not None else None
+        if rec is None or not cache.remote.publish(info.key, rec, encode_record(info.key, rec), binary, rec.winner):
+            skipped += 1
+        else:
+            pushed += 1
+    failures = cache.remote.stats["failures"]
+    print(f"published {pushed} tuned winner{'' if pushed == 1 else 's'} to {cache.remote.shown}"
+          + (f"; {skipped} not (invalid, untuned, adopted from another rank, or refused: see the warnings)"
+             if skipped else ""))
+    return 1 if failures else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:

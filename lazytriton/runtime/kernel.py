@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import _core
 from ..cache import Cache, TuningRecord
+from ..settings import remote_cache_url
 from ..compile import compiler
 from ..compile.compiler import Binder
 from . import resolve, stubgen, torch_reader
@@ -96,6 +97,8 @@ class LazyKernel(_core.LaunchBase):
         # The resolve-once table the stubs look winners up in; _first_call resolves its keys.
         self._core = _core.ResolveTable(self.name)
         compiler.warm_up()  # the compile server and Triton's specializer, ready by the first call that compiles
+        if remote_cache_url():  # the remote cache's client imported and connected by the first call
+            self.cache.warm_up()
         self._handle = self._core.handle
         self._stubs = ()  # the stub objects, tried in order by the C launcher
         self._shapes: dict[Any, Shape] = {}  # stub -> the argument shape it reads

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, distributed
-from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, settings
+from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings
 from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream
 from ..compile.targets import device_target
 from ..model import pre_hooks, tensor_desc, tuples
@@ -29,12 +29,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lazytriton")
 
-_stats = {"compiles": 0, "tunes": 0, "record_hits": 0, "resolves": 0}
+_stats = {"compiles": 0, "tunes": 0, "record_hits": 0, "resolves": 0, "timed": 0, "measured_before": 0}
 _timings: list[dict] = []
 
 
 def counters() -> dict:
-    """Python-side work of this process: compiles, tunes, cached winners used, resolutions."""
+    """Python-side work of this process: compiles, tunes, cached winners used, resolutions,
+    configs timed, and configs whose time measured in an earlier process was used instead."""
     return dict(_stats)
 
 
@@ -81,6 +82,7 @@ class Resolution:
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
         self.spec = k.spec
         self.device = None  # run() asks the driver
+        self.dev: dict | None = None  # and its description (name, capability, driver version)
         self.values = args[:k.n_call]
         self.extras = args[k.n_call:]
         self.names = [p.name for p in k.call_params]
@@ -124,6 +126,7 @@ class Resolution:
         shape_sig = {n: sl.code() for n, sl in zip(self.shape.names, self.shape.slots)}
         if not self.shape.flat:  # tuple arguments: their nesting too (an empty tuple has no slot)
             shape_sig["(tuples)"] = [[list(p), n] for p, n in self.shape.tuples]
+        self.shape_sig = shape_sig  # the specialization, for the measurements' key too
         self.portable_key = self.shape.portable_key(tuple(self.key), self.values + self.extras)
         tkey = keys.tuning_key(self.spec.fn, shape_sig, {}, {}, self.spec.configs, self.options, self.target,
                                dev["name"], self.portable_key, dev["driver_version"])
@@ -140,7 +143,7 @@ class Resolution:
         if st.retune:
             return None
         with cache.lock(tkey):
-            hit = self._from_record(cache, cache.load_record(tkey))
+            hit = self._from_record(cache, cache.load_record(tkey, self._expect()))
         return None if hit is None else self._shared(cache, hit)
 
     def _shared(self, cache: Cache, entry):
@@ -164,7 +167,7 @@ class Resolution:
         """Resolve as a lone process: the cached winner, else compile and tune."""
         k = self.k
         with cache.lock(tkey):
-            hit = None if st.retune else self._from_record(cache, cache.load_record(tkey))
+            hit = None if st.retune else self._from_record(cache, cache.load_record(tkey, self._expect()))
             if hit is not None:
                 return hit
             if self.mode == "record":
@@ -177,6 +180,10 @@ class Resolution:
             if self.mode == "first":
                 return self._entry(self._first(self._candidates()))
             return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
+
+    def _expect(self) -> dict:
+        """What a tuning record from the remote tier must say to be for this device."""
+        return {"device_name": self.dev["name"], "driver_version": self.dev["driver_version"]}
 
     def _candidates(self) -> list[Candidate]:
         binder = self.k.binder(self.target)
@@ -286,17 +293,37 @@ class Resolution:
             pruned = [cands[agreed[0]["winner_index"]]]
         else:
             pruned = self._pruned(cands)
+        untuned = not tuning and len(pruned) > 1
         if not tuning:
             pruned = pruned[:1]
+        # Configs measured before (an earlier process, another host through the remote tier):
+        # only the others are compiled and timed; the winner is chosen among all.
+        mkey, prior = self._measured_before(cache, pruned, agreed is None and tuning)
+        todo = [c for c in pruned if c.index not in prior]
         # Trials start as soon as two candidates are compiled, while the others
         # still compile (tune() reads the stream).
         t0 = time.perf_counter()
-        ckeys, ready = self._compile_stream(cache, pruned)
+        ckeys, ready = self._compile_stream(cache, todo)
+        winner = None
         with contextlib.closing(ready):
-            winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays, self._grid_of, self.stream,
-                          self.device, self.spec.reset_to_zero, self.spec.restore_value, k.tune_options,
-                          scratch=k.scratch_args)
-        _stats["tunes"] += int(len(pruned) > 1)
+            try:
+                winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays, self._grid_of,
+                              self.stream, self.device, self.spec.reset_to_zero, self.spec.restore_value,
+                              k.tune_options, scratch=k.scratch_args, time_alone=bool(prior)) if todo else None
+            except AllCandidatesFailed:
+                if not prior:
+                    raise
+        if prior:
+            winner = self._best_with_prior(cache, winner, pruned, todo, prior, ckeys)
+        timed = [c for c in todo if c.extra.get("time_ms") is not None]
+        _stats["timed"] += len(timed)
+        _stats["measured_before"] += len(prior)
+        _stats["tunes"] += int(len(todo) > 1 or bool(prior and timed))
+        if mkey is not None and timed:
+            measurements.record(cache, mkey, k.name, {
+                measurements.config_id(c.config): {"config": keys.config_parts(c.config) if c.config else {},
+                                                   "time_ms": c.extra["time_ms"], "compile_key": ckeys[id(c)]}
+                for c in timed})
         _timings.append({"kernel": k.name, "candidates": len(pruned),
                          "compiled_s": max((c.extra.get("ready_s", 0.0) for c in pruned), default=0.0),
                          "front_end_s": sum(c.extra.get("front_end_s", 0.0) for c in pruned),
@@ -307,17 +334,68 @@ class Resolution:
             kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
             candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},
                          "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
-                         "time_ms": c.extra.get("time_ms"), "error": c.error} for c in cands],
+                         "time_ms": prior.get(c.index, c.extra.get("time_ms")), "error": c.error,
+                         **({"measured_before": True} if c.index in prior else {})} for c in cands],
             device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
             driver_version=self.dev["driver_version"],
             tune_key_values=keys.canonical(list(self.portable_key)),
             extra={"launch": self._launch_info(winner)} if _jsonable_meta(winner.extra["meta"]) else {})
         if agreed is not None:
             rec.extra["agreed"] = distributed.provenance(*agreed, rec.winner)
+        if untuned:  # chosen without timing (LAZYTRITON_TUNING=off): never published to the remote tier
+            rec.extra["untuned"] = True
         cache.store_record(tkey, rec)
         k.records.append(rec)
         self.record = rec
         return winner
+
+    def _measured_before(self, cache: Cache, pruned: list[Candidate], timing: bool) -> tuple[str | None, dict]:
+        """(the measurements' key, {candidate index: time_ms measured before}) for a tune of
+        several configs; (None, {}) otherwise. LAZYTRITON_RETUNE=1 measures every config again."""
+        if not (timing and len(pruned) > 1) or self.dev is None:  # (no device asked: nothing to compare with)
+            return None, {}
+        k = self.k
+        mkey = measurements.measure_key(self.spec.fn, self.shape_sig, self.options, self.target, self.dev["name"],
+                                        self.portable_key, self.dev["driver_version"], k.tune_options)
+        if settings().retune:
+            return mkey, {}
+        ids = {c.index: measurements.config_id(c.config) for c in pruned}
+        found = measurements.lookup(cache, mkey, k.name, list(ids.values()))
+        prior = {i: found[cid]["time_ms"] for i, cid in ids.items() if cid in found}
+        if prior:
+            log.info("kernel %s: %d of %d configs were measured before on this GPU model for this specialization "
+                     "(configs %s); compiling and timing only the other %d%s, then choosing among all", k.name,
+                     len(prior), len(pruned), ", ".join(map(str, sorted(prior))), len(pruned) - len(prior),
+                     f" (configs {', '.join(str(c.index) for c in pruned if c.index not in prior)})"
+                     if len(prior) < len(pruned) else "")
+        return mkey, prior
+
+    def _best_with_prior(self, cache: Cache, winner: Candidate | None, pruned: list[Candidate],
+                         todo: list[Candidate], prior: dict, ckeys: dict) -> Candidate:
+        """The fastest of this tune's winner and the configs measured before; a config measured
+        before that wins is loaded from the cache (local or remote), else compiled alone."""
+        cands = {c.index: c for c in pruned}
+        best_i = min(prior, key=lambda i: (prior[i], i))
+        if winner is not None and (winner.extra.get("time_ms") is None
+                                   or (winner.extra["time_ms"], winner.index) < (prior[best_i], best_i)):
+            return winner
+        best = cands[best_i]
+        best.extra["time_ms"] = prior[best_i]
+        more, ready = self._compile_stream(cache, [best])
+        with contextlib.closing(ready):
+            for _ in ready:
+                pass
+        if best.binary is None:
+            if winner is None:
+                raise AllCandidatesFailed(self.k.name, [best, *todo])
+            log.warning("kernel %s: config %d, measured before as the fastest, does not compile now (%s); using "
+                        "config %d", self.k.name, best_i, best.error, winner.index)
+            return winner
+        ckeys.update(more)
+        log.info("kernel %s: winner config %d at %.4f ms, measured before (%s)", self.k.name, best_i, prior[best_i],
+                 ", ".join(f"{i}: {t:.4f}" for i, t in sorted(
+                     {**prior, **{c.index: c.extra["time_ms"] for c in todo if c.extra.get("time_ms")}}.items())))
+        return best
 
     def _grid_of(self, c: Candidate):
         if self.grid is None:

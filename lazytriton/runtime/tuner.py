@@ -168,11 +168,13 @@ class _Saved:
 
 def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], values: tuple, arrays: dict,
          grid_of: Callable[[Candidate], Any], stream: int, device: int, reset_to_zero: list[str],
-         restore_value: list[str], options: TuneOptions, scratch: frozenset = frozenset()) -> Candidate:
+         restore_value: list[str], options: TuneOptions, scratch: frozenset = frozenset(),
+         time_alone: bool = False) -> Candidate:
     """Times every compiled candidate on the real arguments; returns the fastest.
     `candidates` may be a stream (compiler.compile_stream): trials start as soon
     as two candidates are ready, while the others still compile. A lone
-    candidate that compiles is never timed."""
+    candidate that compiles is never timed, unless `time_alone` (its time is
+    compared with times measured before: lazytriton.cache.measurements)."""
     options = TuneOptions.given(options, f"kernel {kernel_name}")  # k.tune_options may be set after wrapping
     seen: list[Candidate] = []
     ok: list[Candidate] = []
@@ -197,10 +199,10 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
                 log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
                 continue
             ok.append(c)
-            if len(ok) == 2:
+            if len(ok) == 2 and not time_alone:
                 log.info("kernel %s: tuning on the call's buffers, starting as candidates compile", kernel_name)
                 trial(ok[0])
-            if len(ok) >= 2:
+            if len(ok) >= 2 or time_alone:
                 trial(c)
         if len(ok) > 1:
             _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, grid_of, stream,
@@ -222,12 +224,12 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
             c.extra.pop("loaded", None)
     if not ok:
         raise AllCandidatesFailed(kernel_name, seen)
-    if len(ok) == 1:
+    if len(ok) == 1 and not time_alone:
         return ok[0]
     timed = [c for c in ok if c.error is None]
     if not timed:
         raise AllCandidatesFailed(kernel_name, seen)
-    best = min(timed, key=lambda c: c.extra["time_ms"])
+    best = min(timed, key=lambda c: (c.extra["time_ms"], c.index))  # a tie: the earlier config, whatever compiled first
     log.info("kernel %s: winner %s at %.4f ms (%s)", kernel_name, best.label, best.extra["time_ms"],
              ", ".join(f"{c.index}: {c.extra['time_ms']:.4f}" for c in sorted(timed, key=lambda c: c.index)))
     return best
