@@ -16,14 +16,24 @@ import tarfile
 import time
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import Iterable, Iterator, Optional, Protocol
 
 from .keys import FORMAT_VERSION, lazytriton_version
 from . import files
 from .entries import KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, decode, now_iso, triton_version
 
-if TYPE_CHECKING:
-    from .store import Cache
+
+class Entries(Protocol):
+    """What an export reads of a cache (cache.store.Cache is one): the archive
+    module sits below the store, which imports it for `import`."""
+
+    disk_requested: bool
+
+    def all_raw(self) -> Iterator[tuple[int, str, Optional[Path]]]: ...
+
+    def read_raw(self, kind: int, key: str, path: Optional[Path]) -> Optional[bytes]: ...
+
+    def entry_path(self, kind: int, key: str) -> Path: ...
 
 log = logging.getLogger("lazytriton.cache")
 
@@ -38,14 +48,14 @@ def _member(kind: int, key: str) -> str:
     return f"{sub}/{key}{ext}"
 
 
-def _entry_bytes(cache: "Cache", kind: int, key: str) -> Optional[bytes]:
+def _entry_bytes(cache: Entries, kind: int, key: str) -> Optional[bytes]:
     data = cache.read_raw(kind, key, None)
     if data is None and cache.disk_requested:
         data = cache.read_raw(kind, key, cache.entry_path(kind, key))
     return data
 
 
-def _selected(cache: "Cache", kernel: Optional[str], records: Optional[Iterable[str]]):
+def _selected(cache: Entries, kernel: Optional[str], records: Optional[Iterable[str]]):
     """(kind, key, bytes, decoded) of the entries to export."""
     if records is None:
         for kind, key, src in cache.all_raw():
@@ -80,7 +90,7 @@ def _selected(cache: "Cache", kernel: Optional[str], records: Optional[Iterable[
             yield from got
 
 
-def export(cache: "Cache", path: os.PathLike | str, kernel: Optional[str] = None,
+def export(cache: Entries, path: os.PathLike | str, kernel: Optional[str] = None,
            records: Optional[Iterable[str]] = None) -> int:
     """Write the selected valid entries to a .tar.gz archive; return how many."""
     members: list[tuple[str, bytes]] = []

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import _core, distributed
 from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings
@@ -24,8 +24,27 @@ from ..model.spec import KernelSpecError, pre_hook_refusal
 from ..model.specialize import OPTION_NAMES, Shape
 from .tuner import tune
 
-if TYPE_CHECKING:
-    from .kernel import LazyKernel
+
+class Resolvable(Protocol):
+    """What a Resolution reads of the kernel it resolves for
+    (runtime.kernel.LazyKernel, which imports this module to make them)."""
+
+    name: str
+    spec: Any
+    cache: Cache
+    records: Any
+    loaded_kernels: Any
+    tune_options: Any
+    scratch_args: Any
+    call_params: Any
+    meta_kwargs: Any
+    n_call: int
+
+    def outer_kwargs(self, named: dict, options: dict) -> dict: ...
+
+    def split_extras(self, args: tuple) -> tuple[dict, Any]: ...
+
+    def binder(self, target: Any) -> Any: ...
 
 log = logging.getLogger("lazytriton")
 
@@ -77,7 +96,7 @@ class Resolved:
 class Resolution:
     """Resolving one call key: cached winner, else compile + tune on these args."""
 
-    def __init__(self, k: LazyKernel, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
+    def __init__(self, k: Resolvable, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
                  mode: str = "tune"):
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
         self.spec = k.spec
