@@ -143,24 +143,26 @@ const StubEntry kEntry = {{launch_c, nullptr}};
 // (unresolved: resolve it and call again) or None (not this stub's shape).
 PyObject* launch(PyObject*, PyObject* const* argv, Py_ssize_t argc) {{ return launch_from_python(kEntry, argv, argc); }}
 
-// key(args) -> the call key tuple, or None (not this stub's shape).
-PyObject* key(PyObject*, PyObject* args) {{
+// A call's arguments (a tuple or list) read as a launch reads them; false: not this stub's shape.
+bool read_call(PyObject* args, Args& a) {{
   PyObject* const* items;
   Py_ssize_t n;
-  Args a;
   call_items(args, &items, &n);
-  if (!read(items, n, a)) Py_RETURN_NONE;
+  return read(items, n, a);
+}}
+
+// key(args) -> the call key tuple, or None (not this stub's shape).
+PyObject* key(PyObject*, PyObject* args) {{
+  Args a;
+  if (!read_call(args, a)) Py_RETURN_NONE;
   return key_tuple(a.key, kKeyWords);
 }}
 
 // params(args) -> per slot (leaf), the bytes the stub passes to the kernel (None for
 // a constexpr slot), or None (not this stub's shape). For tests: no GPU needed.
 PyObject* params(PyObject*, PyObject* args) {{
-  PyObject* const* items;
-  Py_ssize_t n;
   Args a;
-  call_items(args, &items, &n);
-  if (!read(items, n, a)) Py_RETURN_NONE;
+  if (!read_call(args, a)) Py_RETURN_NONE;
   return params_tuple(kTable, kSlots, a.cell, a.descs);
 }}
 
