@@ -379,3 +379,19 @@ def test_queued_in_the_order_the_compiles_were_asked_for():
     while any(t.state != "done" for t in late + early) and time.time() < deadline:
         time.sleep(0.005)
     assert ran == ["first-a", "first-b", "second-a", "second-b"]
+
+
+def test_a_compile_server_that_cannot_start_leaves_the_candidates_to_this_process(fresh_triton_cache, monkeypatch,
+                                                                                  caplog):
+    """The server's executable is gone (Popen fails): the candidates compile in
+    this process, and the stream neither hangs nor raises."""
+    monkeypatch.setenv("LAZYTRITON_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(compile_pool, "_pool", None)
+    pool = compile_pool.get_pool()
+    monkeypatch.setattr(compile_pool.sys, "executable", "/nonexistent/python")
+    compile_pool.start()  # what wrapping a kernel does: no error there either
+    spec, cands = demo_candidates(DEMO_CONFIGS[:2])
+    with caplog.at_level(logging.INFO, logger="lazytriton"):
+        done = list(compile_stream(spec, TARGET, cands, wait_for_server=True))
+    assert len(done) == 2 and all(c.binary is not None for c in done), [c.error for c in done]
+    assert "the compile server could not start" in caplog.text

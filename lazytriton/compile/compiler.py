@@ -296,6 +296,13 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         for t in promote:
             schedule.promote(t)
     pool = compile_pool.get_pool() if max_workers is None and todo else None
+    if pool is not None:
+        try:
+            pool.start()  # warming up for the candidates to come, if nothing started it yet
+        except OSError as exc:  # no compile server: this process compiles them
+            log.warning("kernel %s: the compile server could not start (%s): compiling in this process", spec.name,
+                        exc)
+            pool = None
     threads = None
     stop = threading.Event()
     if todo and pool is not None:
@@ -309,7 +316,6 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         if not wait_for_server:
             threads = cf.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
                                             thread_name_prefix="lazytriton-compile")
-        pool.start()  # warming up for the candidates to come, if nothing started it yet
         priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
         if order is None:
             order = schedule.next_order()
@@ -403,7 +409,12 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
     if job is None:
         fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
         return
-    ticket.hand_to(pool, job).add_done_callback(functools.partial(_forward, fut, front_s))
+    try:
+        job_future = ticket.hand_to(pool, job)
+    except OSError as exc:  # the compile server could not be started: this process compiles it
+        fut.set_exception(compile_pool.WorkerUnavailable(f"the compile server could not start ({exc})"))
+        return
+    job_future.add_done_callback(functools.partial(_forward, fut, front_s))
 
 
 def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:

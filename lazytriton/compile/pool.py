@@ -265,7 +265,10 @@ def start() -> None:
     first call that compiles (called when a kernel is wrapped)."""
     pool = get_pool()
     if pool is not None:
-        pool.start()
+        try:
+            pool.start()
+        except OSError as exc:  # the first compile says so and compiles in its process
+            log.debug("the compile server could not start: %s", exc)
 
 
 def server_timeline() -> dict:
