@@ -184,7 +184,8 @@ def test_an_added_config_is_the_only_one_compiled_and_timed(tmp_path, fake_drive
     measured = tmp_path / "cache-a" / "v1" / "measurements"
     assert len(list(measured.iterdir())) == 1
     r = subprocess.run([sys.executable, "-m", "lazytriton", "cache", "clear", "--kernel", "k"], capture_output=True,
-                       text=True, env={**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache-a")}, timeout=120)
+                       text=True, env={**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache-a")}, timeout=120,
+                       cwd=tmp_path)  # not the checkout: its lazytriton/ would shadow the installed one
     assert r.returncode == 0 and list(measured.iterdir()) == [], r.stdout + r.stderr
 
 
@@ -398,7 +399,7 @@ def test_cache_commands_list_show_and_clear_remote_entries(tmp_path, fake_driver
 
     def cli(*args):
         r = subprocess.run([sys.executable, "-m", "lazytriton", "cache", *args], env=env, capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=120, cwd=tmp_path)
         return r.returncode, r.stdout + r.stderr
 
     rc, out = cli("list", "--remote", "--json")

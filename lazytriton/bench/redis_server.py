@@ -83,5 +83,6 @@ def seed(server: RedisServer, cache_dir: Path) -> None:
     (`lazytriton cache clear --remote`, `lazytriton cache push`); CalledProcessError if either fails."""
     env = {**os.environ, "LAZYTRITON_REMOTE_CACHE": server.url, "LAZYTRITON_CACHE_DIR": str(cache_dir)}
     for command in (["clear", "--remote"], ["push"]):
+        # Run outside any source tree, whose lazytriton/ (no C++ core built) would shadow the installed one.
         subprocess.run([sys.executable, "-m", "lazytriton", "cache", *command], env=env, check=True,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=str(cache_dir.parent))
