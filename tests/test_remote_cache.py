@@ -68,7 +68,10 @@ class Worker:
                 "FAKE_CUDA_LOG": str(tmp_path / f"{name}.launches.jsonl"), "FAKE_CUDA_PARAM_SIZES": "k:8,4,8,8",
                 "LAZYTRITON_CACHE_DIR": str(tmp_path / f"cache-{name}"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
                 "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"),
-                "PYTHONDONTWRITEBYTECODE": "1", "LAZYTRITON_REMOTE_CACHE_RETRY_AFTER": "0", **env}
+                "PYTHONDONTWRITEBYTECODE": "1", "LAZYTRITON_REMOTE_CACHE_RETRY_AFTER": "0",
+                # Under the suite's load a loopback Redis can be starved past the 0.5 s default;
+                # the tests of the timeout set their own.
+                "LAZYTRITON_REMOTE_CACHE_TIMEOUT": "10", **env}
         full.pop("LAZYTRITON_REMOTE_CACHE", None)
         if url is not None:
             full["LAZYTRITON_REMOTE_CACHE"] = url
