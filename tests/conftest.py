@@ -57,8 +57,8 @@ def cache_dir(tmp_path, monkeypatch):
     """A private lazytriton cache for one test."""
     d = tmp_path / "ltcache"
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(d))
-    import lazytriton.runtime.kernel as rt
-    monkeypatch.setattr(rt, "_default_cache", None)
+    import lazytriton.cache.store as store
+    monkeypatch.setattr(store, "_default", None)
     return d
 
 

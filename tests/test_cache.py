@@ -484,6 +484,20 @@ def test_get_cache_follows_env(tmp_path, monkeypatch):
     assert lc.get_cache().root == tmp_path / "two"
 
 
+def test_a_kernel_wrapped_without_a_cache_uses_the_process_cache(tmp_path, monkeypatch):
+    # One process-wide default: what lazytriton.cache.get_cache() reports (the remote tier's
+    # counters, entries) is what a kernel wrapped without cache= reads and writes (once there
+    # were two, and a GPU test read a remote tier no kernel had used).
+    import lazytriton
+    from lazytriton import demo_kernels
+
+    monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path / "one"))
+    k = lazytriton.kernel(demo_kernels.demo_matmul)
+    assert k.cache is lc.get_cache()
+    monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path / "two"))
+    assert k.cache is lc.get_cache() and k.cache.root == tmp_path / "two"
+
+
 # --------------------------------------------------------------------------
 # Management: entries / show / clear
 # --------------------------------------------------------------------------

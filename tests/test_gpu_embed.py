@@ -296,12 +296,12 @@ def scalars_run(tmp_path_factory) -> dict:
     then each row launched through the C++ bundle and through lazytriton's Python stubs."""
     if CMAKE is None:
         pytest.skip("needs cmake (pip install cmake)")
-    import lazytriton.runtime.kernel as rt
+    import lazytriton.cache.store as store
 
     tmp = tmp_path_factory.mktemp("scalars")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAZYTRITON_CACHE_DIR", str(tmp / "ltcache"))
-        mp.setattr(rt, "_default_cache", None)
+        mp.setattr(store, "_default", None)
         out, out64 = cp.zeros(3, cp.float32), cp.zeros(2, cp.float64)
         b = bundle.Bundle(tmp / "bundle")
         for row in SCALAR_ROWS[:2]:  # n == 1 (a parameter, annotated), then ints for the floats: one variant

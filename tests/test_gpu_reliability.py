@@ -132,13 +132,13 @@ def test_jax_exceptions_in_tuning_hooks_surface_at_the_caller_then_retry(cache_d
 
     n = 4096
     x = jax.random.normal(jax.random.key(0), (n,), jnp.float32)
-    import lazytriton.runtime.kernel as rt
+    import lazytriton.cache.store as store
 
     for hook in ("heuristic", "early_config_prune"):
         # A cache per hook: the kernels are the same source with the same configs, so the
         # winner of the first would (rightly) be reused by the second, which never prunes.
         monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(cache_dir / hook))
-        monkeypatch.setattr(rt, "_default_cache", None)
+        monkeypatch.setattr(store, "_default", None)
         flaky, kern = _flaky_kernels()[hook]
         f = jax.jit(lambda x: ltj.triton_call(x, kernel=kern, out_type=x, n=n,  # noqa: B023
                                               grid=lambda m: (triton.cdiv(n, m["BLOCK"]),)))

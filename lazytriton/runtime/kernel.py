@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from .. import _core
-from ..cache import Cache, TuningRecord
+from ..cache import Cache, TuningRecord, get_cache
 from ..settings import remote_cache_url
 from ..compile import compiler
 from ..compile.compiler import Binder
@@ -30,16 +30,6 @@ from .tuner import TuneOptions
 log = logging.getLogger("lazytriton")
 
 HEURISTICS_ARG = "__heuristics__"
-
-_default_cache: Cache | None = None
-
-
-def default_cache() -> Cache:
-    global _default_cache
-    if _default_cache is None:
-        _default_cache = Cache()
-    return _default_cache
-
 
 def stats() -> dict:
     """Counters of this process: Python-side work and the C++ launch counters."""
@@ -155,7 +145,7 @@ class LazyKernel(_core.LaunchBase):
 
     @property
     def cache(self) -> Cache:
-        return self._cache or default_cache()
+        return self._cache or get_cache()  # the process's one default cache (the CLI's and tests' too)
 
     # -- the call path -------------------------------------------------------------
 
