@@ -37,5 +37,23 @@ def gpu_available() -> tuple[bool, str]:
     return _core.driver_status()
 
 
+def _connect_the_remote_cache() -> None:
+    # With LAZYTRITON_REMOTE_CACHE set, the client is imported and connected now, on a thread:
+    # importing Redis' client takes 0.2-0.4 s, which a first call found in Redis would
+    # otherwise wait for (a program imports lazytriton well before its first call).
+    from .settings import SettingError, remote_cache_url
+
+    try:
+        if remote_cache_url() is None:
+            return
+        from .cache import get_cache
+
+        get_cache().warm_up()
+    except SettingError:
+        pass  # said, naming the setting, by the first call that reads it
+
+
+_connect_the_remote_cache()
+
 __all__ = ["LazyKernel", "kernel", "stats", "stream_handle", "TensorDescriptor", "TuneOptions", "RuntimeFailure",
            "gpu_available", "__version__"]
