@@ -44,12 +44,31 @@ HAVE_GPU = _have_gpu()
 
 
 def pytest_collection_modifyitems(config, items):
+    # Heavy tests first (a stable sort: each keeps its order): pytest-xdist hands tests out in
+    # this order, so a test of tens of seconds starts early instead of ending the run alone.
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
     if HAVE_GPU:
         return
     reason = "needs an NVIDIA GPU, its driver and CuPy: " + (lazytriton.gpu_available()[1] or "CuPy missing")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+_TIMELINE = os.environ.get("LAZYTRITON_TEST_TIMELINE")  # a file: each test's start and end, per worker
+
+
+if _TIMELINE:
+    import json
+    import time
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = time.time()
+        yield
+        with open(_TIMELINE, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                "start": start, "end": time.time()}) + "\n")
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ def test_interleaved_keeps_every_sample_and_summary_reads_them():
     assert (s["median"], s["p10"], s["p90"], s["n"]) == (3, 1, 5, 5)
 
 
+@pytest.mark.heavy
 def test_cpu_suite_writes_results_report_and_plot(tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "bench"

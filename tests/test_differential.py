@@ -146,6 +146,7 @@ def shared_triton_cache(tmp_path_factory):
 _HALVES = [set(sorted(KERNELS)[0::2]), set(sorted(KERNELS)[1::2])]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("face,part", [("generic", 0), ("generic", 1), ("generated", 0), ("generated", 1),
                                        ("jax", None), ("bundle", None)],
                          ids=["generic-a", "generic-b", "generated-a", "generated-b", "jax", "bundle"])

@@ -33,6 +33,7 @@ def grid(m):
     return ((m["n"] + m["BLOCK"] - 1) // m["BLOCK"],)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("stubs", ["off", "sync"], ids=["table-driven", "generated"])
 def test_torch_tensors_in_one_process(cache_dir, monkeypatch, stubs):
     torch = pytest.importorskip("torch")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.heavy]
 pytest.importorskip("jax")
 WORKER = Path(__file__).resolve().parent / "capture_matrix_worker.py"
 # Under memcheck (tens of times slower) every case with an index map, an alias,

@@ -45,7 +45,7 @@ import triton  # noqa: E402
 import lazytriton  # noqa: E402
 from field import upstream  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.heavy]
 TESTS = Path(__file__).resolve().parent
 # Under memcheck (or for a quick look): shorter sequences and no upstream launches (their autotuners
 # benchmark every config, which the sanitizer makes slow); the references still check every call.

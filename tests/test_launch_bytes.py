@@ -89,6 +89,7 @@ def same_launch_own_scratch(a: dict, b: dict) -> bool:
             and a["params"][-1] == b["params"][-1] and scratch != 0 and scratch % 128 == 0)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("cc", [90, 80])
 def test_launch_parameters_are_tritons(fake_driver, bundle_exe, tmp_path, cc):
     cases = {c["case"]: c for c in probe(fake_driver, tmp_path, cc, bundle_exe)}

@@ -62,6 +62,7 @@ def test_a_build_is_stopped_with_its_process(tmp_path):
     assert not [f for f in stubs if f.name.endswith(".tmp") or f.suffix == ".so"], stubs
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
 def test_a_build_that_may_outlive_its_process_is_published(tmp_path, monkeypatch):
     from lazytriton.runtime import native

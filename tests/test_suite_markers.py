@@ -21,6 +21,7 @@ def collected(marker_expr: str) -> list[str]:
     return [line for line in r.stdout.splitlines() if "::" in line]
 
 
+@pytest.mark.heavy
 def test_readmes_quick_gpu_command_leaves_the_sanitizer_runs_out():
     pytest.importorskip("jax")  # the modules skip without it
     quick = re.search(r'`pytest -m "([^"]+)" -n 14`', (ROOT / "README.md").read_text()).group(1)

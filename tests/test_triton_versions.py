@@ -44,6 +44,7 @@ def check_report(report: dict, version: str) -> None:
     assert report["cases"]["scalars_and_pointers"]["specializations"] >= 12  # the calls really differ
 
 
+@pytest.mark.heavy
 def test_matrix_on_the_installed_triton(cache_dir):
     import triton
 
