@@ -43,10 +43,28 @@ def _have_gpu() -> bool:
 HAVE_GPU = _have_gpu()
 
 
+def _spread_heavy(items: list) -> None:
+    """Under pytest-xdist (-n N), one heavy test at the head of each worker's first run of tests.
+    xdist's load scheduler first hands every worker a run of consecutive tests (a quarter of an
+    even share), then the rest in order as workers free up: heavy tests side by side in the
+    collection (a sweep's parts, a module of sequences) would run one after another on one
+    worker and end the run alone. Every worker collects, so every worker orders alike."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    heavy = [item for item in items if item.get_closest_marker("heavy") is not None]
+    if workers < 2 or not heavy:
+        return
+    light = [item for item in items if item.get_closest_marker("heavy") is None]
+    run = max(2, len(items) // workers // 4)  # xdist's first run per worker (LoadScheduling)
+    spread = []
+    for item in heavy:
+        spread.append(item)
+        spread.extend(light[:run - 1])
+        del light[:run - 1]
+    items[:] = spread + light
+
+
 def pytest_collection_modifyitems(config, items):
-    # Heavy tests first (a stable sort: each keeps its order): pytest-xdist hands tests out in
-    # this order, so a test of tens of seconds starts early instead of ending the run alone.
-    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+    _spread_heavy(items)
     if HAVE_GPU:
         return
     reason = "needs an NVIDIA GPU, its driver and CuPy: " + (lazytriton.gpu_available()[1] or "CuPy missing")
