@@ -111,7 +111,7 @@ def test_suites_compose_every_system_and_fit_their_budgets():
                      "cold-lazy-gap", "cold-jax", "warm-jax", "cold-jax-runtime-handler", "cold-jax-triton", "cpu"]
     # The row warm from Redis: where a redis-server is installed (CI installs it), when its section is asked
     # for (--only first_call), after the cold row whose winners it finds.
-    redis = ["warm-redis"] if redis_server.available() else []
+    redis = ["warm-redis", "warm-lazy-gap", "warm-redis-gap"] if redis_server.available() else []
     quick_first = [g.name for g in plan.build("quick", gpus=1, importable=_all, only={"first_call"})[0]
                    if "first_call" in g.rows]
     assert quick_first == ["cold-triton", "cold-lazy", "warm-lazy", *redis, "cold-jax", "cold-jax-triton"]

@@ -159,6 +159,13 @@ ROWS = [
     # (SEEDED_FROM); beside the warm row above (same run, same winner), its bar is within 1.5x of it.
     ("warm-redis", "lazytriton, warm from Redis (new process, empty local cache)", "lazytriton", LAZY, {}, None,
      ("quick", "full"), "torch"),
+    # The same two warm starts in a program with 1 s of its own set-up between wrapping the kernel and
+    # the data (loading weights, say): importing lazytriton starts importing Redis' client (0.2-0.4 s)
+    # and connecting, which the rows above, calling at once, wait for.
+    ("warm-lazy-gap", "lazytriton, warm (new process, persisted winner), kernel wrapped 1 s before the data",
+     "lazytriton", LAZY, {"LAZYTRITON_BENCH_WRAP_GAP_S": "1.0"}, "cold-lazy", ("quick", "full"), "torch"),
+    ("warm-redis-gap", "lazytriton, warm from Redis (new process, empty local cache), kernel wrapped 1 s before "
+     "the data", "lazytriton", LAZY, {"LAZYTRITON_BENCH_WRAP_GAP_S": "1.0"}, None, ("quick", "full"), "torch"),
     ("cold-lazy-gap", "lazytriton, cold, kernel wrapped 1.5 s before the data", "lazytriton", LAZY,
      {"LAZYTRITON_BENCH_WRAP_GAP_S": "1.5"}, None, ("full",), "torch"),
     ("cold-jax", "lazytriton.jax, cold", "lazytriton", JAX_LAZY, {}, None, ("quick", "full"), "jax"),
@@ -173,7 +180,9 @@ ROWS = [
 # Rows run with LAZYTRITON_REMOTE_CACHE set to the run's own Redis server (bench/redis_server.py), which
 # holds what the named group's process of the same repetition tuned (`lazytriton cache push`), and
 # nothing else; they run only where `redis-server` and the redis client are installed.
-SEEDED_FROM = {"warm-redis": "cold-lazy"}
+SEEDED_FROM = {"warm-redis": "cold-lazy", "warm-redis-gap": "cold-lazy"}
+# Rows beside the Redis rows only (their comparison): with --only first_call where Redis runs.
+WITH_REDIS = {"warm-lazy-gap"}
 
 
 def importable(module: str) -> bool:

@@ -18,7 +18,7 @@ SUITES = ("cpu", "quick", "full")
 # 6-7 s on an H100 host, 2026-11-24) is the baseline of a ratio far from its goal; the cold row with a gap
 # between wrapping and calling says where the compile server's start-up went.
 # The row warm from Redis too: its empty cache builds the launch stub and the torch reader after its call.
-ONCE = {"cold-jax-runtime-handler", "cold-jax-triton", "cold-lazy-gap", "warm-redis"}
+ONCE = {"cold-jax-runtime-handler", "cold-jax-triton", "cold-lazy-gap", "warm-redis", "warm-redis-gap", "warm-lazy-gap"}
 SECTION_ORDER = ("launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call", "distributed",
                  "field", "field_program", "cpu")
 
@@ -73,15 +73,18 @@ def build(suite: str, gpus: int, importable=cold.importable, only: set | None = 
     # Full-suite figures: what each process took on an H100 host with 16 cores (2026-11-24).
     est = {"cold-triton": 11, "cold-lazy": 7, "warm-lazy": 6, "cold-lazy-gap": 9, "cold-jax": 13, "warm-jax": 12,
            "cold-jax-runtime-handler": 15, "cold-jax-triton": 18,
-           "warm-redis": 25}  # an estimate: its empty cache builds the launch stub and the torch reader afterwards
+           "warm-lazy-gap": 7,
+           # estimates: their empty caches build the launch stub and the torch reader afterwards
+           "warm-redis": 25, "warm-redis-gap": 26}
     notes = []
     for name, row, _, script, env, shared, suites, need in cold.ROWS:
         if suite in suites:
             seeded = cold.SEEDED_FROM.get(name)
-            if seeded and redis_server.available() is None:
+            beside_redis = seeded or name in cold.WITH_REDIS
+            if beside_redis and redis_server.available() is None:
                 notes.append(f"first call: {row}: skipped (redis-server is not installed: apt-get install redis-server)")
                 continue
-            if seeded and "first_call" not in (only or ()):  # the suites' budgets have no room for it
+            if beside_redis and "first_call" not in (only or ()):  # the suites' budgets have no room for it
                 notes.append(f"first call: {row}: with --only first_call")
                 continue
             groups.append(Group(name, f"first call: {row}", {"first_call": [row]},
