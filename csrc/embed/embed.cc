@@ -136,6 +136,24 @@ class PythonResolver : public Resolver {
     }
   }
 
+  std::string slot_table(const std::string& source, const std::vector<std::string>& types,
+                         const std::vector<std::string>& layouts) override {
+    start_python(python_executable(opts_));
+    py::gil_scoped_acquire gil;
+    try {
+      bool tuples = std::any_of(layouts.begin(), layouts.end(), [](const auto& l) { return !l.empty(); });
+      return module()
+          .attr(seam::kEmbedSlotTable)(source, py::cast(types), tuples ? py::cast(layouts) : py::none())
+          .cast<std::string>();
+    } catch (py::error_already_set& e) {
+      rethrow(e, source);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // a pybind11 conversion failure
+      throw Error("kernel " + source + " (lazy mode): " + e.what());
+    }
+  }
+
   std::pair<std::string, std::string> resolve(const ResolveRequest& r) override {
     start_python(python_executable(opts_));
     py::gil_scoped_acquire gil;

@@ -60,6 +60,8 @@ C_TO_PYTHON = (
     Crossing("lazytriton.cpp.embed", "start", ("python_path", "verbose"), "None", "csrc/embed/embed.cc"),
     Crossing("lazytriton.cpp.embed", "describe", ("source",), "str: the kernel's manifest entry as JSON",
              "csrc/embed/embed.cc"),
+    Crossing("lazytriton.cpp.embed", "slot_table", ("source", "types", "layouts"),
+             "str: the slot table rows (JSON) of a signature with no winner yet", "csrc/embed/embed.cc"),
     Crossing("lazytriton.cpp.embed", "resolve",
              ("bundle_dir", "source", "values", "options", "grid", "stream", "layouts"),
              "(str, str): the variant written into the bundle", "csrc/embed/embed.cc"),
