@@ -340,6 +340,42 @@ def test_lazy_example_describes_through_python_then_reports_missing_gpu(example,
     assert NO_GPU.search(out.stderr) and "error:" in out.stderr
 
 
+LAZY_BIND = CPP_CHECKS + r"""
+#include <lazytriton/embed.h>
+
+// Lazy mode binding signatures no winner has yet: their slot tables come from Python.
+int main(int argc, char** argv) {
+  lt::Bundle b = lt::Bundle::open(argv[1]);
+  lt::enable_lazy(b, {{argv[2]}});
+  float* p = reinterpret_cast<float*>(uintptr_t(1) << 20);
+  auto add = b.kernel("example_kernels:add_kernel", "*fp32,*fp32,*fp32,i64", {{"BLOCK", 1024}});
+  std::printf("add: %s\n", add.specialization({p, p + 1, p, int64_t(1) << 40}).c_str());
+  auto scale = b.kernel("example_kernels:scale_kernel", "*fp32,*fp32,fp32,i32");
+  std::printf("scale: %s\n", scale.specialization({p, p, 2.5, 1}).c_str());
+  TRY("unannotated fp16", b.kernel("example_kernels:scale_kernel", "*fp32,*fp32,fp16,i32"));
+  std::printf("describes: %llu\n", (unsigned long long)lt::lazy_stats().describes);
+}
+"""
+
+
+@needs_cmake
+def test_lazy_mode_binds_a_new_signature_to_pythons_slot_table(tmp_path, example):
+    if not (example / "vector_add_lazy").exists():
+        pytest.skip("lazytriton::embed not built (no shared libpython)")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "lazy_bind.cc").write_text(LAZY_BIND)
+    (src / "CMakeLists.txt").write_text(cmake_project("lazy_bind", "lazy_bind.cc").replace(
+        "lazytriton::runtime", "lazytriton::embed"))
+    cmake_build(src, src / "build")
+    got = check_lines(run(src / "build" / "lazy_bind", tmp_path / "empty", EXAMPLE))
+    # The rows Python reads the signature's types as (cpp/embed.py slot_table): as the stubs key such a call.
+    assert got["add"] == ["*fp32:16,*fp32,*fp32:16,i64:16"]
+    assert got["scale"] == ["*fp32:16,*fp32:16,fp32,i32:1"]
+    assert "argument alpha: an unannotated float is passed as fp32, not fp16" in got["unannotated fp16"][0]
+    assert got["describes"] == ["2"]
+
+
 # -- the C++ API's checks (no GPU needed) --------------------------------------------------------
 
 API_TEST = CPP_CHECKS + r"""
