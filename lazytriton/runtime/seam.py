@@ -84,7 +84,7 @@ PYTHON_TO_C = (
     Crossing(CORE, "is_capturing", ("stream",), "bool", "nothing in lazytriton (scripts)"),
     Crossing(CORE, "exchange_capture_mode", ("mode",), "int: the previous mode", "jax.ffi"),
     Crossing(CORE, "CAPTURE_MODE_RELAXED", None, "int", "jax.ffi"),
-    Crossing(CORE, "scalar_bits", ("value", "type", "what"), "int: the parameter bytes in a u64", "jax.ffi"),
+    Crossing(CORE, "slot_bits", ("value", "row", "what"), "int: the parameter bytes in a u64", "jax.ffi"),
     Crossing(CORE, "counters", (), "dict: launches, module_loads, bench_launches, resolves, scratch_allocs",
              "runtime.kernel.stats"),
     Crossing(CORE, "launch_meta_from_json", ("text",), "dict: LaunchMeta as bundles read it (tests)", "tests"),
