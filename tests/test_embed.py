@@ -3,6 +3,7 @@ runtime, typed launch stubs (export-cpp), the CMake package, and examples/cpp
 (configures, builds, links; its runs report the missing GPU cleanly and the
 ahead-of-time program never loads Python). Real cubins throughout: the
 kernels are compiled for sm_90 with Triton, as on a machine with a GPU."""
+import json
 import math
 import os
 import re
@@ -16,6 +17,8 @@ import pytest
 import lazytriton
 from lazytriton import _core, cli, paths
 from lazytriton.cpp import bundle, export as export_cpp
+from lazytriton.model import specialize
+from lazytriton.runtime import stubgen
 from lazytriton.model.arrays import PointerArg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,6 +340,42 @@ def test_lazy_example_describes_through_python_then_reports_missing_gpu(example,
     assert NO_GPU.search(out.stderr) and "error:" in out.stderr
 
 
+LAZY_BIND = CPP_CHECKS + r"""
+#include <lazytriton/embed.h>
+
+// Lazy mode binding signatures no winner has yet: their slot tables come from Python.
+int main(int argc, char** argv) {
+  lt::Bundle b = lt::Bundle::open(argv[1]);
+  lt::enable_lazy(b, {{argv[2]}});
+  float* p = reinterpret_cast<float*>(uintptr_t(1) << 20);
+  auto add = b.kernel("example_kernels:add_kernel", "*fp32,*fp32,*fp32,i64", {{"BLOCK", 1024}});
+  std::printf("add: %s\n", add.specialization({p, p + 1, p, int64_t(1) << 40}).c_str());
+  auto scale = b.kernel("example_kernels:scale_kernel", "*fp32,*fp32,fp32,i32");
+  std::printf("scale: %s\n", scale.specialization({p, p, 2.5, 1}).c_str());
+  TRY("unannotated fp16", b.kernel("example_kernels:scale_kernel", "*fp32,*fp32,fp16,i32"));
+  std::printf("describes: %llu\n", (unsigned long long)lt::lazy_stats().describes);
+}
+"""
+
+
+@needs_cmake
+def test_lazy_mode_binds_a_new_signature_to_pythons_slot_table(tmp_path, example):
+    if not (example / "vector_add_lazy").exists():
+        pytest.skip("lazytriton::embed not built (no shared libpython)")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "lazy_bind.cc").write_text(LAZY_BIND)
+    (src / "CMakeLists.txt").write_text(cmake_project("lazy_bind", "lazy_bind.cc").replace(
+        "lazytriton::runtime", "lazytriton::embed"))
+    cmake_build(src, src / "build")
+    got = check_lines(run(src / "build" / "lazy_bind", tmp_path / "empty", EXAMPLE))
+    # The rows Python reads the signature's types as (cpp/embed.py slot_table): as the stubs key such a call.
+    assert got["add"] == ["*fp32:16,*fp32,*fp32:16,i64:16"]
+    assert got["scale"] == ["*fp32:16,*fp32:16,fp32,i32:1"]
+    assert "argument alpha: an unannotated float is passed as fp32, not fp16" in got["unannotated fp16"][0]
+    assert got["describes"] == ["2"]
+
+
 # -- the C++ API's checks (no GPU needed) --------------------------------------------------------
 
 API_TEST = CPP_CHECKS + r"""
@@ -379,7 +418,11 @@ int main(int argc, char** argv) {
   TRY("meta type", m["s"]);
   std::printf("constants: %s %s %s %s\n", lt::Constant(2.0).repr().c_str(), lt::Constant(nullptr).repr().c_str(),
               lt::Constant(false).repr().c_str(), lt::Constant(int64_t(-3)).repr().c_str());
-  for (int i = 2; i < argc; ++i) TRY("manifest", lt::Bundle::open(argv[i]));
+  // argv[2]: the bundle with its add_kernel variant's slot table edited; the binder follows the rows.
+  auto edited = lt::Bundle::open(argv[2]).kernel("add_kernel", "*fp32,*fp32,*fp32,i32", {{"BLOCK", 1024}});
+  std::printf("edited1: %s\n", edited.specialization({p, p + 1, p, 4096}).c_str());
+  std::printf("edited2: %s\n", edited.specialization({p, p, p, 1}).c_str());
+  for (int i = 3; i < argc; ++i) TRY("manifest", lt::Bundle::open(argv[i]));
 }
 """
 
@@ -395,15 +438,48 @@ def api_output(tmp_path_factory, compiled_bundle) -> dict:
     (src / "CMakeLists.txt").write_text(API_CMAKE)
     build = src / "build"
     cmake_build(src, build)
+    edited = edited_bundle(compiled_bundle, src / "edited", EDITED_ROWS)
+    manifest = json.loads((compiled_bundle / "manifest.json").read_text())
+    wrong_row = json.loads(json.dumps(manifest))
+    wrong_row["kernels"][ADD]["variants"][0]["table"][0][0] = 1  # an int's row for a pointer
     bad = []
-    for i, text in enumerate(['{"format": "lazytriton-bundle", "version": 1, "kernels": {"a": [1, 2',
-                              '{"format": "other", "version": 1}', '{"format": "lazytriton-bundle", "version": 7}',
-                              '[' * 100000, '{"format": "lazytriton-bundle", "version": 1, "kernels": {"m:k": {}}}']):
+    for i, text in enumerate(['{"format": "lazytriton-bundle", "version": 2, "kernels": {"a": [1, 2',
+                              '{"format": "other", "version": 2}', '{"format": "lazytriton-bundle", "version": 7}',
+                              '[' * 100000, '{"format": "lazytriton-bundle", "version": 2, "kernels": {"m:k": {}}}',
+                              json.dumps(old_manifest(manifest)), json.dumps(wrong_row)]):
         d = src / f"bad{i}"
         d.mkdir()
         (d / "manifest.json").write_text(text)
         bad.append(d)
-    return check_lines(run(build / "api_test", compiled_bundle, *bad))
+    return check_lines(run(build / "api_test", compiled_bundle, edited, *bad))
+
+
+# add_kernel(x, y, out, n, BLOCK)'s slot table with x's alignment and n's % 16 not keyed: rows as
+# specialize.Shape.table() writes them (kind, dtype, code, annotated, specialize, in_key, divisibility,
+# float_code), fp32 = dtype 11.
+EDITED_ROWS = [[0, 11, 0, 0, 0, 0, 1, 2], [0, 11, 0, 0, 1, 0, 1, 2], [0, 11, 0, 0, 1, 0, 1, 2],
+               [1, -1, 0, 0, 1, 0, 0, 2], [4, -1, 0, 0, 1, 0, 1, 2]]
+
+
+def edited_bundle(src: Path, dst: Path, rows: list) -> Path:
+    """A copy of bundle `src` whose add_kernel variant carries the slot table `rows`."""
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    (variant,) = manifest["kernels"][ADD]["variants"]
+    assert len(variant["table"]) == len(rows) and variant["table"] != rows
+    variant["table"] = rows
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def old_manifest(manifest: dict) -> dict:
+    """`manifest` as lazytriton wrote bundles before their variants carried slot tables (format version 1)."""
+    old = json.loads(json.dumps(manifest))
+    old["version"] = 1
+    for k in old["kernels"].values():
+        for v in k["variants"]:
+            del v["table"]
+    return old
 
 
 def test_cpp_reads_the_bundle(api_output):
@@ -450,12 +526,58 @@ def test_cpp_without_winner_lists_the_bundle(api_output):
 
 def test_cpp_bad_manifests_are_errors_not_crashes(api_output):
     got = api_output["manifest"]
-    assert len(got) == 5
+    assert len(got) == 7
     assert "manifest.json: invalid JSON at byte" in got[0]
     assert "not a lazytriton bundle (format 'other')" in got[1]
     assert "bundle format version 7" in got[2]
     assert "nested too deeply" in got[3]
     assert "kernel m:k: missing field 'name'" in got[4]
+    assert "variant.table[0]: the row does not read the argument's type *fp32" in got[6]
+
+
+def test_cpp_refuses_a_bundle_without_slot_tables_naming_it(api_output, compiled_bundle, tmp_path):
+    # A version 1 bundle (written before variants carried their slot tables): refused, naming the
+    # bundle and how to re-export it, by the C++ reader and by Python alike.
+    (got,) = [m for m in api_output["manifest"] if "older lazytriton" in m]
+    assert re.search(r"bundle \S+/bad5 was written by an older lazytriton \(bundle format version 1; this one "
+                     r"reads version 2, whose variants carry their call's slot table\): re-export it \(add its "
+                     r"kernels again with lazytriton.cpp.Bundle\(dir\).add\(...\)", got), got
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "manifest.json").write_text(json.dumps(old_manifest(json.loads(
+        (compiled_bundle / "manifest.json").read_text()))))
+    with pytest.raises(ValueError, match=f"bundle {old} was written by an older lazytriton .*re-export it"):
+        bundle.Bundle(old).manifest()
+    with pytest.raises(ValueError, match="re-export it"):  # a writer does not mix the formats either
+        bundle.write_variant(old, *compile_variant(example_kernels.add_kernel, ADD, (ptr(), ptr(), ptr(), N),
+                                                   {"BLOCK": 1024}))
+    assert "table" not in json.loads((old / "manifest.json").read_text())["kernels"][ADD]["variants"][0]
+
+
+def test_cpp_binder_walks_the_manifests_slot_table_as_the_python_stub_does(api_output):
+    # The edited rows are what the C++ binder follows, and the Python stub given the same rows keys
+    # the same calls alike: a disagreement between the two readers of a row fails here.
+    shape = specialize.Shape(("x", "y", "out", "n", "BLOCK"), (
+        specialize.Slot("ptr", dtype=11, specialize=False), specialize.Slot("ptr", dtype=11),
+        specialize.Slot("ptr", dtype=11), specialize.Slot("int", int_type="i32", divisibility=False),
+        specialize.Slot("constexpr")))
+    assert [list(r) for r in shape.table()] == EDITED_ROWS
+    for label, args in (("edited1", (ptr(), ptr((1 << 20) + 4), ptr(), 4096)), ("edited2", (ptr(),) * 3 + (1,))):
+        key = stubgen.generic_stub(shape).key(args + (1024,))
+        specs = [stub_spec(shape.slots[i], key[0] >> (2 * i) & 3) for i in range(4)]
+        assert api_output[label] == [",".join(t + (":" + s if s else "") for t, s in zip(
+            ["*fp32", "*fp32", "*fp32", "i32"], specs))], (label, specs)
+    assert api_output["edited1"] == ["*fp32,*fp32,*fp32:16,i32"]
+    assert api_output["edited2"] == ["*fp32,*fp32:16,*fp32:16,i32:1"]
+
+
+def stub_spec(slot, bits: int) -> str:
+    """A slot's 2 key bits as a signature's specialization suffix."""
+    if slot.kind == "ptr":
+        return "16" if bits & 1 else ""
+    if slot.kind == "int":
+        return "1" if bits & 1 else "16" if bits & 2 else ""
+    return ""
 
 
 @without_gpu

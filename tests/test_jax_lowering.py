@@ -194,26 +194,49 @@ def test_two_autotune_wrappers_of_one_function_are_two_call_sites():
     assert sites[2].lazy.spec.reset_to_zero == ["out"] and sites[3].lazy.spec.reset_to_zero == []
 
 
-@pytest.mark.parametrize("value, t", [(3, "i32"), (-3, "i32"), (2**40, "i64"), (2**64 - 1, "u64"), (True, "u1"),
-                                      (1.5, "fp32"), (-2.25, "fp64"), (0.5, "fp16"), (3.0, "bf16"), (-7, "i8"),
-                                      (65535, "u16"), (2, "fp16"), (True, "i32")])
-def test_scalar_bits_are_the_parameter_bytes(value, t):
-    """The JAX handler's scalars are packed by the C++ encoder every stub uses (_core.scalar_bits)."""
-    import ml_dtypes
+def _row(slot) -> tuple:
+    """A slot's row of a slot table (specialize.Shape.table()), as the JAX resolver hands it over."""
+    from lazytriton.model.specialize import Shape
 
+    return Shape(("n",), (slot,)).table()[0]
+
+
+def _int(t: str, annotated: bool = False):
+    from lazytriton.model.specialize import Slot
+
+    return Slot("int", int_type=t, annotated=annotated, specialize=not annotated)
+
+
+def _float(t: str, annotated: bool = False):
+    from lazytriton.model.specialize import Slot
+
+    return Slot("float", float_type=t, annotated=annotated)
+
+
+@pytest.mark.parametrize("value, slot, t", [
+    (3, _int("i32"), "i32"), (-3, _int("i32"), "i32"), (2**40, _int("i64"), "i64"), (2**64 - 1, _int("u64"), "u64"),
+    (True, "bool", "u1"), (1.5, _float("fp32"), "fp32"), (-2.25, _float("fp64"), "fp64"),
+    (0.5, _float("fp16", True), "fp16"), (3.0, _float("bf16", True), "bf16"), (-7, _int("i8", True), "i8"),
+    (65535, _int("u16", True), "u16"), (2, _float("fp16", True), "fp16"), (True, _int("i32", True), "i32")])
+def test_slot_bits_are_the_parameter_bytes(value, slot, t):
+    """The JAX handler's scalars are read from their slot table rows by the stubs' own reader (_core.slot_bits)."""
+    import ml_dtypes
+    from lazytriton.model.specialize import Slot
+
+    slot = Slot("bool") if slot == "bool" else slot
     np_type = {"i32": np.int32, "i64": np.int64, "u64": np.uint64, "u1": np.uint8, "fp32": np.float32,
                "fp64": np.float64, "fp16": np.float16, "bf16": ml_dtypes.bfloat16, "i8": np.int8,
                "u16": np.uint16}[t]
     raw = np.array(value, dtype=np_type).tobytes()
-    assert lazytriton._core.scalar_bits(value, t) == int.from_bytes(raw, "little")
+    assert lazytriton._core.slot_bits(value, _row(slot)) == int.from_bytes(raw, "little")
 
 
-@pytest.mark.parametrize("value, t, error", [(2**31, "i32", ValueError), (-1, "u64", ValueError),
-                                             (1e6, "fp16", OverflowError), (1.5, "i32", TypeError),
-                                             (1, "fp8e4nv", TypeError)])
-def test_scalar_bits_refuses_what_the_type_cannot_hold(value, t, error):
-    with pytest.raises(error, match=r"k, argument n: .*(fit|fp16|integer|unsupported)"):
-        lazytriton._core.scalar_bits(value, t, "k, argument n")
+@pytest.mark.parametrize("value, slot", [(2**31, _int("i32", True)), (-1, _int("u64", True)), (1e6, _float("fp16", True)),
+                                         (1.5, _int("i32", True)), (2**31, _int("i32")), (1, None)])
+def test_slot_bits_refuses_what_the_row_cannot_hold(value, slot):
+    row = (99, -1, 0, 0, 1, 0, 1, 2) if slot is None else _row(slot)  # None: a kind no reader knows
+    with pytest.raises(ValueError, match=r"k, argument n: .*(not what its slot reads|bad kind)"):
+        lazytriton._core.slot_bits(value, row, "k, argument n")
 
 
 def test_keyword_operand_is_bound_by_parameter_name():

@@ -114,9 +114,13 @@ def test_bundle_description_equals_the_stubs_slots_and_tritons_binder(row, tmp_p
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path))
     args = ROWS[row] + (64,)
     k = lazytriton.kernel(every_kind)
-    types, specs, constexprs, _, layout = bundle.specialize_values(bundle.describe(every_kind, "m:every_kind"),
-                                                                 list(args), {})
+    desc = bundle.describe(every_kind, "m:every_kind")
+    types, specs, constexprs, _, layout, table = bundle.specialize_values(desc, list(args), {})
     assert (types, specs) == stub_view(k, args)
+    # The slot table a variant carries (what the C++ binder walks) is the stub's, row for row, and
+    # lazy mode's table for these types (before any winner: from the signature alone) is the same.
+    assert table == [list(r) for r in k._shape(args).table()]
+    assert bundle.slot_table(desc, types, layout) == table
     assert constexprs == {"BLOCK": 64} and layout[-2] == "[_,_]"
     # Triton's binder: the reference both follow.
     bound = Binder(k.spec, GPUTarget("cuda", 90, 32)).bind(args, {})
@@ -139,8 +143,11 @@ def test_bundle_describes_a_descriptor_as_the_stub_reads_it(tmp_path, monkeypatc
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(tmp_path))
     base = DeviceArray(4096, "fp16", 256 * 128 * 2, (256, 128))
     args = (lazytriton.TensorDescriptor.from_tensor(base, [64, 32]), ptr(4096), 48)
-    types, specs, *_ = bundle.specialize_values(bundle.describe(with_desc, "m:with_desc"), list(args), {})
+    desc = bundle.describe(with_desc, "m:with_desc")
+    types, specs, _, _, layout, table = bundle.specialize_values(desc, list(args), {})
     assert (types, specs) == stub_view(lazytriton.kernel(with_desc), args)
+    assert table == [list(r) for r in lazytriton.kernel(with_desc)._shape(args).table()]
+    assert bundle.slot_table(desc, types, layout) == table
     assert types[0] == "tensordesc<fp16[64, 32]>" and specs == ["", "16", "16"]
 
 

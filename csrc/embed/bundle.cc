@@ -41,8 +41,15 @@ void Bundle::Impl::load(const std::string& text) {
   const std::string& format = doc.at("format", what).as_string(what + ".format");
   if (format != "lazytriton-bundle") throw Error(what + ": not a lazytriton bundle (format '" + format + "')");
   int64_t version = doc.at("version", what).as_int(what + ".version");
-  if (version != 1)
-    throw Error(what + ": bundle format version " + std::to_string(version) + " (this lazytriton reads version 1)");
+  const std::string reads = std::to_string(kBundleVersion);
+  if (version < kBundleVersion)  // lazytriton.cpp.bundle old_version_message says the same
+    throw Error("bundle " + dir + " was written by an older lazytriton (bundle format version " +
+                std::to_string(version) + "; this one reads version " + reads + ", whose variants carry their "
+                "call's slot table): re-export it (add its kernels again with lazytriton.cpp.Bundle(dir).add(...), "
+                "or rebuild it in lazy mode) into a new directory");
+  if (version != kBundleVersion)
+    throw Error(what + ": bundle format version " + std::to_string(version) + " (this lazytriton reads version " +
+                reads + ")");
   for (const auto& [source, k] : doc.at("kernels", what).as_object(what + ".kernels")) {
     std::string kwhat = what + ": kernel " + source;
     auto rec = add_kernel(desc_from(k, kwhat));

@@ -1,9 +1,11 @@
 // BundleKernel: one signature and set of constexprs of a bundle's kernel.
-// Binds the signature to the kernel's parameters, reads and packs each call's
-// arguments (Triton's specialization, tensor descriptors, tuple elements),
-// finds the call's entry in its resolve-once table (a new key's variant is
-// found or resolved by bundle_resolve.cc) and launches it through
-// lt::Kernel::launch.
+// Binds the signature to the kernel's parameters and to the call's slot table
+// (its variants' "table", the rows lazytriton.model.specialize.Shape.table() gives
+// the Python stubs; in lazy mode before any winner, the same rows from Python),
+// reads each call's arguments by walking those rows (packed and keyed through
+// encode.h and call_layout.h, as the Python stubs' read_slot does), finds the
+// call's entry in its resolve-once table (a new key's variant is found or
+// resolved by bundle_resolve.cc) and launches it through lt::Kernel::launch.
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -53,7 +55,7 @@ void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
   size_t next = 0;
   for (const ParamDesc& p : desc.params) bind_param(p, types, next, given);
   size_t n_desc = 0;
-  for (const RtArg& r : args) n_desc += r.ty == Ty::kDesc;
+  for (const std::string& t : call_types) n_desc += t.rfind("tensordesc<", 0) == 0;
   if (n_desc > kMaxDescArgs) fail("takes more than 8 tensor descriptor arguments");
   if (next != types.size() || args.size() > kMaxArgs) {
     fail("the signature '" + sig + "' has " + std::to_string(types.size()) + " types but the kernel takes " +
@@ -66,14 +68,20 @@ void BundleKernel::Impl::bind(const std::string& sig, const Constants& given) {
       constexprs.push_back(kv);  // a different option is a different binary
     }
   std::sort(constexprs.begin(), constexprs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  // The call key (call_layout.h): the bits, the key values, then the context.
+  slots = slot_table();
+  // The call key (call_layout.h): the bits, each argument's value words, then the context.
   bit_words = key_bit_words(args.size());
-  for (auto& r : args)
-    if (r.key_word >= 0) {
-      r.key_word = int(bit_words + key_names.size());
-      key_names.push_back(r.name);
-    }
-  key_len = bit_words + key_names.size() + 1;
+  size_t w = bit_words;
+  for (size_t i = 0; i < args.size(); ++i) {
+    RtArg& r = args[i];
+    r.slot = spec_of(slots[r.call_index]);
+    if (is_constexpr_slot(r.slot))
+      fail_arg(r, "the slot table has a constexpr where the signature has " + r.type);
+    r.key_word = w;
+    w += value_words(r.slot);
+    if (r.slot.in_key) keyed.push_back(i);
+  }
+  key_len = w + 1;
 }
 
 void BundleKernel::Impl::check_constexprs(const Constants& given) const {
@@ -108,16 +116,14 @@ void BundleKernel::Impl::bind_param(const ParamDesc& p, std::vector<std::string>
     return;
   }
   if (next < types.size() && !types[next].empty() && types[next][0] == '[') {
-    // A tuple argument: one runtime argument per element, in order, each
-    // specialized as Triton specializes tuple elements (alignment, == 1 and
-    // % 16 on, whatever the parameter says; no annotation).
+    // A tuple argument: one runtime argument per element, in order (its slot table rows
+    // specialize them as Triton specializes tuple elements).
     if (!p.annotation.empty()) fail("argument " + p.name + " is annotated " + p.annotation + ", not a tuple");
     std::vector<std::pair<std::string, std::string>> leaves;
     std::string structure;
     tuple_leaves(types[next++], "", leaves, structure, label + ": argument " + p.name);
     ParamDesc elem = p;
     elem.annotation.clear();
-    elem.specialize = elem.align = true;
     for (const auto& [suffix, type] : leaves) {
       RtArg r;
       r.name = p.name + suffix;
@@ -142,13 +148,13 @@ void BundleKernel::Impl::bind_param(const ParamDesc& p, std::vector<std::string>
   args.push_back(r);
 }
 
+// The signature's type of one argument, checked against the kernel's declaration (its
+// specialization is the slot table's, not derived here).
 void BundleKernel::Impl::check_type(RtArg& r, const ParamDesc& p) {
   if (r.type == "i1") r.type = "u1";  // Triton spells bools u1
-  r.specialize = p.specialize;
-  r.align = p.align;
+  int dtype, rank;
   std::string canonical;
-  if (parse_desc_type(r.type, &r.dtype, &r.desc_rank, r.desc_block, &canonical)) {
-    r.ty = Ty::kDesc;
+  if (parse_desc_type(r.type, &dtype, &rank, r.desc_block, &canonical)) {
     r.type = canonical;  // as the bundle's variants spell it
     if (p.heuristic)
       fail_arg(r, "the kernel's heuristics read this descriptor argument, so they need Python on every call; "
@@ -159,27 +165,26 @@ void BundleKernel::Impl::check_type(RtArg& r, const ParamDesc& p) {
     fail_arg(r, "bad descriptor type '" + r.type + "' in the signature: spell it as Triton does, e.g. "
                 "tensordesc<fp16[64, 64]> (the element type and the block shape)");
   if (!r.type.empty() && r.type[0] == '*') {
-    r.ty = Ty::kPtr;
-    r.dtype = dtype_from_name(std::string_view(r.type).substr(1));
-    if (r.dtype == kNoDtype) fail_arg(r, "unknown element type in '" + r.type + "'");
+    if (dtype_from_name(std::string_view(r.type).substr(1)) == kNoDtype)
+      fail_arg(r, "unknown element type in '" + r.type + "'");
     if (p.heuristic)
       fail_arg(r, "the kernel's heuristics read this pointer argument, so they need Python on every call; "
                   "the C++ launch path cannot evaluate them");
     return;
   }
-  if (!scalar_type(r.type, &r.ty)) fail_arg(r, "unknown type '" + r.type + "' in the signature");
-  r.annotated = !p.annotation.empty();
-  if (r.annotated && p.annotation != r.type)
+  Ty ty;
+  if (!scalar_type(r.type, &ty)) fail_arg(r, "unknown type '" + r.type + "' in the signature");
+  bool annotated = !p.annotation.empty();
+  if (annotated && p.annotation != r.type)
     fail_arg(r, "annotated " + p.annotation + " in the kernel, but the signature says " + r.type);
-  if (!r.annotated && is_int(r.ty) && r.ty != Ty::kI32 && r.ty != Ty::kI64 && r.ty != Ty::kU64)
+  if (!annotated && is_int(ty) && ty != Ty::kI32 && ty != Ty::kI64 && ty != Ty::kU64)
     fail_arg(r, "an unannotated int is i32, i64 or u64 (Triton's class of its value), not " + r.type);
-  if (!r.annotated && is_float(r.ty) && r.ty != Ty::kFp32)
+  if (!annotated && is_float(ty) && ty != Ty::kFp32)
     fail_arg(r, "an unannotated float is passed as fp32, not " + r.type);
-  if (p.key || p.heuristic) r.key_word = 0;  // numbered in bind()
 }
 
 bool BundleKernel::Impl::compatible(const Variant& v) const {
-  if (v.types != call_types || v.constexprs != constexprs) return false;
+  if (v.types != call_types || v.constexprs != constexprs || (!slots.empty() && v.table != slots)) return false;
   if (v.layout.empty()) return std::all_of(layout.begin(), layout.end(), [](const auto& l) { return l.empty(); });
   return v.layout == layout;
 }
@@ -200,16 +205,29 @@ std::string BundleKernel::Impl::variant_list() const {
   return out.empty() ? " none" : out;
 }
 
-void BundleKernel::Impl::require_variant() const {
+[[noreturn]] void BundleKernel::Impl::no_winner() const {
   std::lock_guard<std::mutex> lock(bundle->mu);
-  if (bundle->resolver) return;
-  for (const auto& v : record->variants)
-    if (compatible(*v)) return;
   std::string cx;
   for (const auto& [k, c] : constexprs) cx += " " + k + "=" + c.repr();
   fail("bundle " + bundle->dir + " has no winner for signature " + signature + cx + "; its winners are:" +
        variant_list() + "\nTune it from Python (lazytriton.cpp.Bundle(dir).add(...)) or turn on lazy mode "
        "(lt::enable_lazy from lazytriton::embed)");
+}
+
+// The call's slot table: the first variant's for this signature and these constexprs (variants
+// with other rows are other bindings: compatible() keeps them apart), else, in lazy mode, what
+// Python reads the signature's types as; without lazy mode, no variant is an error.
+std::vector<SlotRow> BundleKernel::Impl::slot_table() const {
+  std::shared_ptr<Resolver> resolver;
+  {
+    std::lock_guard<std::mutex> lock(bundle->mu);
+    for (const auto& v : record->variants)
+      if (compatible(*v)) return v->table;
+    resolver = bundle->resolver;
+  }
+  if (!resolver) no_winner();
+  std::string what = label + ": lazy mode's slot table for " + signature;
+  return table_from(json::parse(resolver->slot_table(desc.source, call_types, layout), what), call_types, what);
 }
 
 BundleKernel Bundle::kernel(const std::string& name, const std::string& signature, const Constants& constexprs) const {
@@ -236,7 +254,6 @@ BundleKernel Bundle::kernel(const std::string& name, const std::string& signatur
   k->desc = rec->desc;
   k->label = kernel_label(rec->desc);
   k->bind(signature, constexprs);
-  k->require_variant();
   BundleKernel::Impl* raw = k.get();
   k->table = std::make_unique<ResolveTable>(rec->desc.name, [raw](const CallKey& key, void* ctx) {
     return raw->resolve(key, *static_cast<const ResolveCtx*>(ctx));
@@ -246,62 +263,28 @@ BundleKernel Bundle::kernel(const std::string& name, const std::string& signatur
 
 // ---- the call path ------------------------------------------------------------
 
-// An int parameter: unannotated, Triton's class of the value; annotated, any
-// value in its type, or a bool (0 or 1, specialized on nothing, as Triton's
-// binder treats it). Only an unannotated 1 is folded into a constexpr.
-void BundleKernel::Impl::pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const {
-  if (a.kind() != Arg::kInteger && !(r.annotated && a.kind() == Arg::kBool))
-    fail_arg(r, "expects an integer (" + r.type + "), got " + arg_kind_name(a.kind()));
-  // == 1 is folded into a constexpr unless annotated; % 16 is tt.divisibility unless do_not_specialize(_on_alignment)
-  IntSpec spec{r.ty, r.annotated, r.specialize && !r.annotated, r.specialize && r.align};
-  switch (encode_int(spec, int_val(a), slot, bits)) {
-    case Fit::kOk: return;
-    case Fit::kWrongClass:
-      fail_arg(r, arg_value_text(a) + " is " + type_name(int_class(int_val(a))) +
-                      " under Triton's rules (i32 if it fits, else i64, else u64), but the signature says " + r.type);
-    default: fail_arg(r, arg_value_text(a) + " does not fit " + r.type);
-  }
-}
-
-// A bool parameter; annotated tl.int1, an int too (its low byte), as the stubs take it.
-void BundleKernel::Impl::pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const {
-  if (a.kind() != Arg::kBool && !(r.annotated && a.kind() == Arg::kInteger))
-    fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));
-  if (encode_flag(r.annotated, int_val(a), slot) != Fit::kOk) fail_arg(r, arg_value_text(a) + " does not fit 64 bits");
-}
-
 // A float parameter's value as Triton's launcher reads it (PyFloat_AsDouble):
 // a float; for an annotated parameter an int or a bool too.
 double BundleKernel::Impl::real_of(const RtArg& r, const Arg& a) const {
   if (a.kind() == Arg::kFloat) return a.real();
-  if (!r.annotated || a.kind() == Arg::kPointer)
-    fail_arg(r, std::string(r.annotated ? "expects a number (" : "expects a float (") + r.type + "), got " +
+  if (!r.slot.annotated || a.kind() == Arg::kPointer)
+    fail_arg(r, std::string(r.slot.annotated ? "expects a number (" : "expects a float (") + r.type + "), got " +
                     arg_kind_name(a.kind()));
   return a.big() ? double(a.bits()) : double(a.integer());  // a bool's bits are 0 or 1
 }
 
-// Packs a float parameter in its type, as Triton's launcher does
-// (encode.h); returns the double it was converted from (the key value).
-double BundleKernel::Impl::pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const {
-  double d = real_of(r, a);
-  if (encode_float(r.ty, d, slot) != Fit::kOk)
-    fail_arg(r, (a.kind() == Arg::kFloat ? Constant(d).repr() : arg_value_text(a)) +
-                    " does not fit fp16 (it rounds beyond 65504; Triton's launcher raises OverflowError)");
-  return d;
-}
-
 // A descriptor: its element type, rank and block shape are the signature's (the
 // kernel's type); the rest is checked here and encoded at launch.
-void BundleKernel::Impl::pack_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const {
+void BundleKernel::Impl::read_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const {
   if (a.kind() != Arg::kDesc)
     fail_arg(r, "expects a tensor descriptor (" + r.type + "), got " + arg_kind_name(a.kind()) +
                 "; make one with lt::TensorDesc(base, shape, strides, block_shape)");
   HostTensorDesc d = a.desc()->desc;
   if (d.rank == 0) fail_arg(r, "its shape, strides and block_shape must have the same length, 1 to 5");
-  if (d.dtype != kNoDtype && d.dtype != r.dtype)
+  if (d.dtype != kNoDtype && d.dtype != r.slot.dtype)
     fail_arg(r, std::string("a descriptor over ") + dtype_name(d.dtype) + " where the signature says " + r.type);
-  d.dtype = r.dtype;
-  if (d.rank != r.desc_rank || !std::equal(d.block, d.block + d.rank, r.desc_block)) {
+  d.dtype = r.slot.dtype;
+  if (d.rank != r.slot.rank || !std::equal(d.block, d.block + d.rank, r.desc_block)) {
     std::string got;
     for (int i = 0; i < d.rank; ++i) got += (i ? ", " : "") + std::to_string(d.block[i]);
     fail_arg(r, "a descriptor with block shape [" + got + "] where the signature says " + r.type);
@@ -312,31 +295,60 @@ void BundleKernel::Impl::pack_desc(const RtArg& r, const Arg& a, uint64_t* slot,
   c.descs[c.n_desc++] = d;
 }
 
-void BundleKernel::Impl::pack(size_t i, const Arg& a, Call& c) const {
-  const RtArg& r = args[i];
-  uint64_t* slot = &c.slots[i];
-  *slot = 0;
-  uint64_t bits = 0, word = a.bits();  // word: the key value (a float's as converted, a double)
-  if (r.ty == Ty::kDesc) {
-    pack_desc(r, a, slot, c);
-  } else if (r.ty == Ty::kPtr) {
-    if (a.kind() != Arg::kPointer)
-      fail_arg(r, std::string("expects a device pointer (") + r.type + "), got " + arg_kind_name(a.kind()) +
-                      (a.kind() == Arg::kInteger ? "; wrap a CUdeviceptr in lt::DevicePtr(...)" : ""));
-    if (a.dtype() != kNoDtype && a.dtype() != r.dtype)
-      fail_arg(r, std::string("a pointer to ") + dtype_name(a.dtype()) + " where the signature says " + r.type);
-    *slot = a.bits();
-    bits = ptr_bit(r.align, a.bits());
-  } else if (is_int(r.ty)) {
-    pack_int(r, a, slot, &bits);
-  } else if (r.ty == Ty::kU1) {
-    pack_flag(r, a, slot);
-  } else {
-    double d = pack_float(r, a, slot);
-    std::memcpy(&word, &d, 8);
+// Argument i as its slot table row says (csrc/python/slot_table.h read_slot does the same for
+// a Python object): its parameter into c.slots[i], its bits and value words into the key. What
+// does not fit the row is an error naming the argument.
+void BundleKernel::Impl::read_arg(const RtArg& r, size_t i, const Arg& a, Call& c) const {
+  const SlotSpec& s = r.slot;
+  uint64_t* cell = &c.slots[i];
+  uint64_t* words = &c.key[r.key_word];
+  *cell = 0;
+  switch (s.kind) {
+    case SlotKind::kPtr:
+      if (a.kind() != Arg::kPointer)
+        fail_arg(r, std::string("expects a device pointer (") + r.type + "), got " + arg_kind_name(a.kind()) +
+                        (a.kind() == Arg::kInteger ? "; wrap a CUdeviceptr in lt::DevicePtr(...)" : ""));
+      if (a.dtype() != kNoDtype && a.dtype() != s.dtype)
+        fail_arg(r, std::string("a pointer to ") + dtype_name(a.dtype()) + " where the signature says " + r.type);
+      *cell = a.bits();
+      key_put_bits(c.key, i, ptr_bit(s.specialize, a.bits()));
+      return;
+    case SlotKind::kInt: {  // annotated: any value in its type, or a bool (0 or 1, specialized on nothing)
+      if (a.kind() != Arg::kInteger && !(s.annotated && a.kind() == Arg::kBool))
+        fail_arg(r, "expects an integer (" + r.type + "), got " + arg_kind_name(a.kind()));
+      uint64_t bits = 0;
+      switch (encode_int(s.int_spec, int_val(a), cell, &bits)) {
+        case Fit::kOk: break;
+        case Fit::kWrongClass:
+          fail_arg(r, arg_value_text(a) + " is " + type_name(int_class(int_val(a))) +
+                          " under Triton's rules (i32 if it fits, else i64, else u64), but the signature says " + r.type);
+        default: fail_arg(r, arg_value_text(a) + " does not fit " + r.type);
+      }
+      key_put_bits(c.key, i, bits);
+      if (s.in_key) words[0] = a.bits();
+      return;
+    }
+    case SlotKind::kFloat: {
+      double d = real_of(r, a);
+      if (encode_float(s.ty, d, cell) != Fit::kOk)
+        fail_arg(r, (a.kind() == Arg::kFloat ? Constant(d).repr() : arg_value_text(a)) +
+                        " does not fit fp16 (it rounds beyond 65504; Triton's launcher raises OverflowError)");
+      if (s.in_key) std::memcpy(words, &d, 8);  // a float's key: the double it converts from
+      return;
+    }
+    case SlotKind::kBool:  // tl.int1 (annotated): an int too, as its low byte
+      if (a.kind() != Arg::kBool && !(s.annotated && a.kind() == Arg::kInteger))
+        fail_arg(r, std::string("expects a bool (u1), got ") + arg_kind_name(a.kind()));
+      if (encode_flag(s.annotated, int_val(a), cell) != Fit::kOk) fail_arg(r, arg_value_text(a) + " does not fit 64 bits");
+      if (s.in_key) words[0] = a.bits();
+      return;
+    case SlotKind::kDesc:  // the block shape is the key: it is the kernel's type
+      read_desc(r, a, cell, c);
+      for (int j = 0; j < s.rank; ++j) words[j] = uint64_t(r.desc_block[j]);
+      return;
+    case SlotKind::kConstexpr: case SlotKind::kFolded: break;  // never a runtime argument (bind refuses it)
   }
-  key_put_bits(c.key, i, bits);
-  if (r.key_word >= 0) c.key[r.key_word] = word;
+  fail_arg(r, "its kind of argument (slot kind " + std::to_string(int(s.kind)) + ") cannot be passed from C++");
 }
 
 void BundleKernel::Impl::read(const Arg* a, size_t n, Call& c) const {
@@ -346,13 +358,13 @@ void BundleKernel::Impl::read(const Arg* a, size_t n, Call& c) const {
   }
   for (size_t w = 0; w < bit_words; ++w) c.key[w] = 0;
   c.n_desc = 0;
-  for (size_t i = 0; i < n; ++i) pack(i, a[i], c);
+  for (size_t i = 0; i < n; ++i) read_arg(args[i], i, a[i], c);
 }
 
 size_t BundleKernel::Impl::params(const Entry& e, Call& c, void** out, DescParams* dps) const {
   return pack_params(*e.kernel, desc.name, args.size(), [&](size_t i) -> ParamRef {
     if (!e.is_param[i]) return {};
-    if (args[i].ty == Ty::kDesc) return {nullptr, &c.descs[c.slots[i]], args[i].name.c_str()};
+    if (args[i].slot.kind == SlotKind::kDesc) return {nullptr, &c.descs[c.slots[i]], args[i].name.c_str()};
     return {&c.slots[i]};
   }, dps, out);
 }
@@ -407,7 +419,7 @@ const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, con
 std::string BundleKernel::Impl::call_spec(const Call& c) const {
   std::string out;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string s = spec_suffix(args[i], key_bits_of(c.key, i));
+    std::string s = spec_suffix(args[i].slot, key_bits_of(c.key, i));
     out += (i ? "," : "") + args[i].type + (s.empty() ? "" : ":" + s);
   }
   return out;

@@ -1,5 +1,5 @@
 // BundleKernel::Impl, shared by the two files of a bundle's kernel:
-// bundle_kernel.cc (binding the signature, the call path) and
+// bundle_kernel.cc (binding a signature to its slot table, the call path) and
 // bundle_resolve.cc (finding or resolving the variant of a new call key).
 #pragma once
 #include <memory>
@@ -12,6 +12,7 @@
 #include "lazytriton/call_layout.h"
 #include "lazytriton/encode.h"
 #include "lazytriton/resolve_table.h"
+#include "lazytriton/slot_spec.h"
 
 namespace lt {
 
@@ -20,24 +21,21 @@ using namespace sigtypes;
 
 constexpr size_t kMaxArgs = 64;
 constexpr size_t kMaxDescArgs = 8;  // tensor descriptor arguments per kernel
-constexpr size_t kMaxKey = key_bit_words(kMaxArgs) + kMaxArgs + 1;
+constexpr size_t kMaxKey = key_bit_words(kMaxArgs) + kMaxArgs + kMaxDescArgs * kMaxDescRank + 1;
 
-// One runtime argument: how to read, check and pack it.
+// One runtime argument (a leaf of the call): its slot table row says how it is read, packed and
+// keyed; the signature gives its type's spelling and a descriptor's block shape.
 struct RtArg {
   std::string name;
-  size_t call_index = 0;  // position among the kernel's call parameters
-  Ty ty = Ty::kI32;
+  size_t call_index = 0;  // its leaf among the call's (the variant's types and table)
   std::string type;  // as in the signature ("*fp32", "i32")
-  int dtype = kNoDtype;  // pointers
-  bool annotated = false;  // type fixed by the kernel's annotation (else Triton's class of the value)
-  bool specialize = true, align = true;
-  int key_word = -1;  // index into the call key, if the value selects the binary
-  int desc_rank = 0;  // tensor descriptors: the signature's block shape (the kernel's type)
-  int64_t desc_block[kMaxDescRank] = {};
+  SlotSpec slot;  // its row of the call's slot table
+  size_t key_word = 0;  // where its value words (value_words(slot)) start in the call key
+  int64_t desc_block[kMaxDescRank] = {};  // tensor descriptors: the signature's block shape (the kernel's type)
 };
 
 // A call's packed parameters and its key (call_layout.h: 2 specialization bits per
-// argument, key values, the context). A descriptor's slot is its index in `descs`.
+// argument, each argument's value words, the context). A descriptor's slot is its index in `descs`.
 struct Call {
   uint64_t slots[kMaxArgs];
   uint64_t key[kMaxKey];
@@ -53,9 +51,9 @@ struct ResolveCtx {
 };
 
 // A pointer or int argument's specialization as variants spell it ("16", "1" or "").
-inline std::string spec_suffix(const RtArg& r, uint64_t bits) {
-  if (r.ty == Ty::kPtr) return bits & 1 ? "16" : "";
-  if (is_int(r.ty)) return bits & 1 ? "1" : bits & 2 ? "16" : "";
+inline std::string spec_suffix(const SlotSpec& s, uint64_t bits) {
+  if (s.kind == SlotKind::kPtr) return bits & 1 ? "16" : "";
+  if (s.kind == SlotKind::kInt) return bits & 1 ? "1" : bits & 2 ? "16" : "";
   return "";
 }
 
@@ -68,9 +66,10 @@ struct BundleKernel::Impl {
   std::vector<RtArg> args;
   std::vector<std::string> call_types;  // per leaf (a call parameter, or a tuple's element), as variants spell them
   std::vector<std::string> layout;  // per call parameter: "" or a tuple argument's nesting ("[_,[_,_]]")
+  std::vector<SlotRow> slots;  // per leaf: the call's slot table (a variant's, or lazy mode's from Python)
   Constants constexprs;  // sorted: call constexprs, None'd pointers, options
   Constants options;
-  std::vector<std::string> key_names;  // by key word, after the context and the bits
+  std::vector<size_t> keyed;  // the arguments whose value selects the binary (in_key), in order
   size_t bit_words = 0, key_len = 0;
   std::unique_ptr<ResolveTable> table;
 
@@ -85,17 +84,15 @@ struct BundleKernel::Impl {
   void bind_param(const ParamDesc& p, std::vector<std::string>& types, size_t& next, const Constants& given);
   void check_type(RtArg& r, const ParamDesc& p);
   void check_constexprs(const Constants& given) const;
-  void require_variant() const;
+  std::vector<SlotRow> slot_table() const;
+  [[noreturn]] void no_winner() const;
   std::string variant_list() const;
 
   // The call path.
   void read(const Arg* a, size_t n, Call& c) const;
-  void pack(size_t i, const Arg& a, Call& c) const;
-  void pack_int(const RtArg& r, const Arg& a, uint64_t* slot, uint64_t* bits) const;
-  void pack_flag(const RtArg& r, const Arg& a, uint64_t* slot) const;
+  void read_arg(const RtArg& r, size_t i, const Arg& a, Call& c) const;
   double real_of(const RtArg& r, const Arg& a) const;
-  double pack_float(const RtArg& r, const Arg& a, uint64_t* slot) const;
-  void pack_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const;
+  void read_desc(const RtArg& r, const Arg& a, uint64_t* slot, Call& c) const;
   // The kernel parameters of a resolved call (descriptors encoded into `dps`).
   size_t params(const Entry& e, Call& c, void** out, DescParams* dps) const;
   void launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const;

@@ -2,6 +2,8 @@
 // variants, and launch metadata, from the JSON lazytriton/bundle.py writes.
 #include "bundle_manifest.h"
 
+#include "bundle_signature.h"
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -34,9 +36,6 @@ ParamDesc param_from(const json::Value& p, const std::string& what) {
   std::string w = what + " (" + d.name + ")";
   d.is_constexpr = opt_bool(p, "constexpr", false, w);
   if (const json::Value* a = p.find("annotation"); a && a->kind == json::Value::kString) d.annotation = a->s;
-  d.specialize = opt_bool(p, "specialize", true, w);
-  d.align = opt_bool(p, "align", true, w);
-  d.key = opt_bool(p, "key", false, w);
   d.heuristic = opt_bool(p, "heuristic", false, w);
   if (const json::Value* v = p.find("default")) {
     d.has_default = true;
@@ -51,7 +50,45 @@ std::vector<std::string> strings_from(const json::Value& a, const std::string& w
   return out;
 }
 
+// Whether a row reads a leaf of type `type` (the variant's "types", a signature's leaf).
+bool row_takes(const SlotSpec& s, const std::string& type) {
+  switch (s.kind) {
+    case SlotKind::kConstexpr: case SlotKind::kFolded: return type == "constexpr";
+    case SlotKind::kPtr: return type == std::string("*") + dtype_name(s.dtype);
+    case SlotKind::kInt: case SlotKind::kFloat: case SlotKind::kBool: return type == type_name(s.ty);
+    case SlotKind::kDesc: {
+      int dtype, rank;
+      int64_t block[kMaxDescRank];
+      std::string canonical;
+      return sigtypes::parse_desc_type(type, &dtype, &rank, block, &canonical) && dtype == s.dtype && rank == s.rank;
+    }
+  }
+  return true;  // a kind C++ bundles do not read: refused when a signature is bound
+}
+
 }  // namespace
+
+std::vector<SlotRow> table_from(const json::Value& rows, const std::vector<std::string>& types,
+                                const std::string& what) {
+  const auto& a = rows.as_array(what + ".table");
+  if (a.size() != types.size())
+    throw Error(what + ": its slot table has " + std::to_string(a.size()) + " rows for " +
+                std::to_string(types.size()) + " arguments (leaves)");
+  std::vector<SlotRow> out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::string w = what + ".table[" + std::to_string(i) + "]";
+    const auto& row = a[i].as_array(w);
+    if (row.size() != size_t(kSlotRowFields))
+      throw Error(w + ": a slot table row has " + std::to_string(kSlotRowFields) + " fields");
+    SlotRow r;
+    for (size_t f = 0; f < r.size(); ++f) r[f] = int(row[f].as_int(w));
+    if (const char* why = slot_row_error(r[0], r[1], r[2], r[3], r[7])) throw Error(w + ": " + why);
+    if (!row_takes(spec_of(r), types[i]))
+      throw Error(w + ": the row does not read the argument's type " + types[i]);
+    out.push_back(r);
+  }
+  return out;
+}
 
 std::string kernel_label(const KernelDesc& d) { return "kernel " + d.name; }
 
@@ -92,6 +129,7 @@ std::shared_ptr<Variant> variant_from(const json::Value& v, const KernelDesc& d,
   }
   if (out->types.size() != n || out->specs.size() != n || out->is_param.size() != n)
     throw Error(what + ": types/specs/is_param do not have one entry per argument (leaf) of " + kernel_label(d));
+  out->table = table_from(v.at("table", what), out->types, what);
   return out;
 }
 

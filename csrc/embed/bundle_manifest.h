@@ -3,6 +3,7 @@
 // holds them. Private to liblazytriton: bundle.cc opens bundles,
 // bundle_kernel.cc picks and launches their variants.
 #pragma once
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "../core/json.h"
 #include "lazytriton/bundle.h"
+#include "lazytriton/slot_spec.h"
 
 namespace lt {
 namespace manifest {
@@ -19,10 +21,7 @@ struct ParamDesc {
   std::string name;
   bool is_constexpr = false;
   std::string annotation;  // Triton's normalised annotation ("i64", "fp32"), "" if none
-  bool specialize = true;  // ints: == 1 and % 16
-  bool align = true;  // pointers: 16-byte alignment
-  bool key = false;  // in the autotune key
-  bool heuristic = false;  // read by a @triton.heuristics function
+  bool heuristic = false;  // read by a @triton.heuristics function (its specialization: the variants' slot tables)
   bool has_default = false;
   Constant dflt;
 };
@@ -34,6 +33,15 @@ struct KernelDesc {
   std::vector<std::string> overwritten;  // of those, what a call may pass and its heuristic overwrites
 };
 
+// A row of a call's slot table (specialize.Shape.table(), contract.SLOT_ROW's fields).
+using SlotRow = std::array<int, kSlotRowFields>;
+inline SlotSpec spec_of(const SlotRow& r) { return slot_spec(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]); }
+
+// A slot table from JSON, one valid row per leaf, each agreeing with its leaf's type in `types`
+// ("*fp32", "i64", "constexpr", ...); throws lt::Error naming `what` otherwise.
+std::vector<SlotRow> table_from(const json::Value& rows, const std::vector<std::string>& types,
+                                const std::string& what);
+
 // One tuned winner: a binary for a specialization of a kernel.
 struct Variant {
   // The device target it was built for: "sm_90" (NVIDIA; the manifest's "arch"
@@ -42,6 +50,7 @@ struct Variant {
   std::string device;
   std::vector<std::string> types;  // per call parameter; "constexpr" for constexprs
   std::vector<std::string> specs;  // per call parameter: "16", "1" or ""
+  std::vector<SlotRow> table;  // per leaf: how it is read, packed and keyed (the binder walks it)
   Constants constexprs;  // sorted by name
   std::vector<std::pair<std::string, json::Value>> key_values;
   std::vector<bool> is_param;  // per call parameter

@@ -13,15 +13,15 @@ namespace lt {
 bool BundleKernel::Impl::matches(const Variant& v, const Call& c, const std::string& target) const {
   if (v.target != target || !compatible(v)) return false;
   for (size_t i = 0; i < args.size(); ++i)
-    if (v.specs[args[i].call_index] != spec_suffix(args[i], key_bits_of(c.key, i)))
+    if (v.specs[args[i].call_index] != spec_suffix(args[i].slot, key_bits_of(c.key, i)))
       return false;
-  for (size_t k = 0; k < key_names.size(); ++k) {
-    auto it = std::find_if(v.key_values.begin(), v.key_values.end(), [&](const auto& kv) { return kv.first == key_names[k]; });
+  for (size_t i : keyed) {
+    auto it = std::find_if(v.key_values.begin(), v.key_values.end(), [&](const auto& kv) { return kv.first == args[i].name; });
     if (it == v.key_values.end()) return false;
     const json::Value& j = it->second;
     uint64_t word = j.kind == json::Value::kUInt ? j.u : j.kind == json::Value::kBool ? uint64_t(j.b) : uint64_t(j.i);
     if (j.kind == json::Value::kFloat) std::memcpy(&word, &j.f, 8);
-    if (word != c.key[bit_words + k]) return false;
+    if (word != c.key[args[i].key_word]) return false;
   }
   return true;
 }
@@ -38,13 +38,15 @@ std::shared_ptr<Variant> BundleKernel::Impl::find_variant(const Call& c, const s
 std::string BundleKernel::Impl::describe_call(const Call& c, const std::string& target) const {
   std::string out = target + " " + call_spec(c);
   for (const auto& [k, v] : constexprs) out += " " + k + "=" + v.repr();
-  for (size_t k = 0; k < key_names.size(); ++k) {
-    const RtArg& r = *std::find_if(args.begin(), args.end(), [&](const RtArg& a) { return a.name == key_names[k]; });
-    uint64_t w = c.key[bit_words + k];
+  for (size_t i : keyed) {
+    const RtArg& r = args[i];
+    uint64_t w = c.key[r.key_word];
     double d;
     std::memcpy(&d, &w, 8);
     out += " " + r.name + "=" +
-           (is_float(r.ty) ? Constant(d).repr() : r.ty == Ty::kU64 ? std::to_string(w) : std::to_string(int64_t(w)));
+           (r.slot.kind == SlotKind::kFloat ? Constant(d).repr()
+            : r.slot.ty == Ty::kU64         ? std::to_string(w)
+                                            : std::to_string(int64_t(w)));
   }
   return out;
 }
@@ -118,7 +120,7 @@ ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
       cv.ptr = DevicePtr(static_cast<unsigned long long>(a.bits()));
       cv.ptr.nbytes = a.nbytes();
       cv.value = a;
-      if (r.ty == Ty::kDesc) {  // as read (and checked) for this call
+      if (r.slot.kind == SlotKind::kDesc) {  // as read (and checked) for this call
         cv.is_desc = true;
         cv.desc = rc.call->descs[rc.call->slots[next - 1]];
       }

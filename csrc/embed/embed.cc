@@ -121,25 +121,25 @@ class PythonResolver : public Resolver {
   explicit PythonResolver(LazyOptions o) : opts_(std::move(o)) {}
 
   std::string describe(const std::string& source) override {
-    start_python(python_executable(opts_));
-    py::gil_scoped_acquire gil;
-    try {
+    return in_python(source, [&] {
       auto out = module().attr(seam::kEmbedDescribe)(source).cast<std::string>();
       ++g_describes;
       return out;
-    } catch (py::error_already_set& e) {
-      rethrow(e, source);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {  // a pybind11 conversion failure
-      throw Error("kernel " + source + " (lazy mode): " + e.what());
-    }
+    });
+  }
+
+  std::string slot_table(const std::string& source, const std::vector<std::string>& types,
+                         const std::vector<std::string>& layouts) override {
+    return in_python(source, [&] {
+      bool tuples = std::any_of(layouts.begin(), layouts.end(), [](const auto& l) { return !l.empty(); });
+      return module()
+          .attr(seam::kEmbedSlotTable)(source, py::cast(types), tuples ? py::cast(layouts) : py::none())
+          .cast<std::string>();
+    });
   }
 
   std::pair<std::string, std::string> resolve(const ResolveRequest& r) override {
-    start_python(python_executable(opts_));
-    py::gil_scoped_acquire gil;
-    try {
+    return in_python(r.source, [&] {
       py::list values;
       for (const auto& v : r.values) values.append(value_to_python(v));
       py::dict options;
@@ -150,17 +150,28 @@ class PythonResolver : public Resolver {
       py::tuple out =
           module().attr(seam::kEmbedResolve)(r.bundle_dir, r.source, values, options, grid_to_python(r), stream, layouts);
       ++g_resolutions;
-      return {out[0].cast<std::string>(), out[1].cast<std::string>()};
-    } catch (py::error_already_set& e) {
-      rethrow(e, r.source);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {  // a pybind11 conversion failure
-      throw Error("kernel " + r.source + " (lazy mode): " + e.what());
-    }
+      return std::pair<std::string, std::string>{out[0].cast<std::string>(), out[1].cast<std::string>()};
+    });
   }
 
  private:
+  // f() in the started interpreter, the GIL held: Python's exceptions and pybind11's conversion
+  // failures become lt::Error naming the kernel (`source`).
+  template <class F>
+  auto in_python(const std::string& source, F&& f) -> decltype(f()) {
+    start_python(python_executable(opts_));
+    py::gil_scoped_acquire gil;
+    try {
+      return f();
+    } catch (py::error_already_set& e) {
+      rethrow(e, source);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // a pybind11 conversion failure
+      throw Error("kernel " + source + " (lazy mode): " + e.what());
+    }
+  }
+
   // lazytriton.cpp.embed, set up once (sys.path, logging); the reference is kept
   // for the life of the process, like the interpreter.
   py::object module() {

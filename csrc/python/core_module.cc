@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core_module.h"
+#include "slot_table.h"
 #include "lazytriton/bundle.h"
 #include "lazytriton/call_site.h"
 
@@ -170,17 +171,31 @@ PYBIND11_MODULE(_core, m) {
       "Sets this thread's stream capture mode (CUstreamCaptureMode); returns the previous one.");
   m.attr("CAPTURE_MODE_RELAXED") = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
   // A scalar argument as its kernel parameter's bytes (little-endian, in a u64): the JAX handler's
-  // scalars (ParamSource.bits) packed by the stubs' rule.
+  // scalars (ParamSource.bits), read by the stubs' own reader from the call's slot table row.
   m.def(
-      "scalar_bits",
-      [](py::handle value, const std::string& type, const std::string& what) {
-        uint64_t slot = 0;
-        ArgPack::pack(type, value, &slot, what.empty() ? what : what + ": ");
-        return slot;
+      "slot_bits",
+      [](py::handle value, const std::vector<int>& row, const std::string& what) {
+        const std::string w = what.empty() ? "argument" : what;
+        if (row.size() != size_t(kSlotRowFields)) throw py::value_error(w + ": a slot table row has 8 fields");
+        if (const char* why = slot_row_error(row[0], row[1], row[2], row[3], row[7]))
+          throw py::value_error(w + ": a slot table row: " + why);
+        const SlotSpec s = slot_spec(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]);
+        if (s.kind != SlotKind::kInt && s.kind != SlotKind::kFloat && s.kind != SlotKind::kBool)
+          throw py::value_error(w + ": not a scalar's row (kind " + std::to_string(row[0]) + ")");
+        uint64_t cell = 0, key[2] = {0, 0};
+        size_t vw = 1;
+        int devices = pyargs::kNoArrays;
+        HostTensorDesc desc;
+        if (!pyargs::read_slot(s, value.ptr(), 0, &cell, &desc, key, &vw, &devices)) {
+          if (PyErr_Occurred()) throw py::error_already_set();
+          throw py::value_error(w + ": " + py::repr(value).cast<std::string>() + " is not what its slot reads (" +
+                                type_name(s.ty) + (s.annotated ? ", annotated" : "") + ")");
+        }
+        return cell;
       },
-      py::arg("value"), py::arg("type"), py::arg("what") = "",
-      "The parameter bytes of `value` as a kernel parameter of Triton type `type` (little-endian, in a u64); "
-      "`what` names the argument in errors.");
+      py::arg("value"), py::arg("row"), py::arg("what") = "",
+      "The parameter bytes of `value` as the slot of slot table row `row` (specialize.Shape.table()) reads "
+      "it (little-endian, in a u64); `what` names the argument in errors.");
   m.def("counters", [] {
     Counters& c = counters();
     py::dict d;

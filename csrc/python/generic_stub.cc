@@ -49,9 +49,6 @@ constexpr Py_ssize_t kMaxSlots = 512;
 constexpr size_t kMaxDescs = 16;
 constexpr size_t kMaxKeyWords = key_bit_words(kMaxSlots) + 2 * kMaxSlots + kMaxDescs * kMaxDescRank + 1;
 
-template <class T, size_t N>
-constexpr int count(const T (&)[N]) { return int(N); }
-
 using Path = std::vector<Py_ssize_t>;
 
 struct Layout {  // tuple arguments: where each slot is, and the tuples to check
@@ -287,13 +284,9 @@ int stub_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     if (!PyArg_ParseTuple(PyTuple_GET_ITEM(table, i), "iiiiiiii", &kind, &dtype, &code, &annotated, &specialize,
                           &in_key, &divisibility, &float_code))
       return fail(nullptr);
-    if (kind < 0 || kind >= kNumSlotKinds) return fail("Stub: bad kind in a slot table row");
-    if (kind == int(K::kInt) && (code < 0 || code >= (annotated ? count(kIntTypes) : count(kIntClasses))))
-      return fail("Stub: bad int_code in a slot table row");
-    if (kind == int(K::kFloat) && (float_code < 0 || float_code >= count(kFloatTypes)))
-      return fail("Stub: bad float_code in a slot table row");
+    if (const char* why = slot_row_error(kind, dtype, code, annotated, float_code))
+      return fail((std::string("Stub: a slot table row: ") + why).c_str());
     if (kind == int(K::kDesc)) {
-      if (code < 1 || code > kMaxDescRank) return fail("Stub: a descriptor slot's rank is 1 to 5");
       if (++n_desc > kMaxDescs)
         return fail("Stub: more than 16 tensor descriptor slots "
                     "(LAZYTRITON_STUB_BUILD=sync builds the generated stub, which has no such bound)");

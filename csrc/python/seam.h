@@ -50,6 +50,8 @@ inline constexpr char kStubEntry[] = "entry";
 inline constexpr char kEmbedModule[] = "lazytriton.cpp.embed";
 inline constexpr char kEmbedStart[] = "start";        // (python_path: list, verbose: bool) -> None
 inline constexpr char kEmbedDescribe[] = "describe";  // (source) -> str: the kernel's manifest entry (JSON)
+// (source, types, layouts) -> str: the slot table of a signature with no winner yet (JSON rows)
+inline constexpr char kEmbedSlotTable[] = "slot_table";
 // (bundle_dir, source, values, options, grid, stream, layouts) -> (str, str): the variant written
 inline constexpr char kEmbedResolve[] = "resolve";
 

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "lazytriton/slot_spec.h"
 #include "python_args.h"
 
 namespace lt::pyargs {
@@ -19,43 +20,9 @@ union DescCell {
   HostTensorDesc d;
 };
 
-// One slot: a row of specialize.Shape.table() (contract.SLOT_ROW), decoded.
-struct SlotSpec {
-  SlotKind kind = SlotKind::kConstexpr;
-  int dtype = -1;  // ptr, desc: its element type id
-  int rank = 0;  // desc: its rank
-  bool annotated = false, specialize = true, in_key = false;
-  IntSpec int_spec{Ty::kI32, false, true, true};  // int: how encode_int packs it
-  Ty ty = Ty::kPtr;  // int, float, bool: the parameter type
-  size_t size = 8;  // bytes of the kernel parameter
-};
-
-// A row's fields decoded (valid codes: the table-driven stub checks them first).
-constexpr SlotSpec slot_spec(int kind, int dtype, int code, bool annotated, bool specialize, bool in_key,
-                             bool divisibility, int float_code) {
-  SlotSpec s;
-  s.kind = SlotKind(kind);
-  s.dtype = dtype;
-  s.rank = s.kind == SlotKind::kDesc ? code : 0;
-  s.annotated = annotated, s.specialize = specialize, s.in_key = in_key;
-  if (s.kind == SlotKind::kInt) {
-    s.ty = annotated ? kIntTypes[code] : kIntClasses[code];
-    s.int_spec = {s.ty, annotated, specialize, divisibility};
-  } else if (s.kind == SlotKind::kFloat) {
-    s.ty = kFloatTypes[float_code];
-  } else if (s.kind == SlotKind::kBool) {
-    s.ty = Ty::kU1;
-  }
-  s.size = s.kind == SlotKind::kInt || s.kind == SlotKind::kFloat || s.kind == SlotKind::kBool ? param_bytes(s.ty) : 8;
-  return s;
-}
-
-// The call key words a slot takes after the bit words (specialize.Slot.value_words).
-constexpr size_t value_words(const SlotSpec& s) {
-  return s.kind == SlotKind::kDesc ? size_t(s.rank)
-         : s.kind == SlotKind::kConstexpr || s.kind == SlotKind::kFolded ? 2
-                                                                          : size_t(s.in_key);
-}
+// SlotSpec, a slot table row decoded (slot_spec, value_words), is lazytriton/slot_spec.h's: the C++
+// bundles decode their variants' rows with it too.
+using lt::SlotSpec;
 
 // Reads slot i (`arg`) as `s` says: its parameter into *cell (a descriptor into *desc), its
 // bits into the key's bit words and its value words at key[*vw] on (advancing *vw), the device
@@ -131,7 +98,7 @@ inline PyObject* params_tuple(const SlotSpec* table, size_t n, const uint64_t* c
   size_t k = 0;
   for (size_t i = 0; i < n; ++i) {
     const SlotSpec& s = table[i];
-    PyObject* item = s.kind == SlotKind::kConstexpr || s.kind == SlotKind::kFolded ? Py_NewRef(Py_None)
+    PyObject* item = is_constexpr_slot(s) ? Py_NewRef(Py_None)
                      : s.kind == SlotKind::kDesc
                          ? desc_tuple(descs[k++].d)
                          : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&cells[i]), Py_ssize_t(s.size));

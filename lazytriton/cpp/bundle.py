@@ -8,7 +8,9 @@ A bundle is a directory::
 written here (`Bundle.add` from Python, or the C++ lazy mode through
 lazytriton.cpp.embed) and read by the C++ runtime (lazytriton/bundle.h). A variant
 is one winner for one specialization of a call, and holds what the C++ side
-needs to pick it for a call and launch it: the argument types and Triton's
+needs to pick it for a call and launch it: the call's slot table (the rows
+lazytriton.model.specialize.Shape.table() gives the Python stubs: how each argument is
+read, packed and keyed; the C++ binder walks them), the argument types and Triton's
 specialization of each (16-byte alignment, == 1, % 16), the constexprs, the
 autotune-key (and heuristic-read) values, which arguments are kernel
 parameters, the winner's meta-parameters and its launch metadata.
@@ -26,22 +28,25 @@ import inspect
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from .. import paths
 from ..model import specialize, tuples
-from ..model.arrays import is_array
+from ..model import tensor_desc
+from ..model.arrays import DeviceArray, is_array
 from ..cache import atomic_write
 from ..model.spec import KernelSpec, ReadRecorder
 from ..model.spec import kernel_spec
+from ..model.contract import BUNDLE_VERSION
 from ..model.specialize import BUNDLE_OPTION_NAMES, check_option
 
 log = logging.getLogger("lazytriton.cpp.bundle")
 
 FORMAT = "lazytriton-bundle"
-VERSION = 1
+VERSION = BUNDLE_VERSION  # 2: each variant carries its call's slot table ("table"); version 1 is refused
 MANIFEST = "manifest.json"
 
 
@@ -154,10 +159,10 @@ def _flags(param: dict) -> specialize.Flags:
     return specialize.Flags(param.get("constexpr", False), param["annotation"], param["specialize"], param["align"])
 
 
-def _slot(param: dict, value: Any, what: str) -> specialize.Slot:
+def _slot(param: dict, value: Any, what: str, in_key: bool = False) -> specialize.Slot:
     """The runtime argument's slot, as the Python stubs read it: the bundle describes
     each argument with the same rules (lazytriton.model.specialize)."""
-    slot = specialize.slot_for(_flags(param), value, False, what)
+    slot = specialize.slot_for(_flags(param), value, in_key, what)
     if slot.kind == "constexpr":  # a tl.constexpr or @jit value for a plain parameter
         raise TypeError(f"{what}: unsupported argument type {type(value).__name__}")
     specialize.check_launchable(slot, value, what)
@@ -190,38 +195,81 @@ def _check_heuristics(desc: dict, lk: Any) -> None:
                            "description did not find; please report this")
 
 
-def specialize_values(desc: dict, values: list, options: dict) -> tuple[list, list, dict, dict, list]:
-    """(types, specs, constexprs, key_values, layout) of a call's `values`: the kernel
+def specialize_values(desc: dict, values: list, options: dict) -> tuple[list, list, dict, dict, list, list]:
+    """(types, specs, constexprs, key_values, layout, table) of a call's `values`: the kernel
     parameter type and Triton's specialization of each leaf (as the stubs read it,
     lazytriton.model.specialize), the constexprs (`options` among them), the keyed
-    values, and per call parameter its tuple nesting ("" for a plain argument)."""
+    values, per call parameter its tuple nesting ("" for a plain argument), and the
+    call's slot table (specialize.Shape.table(): one row per leaf, what the C++ binder walks)."""
     name = desc["name"]
-    types, specs, constexprs, key_values, layout = [], [], dict(options), {}, []
+    types, specs, constexprs, key_values, layout, slots = [], [], dict(options), {}, [], []
     for p, v in zip(desc["params"], values):
         if p["constexpr"] or v is None:
             types.append("constexpr")
             specs.append("")
             constexprs[p["name"]] = v
             layout.append("")
+            slots.append(specialize.Slot("constexpr", folded=not p["constexpr"]))
             continue
         elem = p
         if specialize.takes_tuple(_flags(p), v):  # its elements, specialized as Triton's binder does
             te = specialize.TUPLE_ELEMENT
             elem = {**p, "annotation": te.annotation, "specialize": te.specialize, "align": te.divisible}
         layout.append(tuples.structure_text(v))
+        keyed = p["key"] or p["heuristic"]
         for sub, leaf in tuples.leaves(v):
             what = f"kernel {name}, argument {tuples.leaf_name(p['name'], sub)}"
             if sub and (leaf is None or tuples.is_tuple(leaf) or not (is_array(leaf) or isinstance(leaf, (int, float)))):
                 raise TypeError(f"{what}: a tuple element that is not an array, an int, a float or a bool (here "
                                 f"{type(leaf).__name__}) cannot be in a C++ bundle")
-            slot = _slot(elem, leaf, what)
+            slot = _slot(elem, leaf, what, keyed)
+            slots.append(slot)
             t = specialize.kernel_type(slot, leaf, what)
             types.append(t)
             specs.append(specialize.spec_suffix(slot, leaf))
-            if (p["key"] or p["heuristic"]) and slot.kind != "ptr":
+            if keyed and slot.kind != "ptr":
                 # a float's key: the double it converts to
                 key_values[tuples.leaf_name(p["name"], sub)] = float(leaf) if slot.kind == "float" else leaf
-    return types, specs, constexprs, key_values, layout
+    table = [list(row) for row in specialize.Shape(tuple(types), tuple(slots)).table()]
+    return types, specs, constexprs, key_values, layout, table
+
+
+_DESC_TYPE = re.compile(r"tensordesc<(\w+)\[([\d, ]+)\]>")
+
+
+def _stand_in(t: str) -> Any:
+    """A value whose slot has kernel parameter type `t` (or, annotated, any value its annotation takes)."""
+    if t == "constexpr":
+        return None
+    if t.startswith("*"):
+        return DeviceArray(1 << 20, t[1:], 1 << 20)
+    m = _DESC_TYPE.fullmatch(t)
+    if m:
+        block = [int(b) for b in m.group(2).split(",")]
+        strides = [1] * len(block)
+        for i in range(len(block) - 2, -1, -1):
+            strides[i] = strides[i + 1] * block[i + 1]
+        return tensor_desc.unchecked(DeviceArray(1 << 20, m.group(1), 1 << 20), block, strides, block)
+    if t in ("u1", "i1"):
+        return False
+    return {"i64": 2**40, "u64": 2**63}.get(t, 0.0 if t.startswith(("fp", "bf")) else 0)
+
+
+def slot_table(desc: dict, types: list, layouts: list | None = None) -> list:
+    """The slot table of a C++ signature (lazy mode before its first winner): each leaf's
+    row as the stubs read a value of its type `types[i]` ("*fp32", "i64", "constexpr", ...;
+    `layouts`: per call parameter "" or its tuple's nesting). A type the kernel's parameter
+    cannot take (i32 for a parameter annotated tl.int64) is refused, naming the argument."""
+    leaves = iter([_stand_in(t) for t in types])
+    values = [tuples.nest(lay, leaves) for lay in (layouts or [""] * len(desc["params"]))]
+    got, _, _, _, _, table = specialize_values(desc, values, {})
+    names = [tuples.leaf_name(p["name"], sub) for p, v in zip(desc["params"], values)
+             for sub, _ in (tuples.leaves(v) if v is not None else [((), None)])]
+    for n, want, have in zip(names, types, got):
+        if want.replace(" ", "") != have.replace(" ", "") and not (want == "i1" and have == "u1"):
+            raise TypeError(f"kernel {desc['name']}, argument {n}: the signature says {want}, but the kernel "
+                            f"takes {have} there")
+    return table
 
 
 def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict,
@@ -230,7 +278,7 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
     `values`; `device` (the GPU's name) defaults to the current device's."""
     _check_heuristics(desc, lk)
     name = desc["name"]
-    types, specs, constexprs, key_values, layout = specialize_values(desc, values, options)
+    types, specs, constexprs, key_values, layout, table = specialize_values(desc, values, options)
     i = len(types)  # leaves: a tuple argument has one per element (lazytriton.model.tuples), as resolved.types
     for k, v in {**constexprs, **resolved.meta}.items():
         if not _jsonable(v):
@@ -243,7 +291,7 @@ def make_variant(desc: dict, lk: Any, resolved: Any, values: list, options: dict
         device = _core.device_info(_core.current_device())["name"]
     # NVIDIA: the compute capability (90); AMD: the architecture's name ("gfx942").
     variant = {"arch": launch.get("gfx") or launch["arch"], "device": device, "types": types, "specs": specs,
-               "constexprs": constexprs, "key_values": key_values,
+               "table": table, "constexprs": constexprs, "key_values": key_values,
                "is_param": [bool(b) for b in resolved.entry.is_param[:i]],
                "meta": dict(resolved.meta), "launch": launch, "signature": signature_text(types, specs, layout)}
     if any(layout):
@@ -291,9 +339,18 @@ def read_manifest(path: os.PathLike | str, heal: bool = False) -> dict:
         log.warning("bundle %s: discarding its unreadable manifest (%s); starting a new one (the winners it listed "
                     "are written again as their kernels are added)", path, exc)
         return {"format": FORMAT, "version": VERSION, "kernels": {}}
+    if doc.get("format") == FORMAT and isinstance(doc.get("version"), int) and doc["version"] < VERSION:
+        raise ValueError(old_version_message(str(path), doc["version"]))
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise ValueError(f"{f}: not a version-{VERSION} lazytriton bundle")
     return doc
+
+
+def old_version_message(path: str, version: int) -> str:
+    """Why a bundle written by an older lazytriton is refused (the C++ reader says the same)."""
+    return (f"bundle {path} was written by an older lazytriton (bundle format version {version}; this one reads "
+            f"version {VERSION}, whose variants carry their call's slot table): re-export it (add its kernels again "
+            "with lazytriton.cpp.Bundle(dir).add(...), or rebuild it in lazy mode) into a new directory")
 
 
 @contextlib.contextmanager

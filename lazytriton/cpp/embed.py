@@ -1,5 +1,6 @@
 """What the C++ lazy mode (lazytriton::embed, csrc/embed/embed.cc) calls in its
-embedded Python: describe a kernel, and resolve one call (lazytriton's cache,
+embedded Python: describe a kernel, give the slot table of a signature with no
+winner yet, and resolve one call (lazytriton's cache,
 else compile and tune on the C++ caller's own device buffers), persisting the
 winner into the bundle so later runs need no Python."""
 from __future__ import annotations
@@ -42,6 +43,12 @@ def _kernel(source: str):
 
 def describe(source: str) -> str:
     return json.dumps(bundle.describe(_kernel(source), source), allow_nan=False)
+
+
+def slot_table(source: str, types: list, layouts: list | None = None) -> str:
+    """The slot table (JSON rows) the C++ binder walks for a signature no variant has yet."""
+    lk = _kernel(source)
+    return json.dumps(bundle.slot_table(bundle.describe(lk, source), types, layouts), allow_nan=False)
 
 
 def _value(v):

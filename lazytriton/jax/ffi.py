@@ -308,17 +308,19 @@ class Site:
             raise RuntimeError(f"{self.name}: internal error: the kernel was resolved for {len(res.types)} "
                                f"arguments but the call site has {len(d['args'])}")
         cfg = self._config_of(res.meta)
+        # The call's slot table rows, as the stub of this call reads them: per kernel parameter, a
+        # buffer, a descriptor on one, or a scalar packed once by the stubs' own reader (read_slot).
         sources = []
-        for a, t, v, name in zip(d["args"], res.types, leaves, res.leaf_names):
-            if t == "constexpr":
+        for a, row, is_param, v, name in zip(d["args"], res.table, res.entry.is_param, leaves, res.leaf_names):
+            if not is_param:  # a constexpr, or an int Triton folded into one
                 continue
             if "desc" in a:  # encoded from the buffer's address on every execution
                 info = tensor_desc.read(v, f"{self.name}, argument {name}")
                 sources.append((a["buffer"], info.as_tuple(name)))
+            elif "buffer" in a:
+                sources.append((a["buffer"], 0))
             else:
-                # a scalar: its parameter bytes, packed by the C++ rule every stub uses (encode.h)
-                bits = 0 if "buffer" in a else _core.scalar_bits(a["scalar"], t, f"{self.name}, argument {name}")
-                sources.append((a.get("buffer", -1), bits))
+                sources.append((-1, _core.slot_bits(a["scalar"], tuple(row), f"{self.name}, argument {name}")))
         n_in = d["n_inputs"]
         zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
         return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)

@@ -81,6 +81,12 @@ CPP_OPTION_NAMES = tuple(n for n in OPTION_NAMES if n not in ("ir_override", "en
                          and n not in AMD_OPTION_NAMES)
 BUNDLE_OPTION_NAMES = CPP_OPTION_NAMES + AMD_OPTION_NAMES
 
+# -- bundles -------------------------------------------------------------------------------
+
+# The bundle manifest's format version (lazytriton.cpp.bundle writes it, the C++ reader checks it).
+# 2: each variant carries its call's slot table (SLOT_ROW rows); a version 1 bundle is refused.
+BUNDLE_VERSION = 2
+
 
 # -- the generated header ----------------------------------------------------------------
 
@@ -132,6 +138,9 @@ enum class ConstexprTag : uint64_t {{ {_list(f"{_camel(n)} = {v}" for n, v in CO
 
 // Compile options the C++ bundle binder takes as options, not constexprs (contract.CPP_OPTION_NAMES).
 inline constexpr const char* kCppOptionNames[] = {{{strs(CPP_OPTION_NAMES)}}};
+
+// The bundle manifest's format version (contract.BUNDLE_VERSION): its variants carry their slot tables.
+constexpr int kBundleVersion = {BUNDLE_VERSION};
 
 }}  // namespace lt
 """

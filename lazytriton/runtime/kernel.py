@@ -177,7 +177,7 @@ class LazyKernel(_core.LaunchBase):
             g = (g,) if isinstance(g, int) else tuple(g)
             dims = (*g, 1, 1, 1)[:3]
         return Resolved(entry, names, tuple(args[:self._n_call]), types[:n_leaves], meta, dims, tuple(key),
-                        list(shape.names[:n_leaves]))
+                        list(shape.names[:n_leaves]), list(shape.table()[:n_leaves]))
 
     def _keyed_call(self, args: tuple, kwargs: dict) -> tuple:
         """(the bound call, its shape, its call key) for callers that resolve without

@@ -87,6 +87,8 @@ class Resolved:
     grid: tuple | None  # (x, y, z) when a grid was given
     key: tuple  # the call key: the specialization this winner serves
     leaf_names: list | None = None  # per entry of `types`: "n", or "xs[1][0]" in a tuple argument
+    # Per entry of `types`: its row of the call's slot table (specialize.Shape.table()), as the stubs read it.
+    table: list | None = None
 
     @property
     def kernel(self):

@@ -309,6 +309,11 @@ class Resolver {
   virtual ~Resolver() = default;
   // The kernel's description as the bundle manifest stores it (JSON).
   virtual std::string describe(const std::string& source) = 0;
+  // The slot table (JSON rows of specialize.Shape.table()) of a call whose leaves have these types
+  // ("constexpr" for constexprs; layouts: per call parameter "" or a tuple's nesting), for a
+  // signature the bundle has no winner for yet.
+  virtual std::string slot_table(const std::string& source, const std::vector<std::string>& types,
+                                 const std::vector<std::string>& layouts) = 0;
   // Compile and tune for this call, persist it, and return (variant JSON, cubin bytes).
   virtual std::pair<std::string, std::string> resolve(const ResolveRequest& request) = 0;
 };

@@ -34,4 +34,7 @@ enum class ConstexprTag : uint64_t { kNone = 1, kBool = 2, kInt = 3, kFloat = 4,
 // Compile options the C++ bundle binder takes as options, not constexprs (contract.CPP_OPTION_NAMES).
 inline constexpr const char* kCppOptionNames[] = {"num_warps", "num_stages", "num_ctas", "maxnreg", "debug", "launch_pdl", "launch_cooperative_grid"};
 
+// The bundle manifest's format version (contract.BUNDLE_VERSION): its variants carry their slot tables.
+constexpr int kBundleVersion = 2;
+
 }  // namespace lt
