@@ -199,9 +199,11 @@ def test_a_crashing_worker_fails_its_candidate_only(fresh_triton_cache, monkeypa
         fut.result(timeout=120)
     # A real process death: the child for candidate 0 (the first job submitted) is SIGKILLed before compiling.
     monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
-    orig, made = compile_pool.worker_job, []
-    monkeypatch.setattr(compile_pool, "worker_job",
-                        lambda ir, t: made.append(1) or dict(orig(ir, t), crash_for_test=len(made) == 1))
+    made = []
+    for kind in ("worker_job", "portable_job"):  # a job of either kind (front end here, or in the worker)
+        orig = getattr(compile_pool, kind)
+        monkeypatch.setattr(compile_pool, kind, lambda ir, t, orig=orig: made.append(1) or dict(
+            orig(ir, t), crash_for_test=len(made) == 1))
     compile_all(spec, TARGET, cands)
     assert cands[0].binary is None and "compile worker process killed by SIGKILL" in cands[0].error
     assert cands[1].binary is not None

@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import ir_text, pool as compile_pool, schedule
+from . import ir_text, pool as compile_pool, recipe, schedule
 from .server import reason
 from .targets import ast_source, target_label
 from ..model import tuples
@@ -380,20 +380,36 @@ def _share(item: tuple[str, _Inflight] | None, c: Candidate | None) -> None:
 
 def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor | None, c: Candidate,
                fut: cf.Future, stop: threading.Event, ticket: schedule.Ticket) -> None:
-    """One candidate, on the front-end thread (compile.schedule): its front end
-    here, its back end in the compile server as soon as its TTIR is ready;
-    while the server is not ready yet, its back end runs on `threads` instead
-    (None: it queues for the server). `fut` gets the result. Front ends run
-    here even then: a call's own run first, ahead of those compiled ahead of
-    time, instead of contending for the GIL with them."""
+    """One candidate, on the front-end thread (compile.schedule): to the
+    compile server as soon as possible, as a portable recipe (compile.recipe:
+    the worker runs Triton's front end too) or, for a kernel that has none,
+    as the TTIR text of its front end here (ir_text). While the server is not
+    ready yet its front end runs here and its back end on `threads` instead
+    (None: it queues for the server): a call's own candidates first, ahead of
+    those compiled ahead of time, instead of contending for the GIL with them.
+    `fut` gets the result."""
     if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
         fut.cancel()
         return
     here = threads is not None and not pool.ready()
     c.extra["compiled_in"] = "thread" if here else "worker"
     t0 = time.perf_counter()
+    b = c.bound
+    if not here:
+        source = recipe.job_source(spec.fn, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+        job = compile_pool.portable_job(source, target) if source is not None else None
+        if job is not None:
+            c.extra["front_end"] = "worker"
+            c.extra["front_end_s"] = front_s = time.perf_counter() - t0
+            try:
+                job_future = ticket.hand_to(pool, job)
+            except OSError as exc:  # the compile server could not be started: this process compiles it
+                fut.set_exception(compile_pool.WorkerUnavailable(f"the compile server could not start ({exc})"))
+                return
+            job_future.add_done_callback(functools.partial(_forward, fut, front_s, fn=spec.fn, ticket=ticket))
+            return
+    c.extra["front_end"] = "here"
     try:
-        b = c.bound
         ir = ir_text.front_end(spec.fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
     except Exception as exc:  # CompilationError and the like: Triton's whole message
         fut.set_exception(compile_pool.CompileFailed(reason(exc)))
@@ -417,11 +433,17 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
     job_future.add_done_callback(functools.partial(_forward, fut, front_s))
 
 
-def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:
+def _forward(outer: cf.Future, front_s: float, inner: cf.Future, fn=None, ticket=None) -> None:
     if inner.cancelled():  # the stream stopped first
         outer.cancel()
         return
     exc = inner.exception()
+    if isinstance(exc, compile_pool.RecipeRefused) and ticket is not None:
+        # The worker could not rebuild the kernel exactly: from now on its front ends run here,
+        # this candidate's too (queued again where it was).
+        recipe.refuse(fn, str(exc))
+        schedule.resubmit(ticket)
+        return
     if exc is not None:
         outer.set_exception(exc)
     else:

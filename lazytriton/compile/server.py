@@ -43,6 +43,8 @@ import threading
 import time
 from typing import Any
 
+from .recipe import RecipeRefused
+
 # The server's command line (``python -c BOOTSTRAP N``). Its first act after
 # importing Triton is to start Triton's installation hash (``triton_key()``:
 # sha256 of the 400 MB libtriton.so, about 0.35 s) on a thread, so that the hash
@@ -116,6 +118,10 @@ def _compile(job: dict):
         for k in [k for k in os.environ if is_triton_setting(k) and k not in env]:
             del os.environ[k]
         os.environ.update(env)
+    if "source" in job:  # a portable recipe: the front end runs here too
+        from .recipe import compile_portable
+
+        return compile_portable(job["source"], job["target"])
     try:
         TextSource(job["ir"])
         job["ir"]["options"]
@@ -147,6 +153,8 @@ def _child(job: dict, wfd: int) -> None:
             result = ("ok", _compile(job))
         except WorkerUnavailable as exc:
             result = ("unavailable", str(exc))
+        except RecipeRefused as exc:
+            result = ("refused", str(exc))
         except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
             result = ("error", reason(exc))
         with os.fdopen(wfd, "wb") as out:
