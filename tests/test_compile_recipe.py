@@ -178,6 +178,19 @@ def test_field_corpus_compiles_through_recipes_as_here(server, tmp_path, monkeyp
     assert_same(results)
 
 
+def test_front_end_knobs_set_in_code_reach_the_worker(server, tmp_path, monkeypatch):
+    """A knob Triton's front end reads, set in code: the worker's front end
+    uses it too (Triton 3.5-3.9 write a knob set in code to the environment,
+    whose Triton settings every job carries)."""
+    monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
+    monkeypatch.setattr(triton.knobs.language, "fp32_default", "tf32x3")
+    case = {"fp32 dot, fp32_default set in code": (rk.fp32_dot, (F32, F32, F32, {"BLOCK": 32}), None)}
+    results = compile_both(server, tmp_path, monkeypatch, case)
+    assert_same(results)
+    (_, worker, _), = results.values()
+    assert "inputPrecision = tf32x3" in worker.ttir
+
+
 @pytest.mark.parametrize("kernel,why", [(rk.reads_a_python_function, "a constexpr holding a function"),
                                         (rk.with_repr_hook, "has a repr hook")])
 def test_what_a_recipe_cannot_carry_compiles_with_its_front_end_here(server, kernel, why, caplog):

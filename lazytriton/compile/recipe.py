@@ -163,6 +163,8 @@ class _Capture:
         raw_src, start = getattr(jf, "raw_src", None), getattr(jf, "starting_line_number", None)
         if raw_src is None or start is None:
             raise Uncapturable("this Triton keeps no raw source")
+        if py.__code__.co_freevars and start < 2:  # no line above it for the factory that binds its cells
+            raise Uncapturable(f"{name} is a closure on line {start}")
         tree = jf.parse()
         fn_node = tree.body[0]
         g = py.__globals__

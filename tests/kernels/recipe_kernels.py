@@ -80,3 +80,11 @@ def reads_a_python_function(x, n, BLOCK: tl.constexpr):
 def with_repr_hook(x, n, BLOCK: tl.constexpr):
     o = tl.arange(0, BLOCK)
     tl.store(x + o, tl.load(x + o, mask=o < n) + 1, mask=o < n)
+
+
+@triton.jit
+def fp32_dot(a, b, c, BLOCK: tl.constexpr):  # its input precision follows triton.knobs.language.fp32_default
+    o = tl.arange(0, BLOCK)
+    x = tl.load(a + o[:, None] * BLOCK + o[None, :])
+    y = tl.load(b + o[:, None] * BLOCK + o[None, :])
+    tl.store(c + o[:, None] * BLOCK + o[None, :], tl.dot(x, y))
