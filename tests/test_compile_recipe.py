@@ -235,8 +235,9 @@ def test_a_recipe_the_worker_refuses_compiles_with_its_front_end_here(server, mo
     said = [r.getMessage() for r in caplog.records if "no portable recipe" in r.getMessage()]
     assert len(said) == 1 and "Triton hash" in said[0], said
     # Its later candidates go the other way from the start.
-    monkeypatch.setattr(recipe, "job_source", real)
-    assert real(spec.fn, *(lambda b: (b.signature, b.constexprs, b.attrs, b.options.__dict__))(cands[0].bound)) is None
+    b = cands[0].bound
+    assert real(spec.fn, b.signature, b.constexprs, b.attrs, b.options.__dict__) is None
+    assert "Triton hash" in recipe.capture(spec.fn).why_not
 
 
 def test_triton_refuses_a_candidate_with_the_same_message_on_every_path(server, monkeypatch):
