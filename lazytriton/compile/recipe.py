@@ -210,6 +210,9 @@ class _Capture:
         from triton.runtime.jit import JITCallable
 
         if isinstance(v, JITCallable):
+            ref = _by_reference(v)  # one of Triton's own (triton.language.standard's): the worker has it
+            if ref is not None:
+                return ref
             if not hasattr(v, "fn"):  # a bound constexpr function
                 raise Uncapturable(f"a {type(v).__name__}")
             return ("fn", self.function(v))
