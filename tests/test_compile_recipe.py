@@ -240,6 +240,19 @@ def test_a_recipe_the_worker_refuses_compiles_with_its_front_end_here(server, mo
     assert "Triton hash" in recipe.capture(spec.fn).why_not
 
 
+def test_a_recipe_that_does_not_rebuild_is_refused_not_failed(server):
+    """Anything that goes wrong before triton.compile in the worker (here: a
+    module the worker cannot import) is a refusal, never the candidate's error."""
+    spec, c = bound(rk.helpers, (F32, F32, 4096))
+    b = c.bound
+    source = recipe.job_source(spec.fn, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+    scopes = [dict(s, names=dict(s["names"], GONE=("module", "triton.no_such_module")))
+              for s in source["recipe"]["scopes"]]
+    fut = server.submit(compile_pool.portable_job(dict(source, recipe=dict(source["recipe"], scopes=scopes)), TARGET))
+    with pytest.raises(compile_pool.RecipeRefused, match="No module named 'triton.no_such_module'"):
+        fut.result(timeout=300)
+
+
 def test_triton_refuses_a_candidate_with_the_same_message_on_every_path(server, monkeypatch):
     """A candidate Triton's front end refuses (a static_assert, with its source
     line): the same error from the worker's front end, from this process's,

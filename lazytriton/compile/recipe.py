@@ -395,6 +395,15 @@ def _python_function(f: dict, scope: dict) -> types.FunctionType:
 def rebuild(recipe: dict) -> list:
     """The recipe's Triton functions (the kernel first), rebuilt in this process
     (a forked worker: it changes linecache). Raises RecipeRefused."""
+    try:
+        return _rebuild(recipe)
+    except RecipeRefused:
+        raise
+    except Exception as exc:  # whatever went wrong, the caller's front end will do
+        raise RecipeRefused(f"rebuilding: {type(exc).__name__}: {exc}") from None
+
+
+def _rebuild(recipe: dict) -> list:
     fns = recipe["fns"]
     files: dict[str, list[str]] = {}
     for f in fns:  # the sources where inspect.getsourcelines finds them
@@ -407,17 +416,12 @@ def rebuild(recipe: dict) -> list:
     scopes = [{"__name__": s["module"]} for s in recipe["scopes"]]
     for scope, s in zip(scopes, recipe["scopes"]):  # what defaults and annotations read, at definition
         scope.update({k: _value(d, None) for k, d in s["names"].items() if d[0] != "fn"})
-    try:
-        pys = [_python_function(f, scopes[f["scope"]]) for f in fns]
-        objs = []
-        for f, py in zip(fns, pys):
-            cls = _resolve(*f["cls"])
-            accepted = inspect.signature(cls.__init__).parameters
-            objs.append(cls(py, **{k: v for k, v in f["opts"].items() if k in accepted}))
-    except RecipeRefused:
-        raise
-    except Exception as exc:
-        raise RecipeRefused(f"rebuilding: {type(exc).__name__}: {exc}") from None
+    pys = [_python_function(f, scopes[f["scope"]]) for f in fns]
+    objs = []
+    for f, py in zip(fns, pys):
+        cls = _resolve(*f["cls"])
+        accepted = inspect.signature(cls.__init__).parameters
+        objs.append(cls(py, **{k: v for k, v in f["opts"].items() if k in accepted}))
     for scope, s in zip(scopes, recipe["scopes"]):
         scope.update({k: _value(d, objs) for k, d in s["names"].items()})
     for f, py in zip(fns, pys):
@@ -433,20 +437,20 @@ def rebuild(recipe: dict) -> list:
 def compile_portable(source: dict, target):
     """A worker's compile of `job_source`'s output: the kernel rebuilt, its
     ASTSource checked against the caller's hash, then triton.compile from the
-    first stage. Raises RecipeRefused, or what Triton raises."""
+    first stage. Raises RecipeRefused (anything that goes wrong before
+    triton.compile), or what Triton raises."""
     import triton
 
     from ..cache import CompiledBinary
     from .targets import ast_source
 
     objs = rebuild(source["recipe"])
-    constexprs = {k: _value(d, objs) for k, d in source["constexprs"].items()}
-    src = ast_source(objs[0], source["signature"], constexprs, source["attrs"])
     try:
+        constexprs = {k: _value(d, objs) for k, d in source["constexprs"].items()}
+        src = ast_source(objs[0], source["signature"], constexprs, source["attrs"])
         digest = src.hash()
     except Exception as exc:
         raise RecipeRefused(f"Triton's hash of the rebuilt kernel: {type(exc).__name__}: {exc}") from None
     if digest != source["hash"]:
         raise RecipeRefused(f"the rebuilt kernel's Triton hash {digest[:12]} is not the caller's {source['hash'][:12]}")
     return CompiledBinary.from_triton(triton.compile(src, target=target, options=source["options"]))
-
