@@ -1,6 +1,7 @@
 """Candidates compile in worker processes (lazytriton.compile.pool), really in
-parallel, with Triton on the CPU (sm_90 needs no GPU): Triton's front end in the
-caller, the rest in the workers, which never import the kernel's module. A
+parallel, with Triton on the CPU (sm_90 needs no GPU): front end included, from
+the kernel's portable recipe (tests/test_compile_recipe.py), or from the TTIR of
+Triton's front end in the caller; the workers never import the kernel's module. A
 worker that crashes fails its candidate with an error naming the kernel and the
 config, and nothing hangs."""
 import logging
@@ -109,7 +110,7 @@ def test_stream_yields_each_candidate_once(fresh_triton_cache):
 
 def test_kernel_defined_in_a_function_compiles_in_workers(fresh_triton_cache, caplog):
     """No worker imports the kernel: one defined in a function (no module
-    path at all) compiles in the workers too, from its TTIR."""
+    path at all) compiles in the workers too, front end included (its recipe)."""
     @triton.autotune(configs=[triton.Config({"B": 64}), triton.Config({"B": 128})], key=["n"])
     @triton.jit
     def local_kernel(x, n, B: tl.constexpr):
@@ -122,7 +123,7 @@ def test_kernel_defined_in_a_function_compiles_in_workers(fresh_triton_cache, ca
     with caplog.at_level(logging.INFO, logger="lazytriton"):
         compile_all(spec, TARGET, cands)
     assert all(c.binary is not None for c in cands), [c.error for c in cands]
-    assert "back end in 2 worker process(es)" in caplog.text
+    assert "front end and back end in 2 worker process(es)" in caplog.text
     assert "in this process" not in caplog.text
 
 
@@ -199,9 +200,11 @@ def test_a_crashing_worker_fails_its_candidate_only(fresh_triton_cache, monkeypa
         fut.result(timeout=120)
     # A real process death: the child for candidate 0 (the first job submitted) is SIGKILLed before compiling.
     monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
-    orig, made = compile_pool.worker_job, []
-    monkeypatch.setattr(compile_pool, "worker_job",
-                        lambda ir, t: made.append(1) or dict(orig(ir, t), crash_for_test=len(made) == 1))
+    made = []
+    for kind in ("worker_job", "portable_job"):  # a job of either kind (front end here, or in the worker)
+        orig = getattr(compile_pool, kind)
+        monkeypatch.setattr(compile_pool, kind, lambda ir, t, orig=orig: made.append(1) or dict(
+            orig(ir, t), crash_for_test=len(made) == 1))
     compile_all(spec, TARGET, cands)
     assert cands[0].binary is None and "compile worker process killed by SIGKILL" in cands[0].error
     assert cands[1].binary is not None

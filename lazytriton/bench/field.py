@@ -11,7 +11,7 @@ times from the data being ready (the package already imported) to the result
 being ready.
 
 Rows (one matmul of the package, 8 configs, standalone face):
-  lazytriton                (compile server: front end here, back end in workers)
+  lazytriton                (compile server: front end and back end in workers)
   in-process threads        (LAZYTRITON_COMPILE_WORKERS=0)
   Triton's autotuner        (the kernel called directly, as the package would)
   warm start, new process   (0 compiles, 0 tunes)
@@ -361,7 +361,8 @@ def one_process(script: str, env: dict, pkg: str, caches: str, label: str, say=p
     r["process_s"] = time.perf_counter() - t
     tm = r.get("timings") or []
     split = (f"; compiled after {max(t['compiled_s'] for t in tm):.2f} s, front ends {sum(t.get('front_end_s', 0) for t in tm):.2f} s"
-             f" of GIL, in threads {sum(t.get('in_threads', 0) for t in tm)} of {sum(t['candidates'] for t in tm)}"
+             f" of GIL here ({sum(t.get('front_ends_here', 0) for t in tm)} front ends here), in threads"
+             f" {sum(t.get('in_threads', 0) for t in tm)} of {sum(t['candidates'] for t in tm)}"
              if tm else "")
     if r.get("server_ready_s") is not None:
         split += f"; compile server ready {r['server_ready_s']:+.2f} s from the call"

@@ -1,8 +1,8 @@
 """Specialization and compilation of candidate configs, exactly as Triton does
-it: Triton's own binder specializes the arguments, Triton's front end makes
-each candidate's TTIR here and triton.compile finishes it for the device's
-target in parallel worker processes (compile_pool, ir_text), skipping those
-that fail."""
+it: Triton's own binder specializes the arguments and triton.compile compiles
+each candidate for the device's target in parallel worker processes
+(compile_pool), from the kernel's portable recipe (recipe: the worker runs the
+front end too) or from its TTIR made here (ir_text), skipping those that fail."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import ir_text, pool as compile_pool, schedule
+from . import ir_text, pool as compile_pool, recipe, schedule
 from .server import reason
 from .targets import ast_source, target_label
 from ..model import tuples
@@ -248,10 +248,12 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                    order: int | None = None) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
-    start on the first. With the compile server (compile_pool), Triton's front
-    end runs here, one candidate after another on a thread, and each
-    candidate's back end in a worker process as soon as its TTIR is ready
-    (ir_text); max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles whole
+    start on the first. With the compile server (compile_pool), each candidate
+    compiles in a worker process, front end included, from the kernel's
+    portable recipe (compile.recipe); a kernel without one has its front end
+    here, one candidate after another on a thread, and each candidate's back
+    end in a worker as soon as its TTIR is ready (ir_text). c.extra["front_end"]
+    says where it ran ("worker" or "here"); max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles whole
     candidates on threads of this process. `key(c)` (a compile key) lets
     streams of this process share compiles: a candidate that another stream
     is compiling is waited for, not compiled again. Candidates reached while
@@ -306,8 +308,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     threads = None
     stop = threading.Event()
     if todo and pool is not None:
-        log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end in %d worker process(es)%s",
-                 spec.name, len(todo), target_label(target), min(pool.workers, len(todo)),
+        where = "front end and back end" if recipe.capture(spec.fn).why_not is None else "front end here, back end"
+        log.info("kernel %s: compiling %d candidate(s) for %s: %s in %d worker process(es)%s",
+                 spec.name, len(todo), target_label(target), where, min(pool.workers, len(todo)),
                  "" if pool.ready() else " once the compile server is ready (until then: in this process)")
         outer = {id(c): cf.Future() for c in todo}
         futures.update({outer[id(c)]: c for c in todo})
@@ -380,20 +383,32 @@ def _share(item: tuple[str, _Inflight] | None, c: Candidate | None) -> None:
 
 def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor | None, c: Candidate,
                fut: cf.Future, stop: threading.Event, ticket: schedule.Ticket) -> None:
-    """One candidate, on the front-end thread (compile.schedule): its front end
-    here, its back end in the compile server as soon as its TTIR is ready;
-    while the server is not ready yet, its back end runs on `threads` instead
-    (None: it queues for the server). `fut` gets the result. Front ends run
-    here even then: a call's own run first, ahead of those compiled ahead of
-    time, instead of contending for the GIL with them."""
+    """One candidate, on the front-end thread (compile.schedule): to the
+    compile server as soon as possible, as a portable recipe (compile.recipe:
+    the worker runs Triton's front end too) or, for a kernel that has none,
+    as the TTIR text of its front end here (ir_text). While the server is not
+    ready yet its front end runs here and its back end on `threads` instead
+    (None: it queues for the server): a call's own candidates first, ahead of
+    those compiled ahead of time, instead of contending for the GIL with them.
+    `fut` gets the result."""
     if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
         fut.cancel()
         return
     here = threads is not None and not pool.ready()
     c.extra["compiled_in"] = "thread" if here else "worker"
     t0 = time.perf_counter()
+    b = c.bound
+    if not here:
+        source = recipe.job_source(spec.fn, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+        job = compile_pool.portable_job(source, target) if source is not None else None
+        if job is not None:
+            c.extra["front_end"] = "worker"
+            # front_s: making the job. A job the worker refuses comes back to this function.
+            _hand_to(ticket, pool, job, fut, functools.partial(_forward, fut, time.perf_counter() - t0, fn=spec.fn,
+                                                               ticket=ticket))
+            return
+    c.extra["front_end"] = "here"
     try:
-        b = c.bound
         ir = ir_text.front_end(spec.fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
     except Exception as exc:  # CompilationError and the like: Triton's whole message
         fut.set_exception(compile_pool.CompileFailed(reason(exc)))
@@ -409,19 +424,29 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
     if job is None:
         fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
         return
+    _hand_to(ticket, pool, job, fut, functools.partial(_forward, fut, front_s))
+
+
+def _hand_to(ticket: schedule.Ticket, pool, job: dict, fut: cf.Future, done) -> None:
     try:
         job_future = ticket.hand_to(pool, job)
     except OSError as exc:  # the compile server could not be started: this process compiles it
         fut.set_exception(compile_pool.WorkerUnavailable(f"the compile server could not start ({exc})"))
         return
-    job_future.add_done_callback(functools.partial(_forward, fut, front_s))
+    job_future.add_done_callback(done)
 
 
-def _forward(outer: cf.Future, front_s: float, inner: cf.Future) -> None:
+def _forward(outer: cf.Future, front_s: float, inner: cf.Future, fn=None, ticket=None) -> None:
     if inner.cancelled():  # the stream stopped first
         outer.cancel()
         return
     exc = inner.exception()
+    if isinstance(exc, compile_pool.RecipeRefused) and ticket is not None:
+        # The worker could not rebuild the kernel exactly: from now on its front ends run here,
+        # this candidate's too (queued again where it was).
+        recipe.refuse(fn, str(exc))
+        schedule.resubmit(ticket)
+        return
     if exc is not None:
         outer.set_exception(exc)
     else:

@@ -1,13 +1,17 @@
 """Triton's front end in the caller, its back end anywhere: a candidate's TTIR
-as text.
+as text, for kernels whose front end cannot run in a worker.
 
 A kernel that lives in a real package cannot be compiled by name in another
 process without importing that package there (torch, jax and everything they
-pull in: seconds per process). So the caller, which has the kernel's module
-imported already, runs Triton's front end (Python AST -> TTIR, about 40 ms for
-a matmul: a few percent of a compile) and hands the module's text to the
-compile server's workers, which run every later stage (TTIR passes, TTGIR,
-LLIR, PTX/AMDGCN, ptxas/lld) without importing any user code.
+pull in: seconds per process). Most kernels travel as a portable recipe
+(compile.recipe: the worker rebuilds them and runs the front end itself);
+for those that have none, or whose recipe a worker refused, the caller,
+which has the kernel's module imported already, runs Triton's front end
+(Python AST -> TTIR, about 20-40 ms: a few percent of a compile, but holding
+the GIL) and hands the module's text to the compile server's workers, which
+run every later stage (TTIR passes, TTGIR, LLIR, PTX/AMDGCN, ptxas/lld)
+without importing any user code. Candidates compiled in this process while
+the compile server starts take this path too (their back end on threads).
 
 The worker compiles with ``triton.compile`` on a `TextSource`: an ASTSource
 whose ``make_ir`` parses the text instead of walking the AST and whose

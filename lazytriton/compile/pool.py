@@ -3,9 +3,11 @@
 The caller's side: a handle on the compile server (lazytriton.compile.server),
 started when a kernel is wrapped so that it is warm by the first call that
 compiles; a process that never calls a kernel only pays for one idle process.
-Jobs are Futures. A job is a candidate's TTIR text (lazytriton.compile.ir_text:
-the caller runs Triton's front end), so any kernel compiles there, wherever it
-is defined, and no worker imports the user's code.
+Jobs are Futures. A job is a candidate's portable recipe (lazytriton.compile.
+recipe: the kernel's sources and the values they read; the worker runs
+Triton's front end) or, for a kernel that has none, its TTIR text
+(lazytriton.compile.ir_text: the caller runs the front end), so any kernel
+compiles there, wherever it is defined, and no worker imports the user's code.
 
 A child that dies (a crash in the compiler) is reported for its candidate
 alone, naming the kernel and config; a server that dies fails every pending
@@ -30,11 +32,13 @@ import time
 from concurrent.futures import Future
 
 from ..settings import compile_workers
+from .recipe import RecipeRefused
 from .server import BOOTSTRAP, PROMOTE, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
 
 log = logging.getLogger("lazytriton.compile.pool")
 
-__all__ = ["CompileFailed", "CompilePool", "JobFuture", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start", "worker_job"]
+__all__ = ["CompileFailed", "CompilePool", "JobFuture", "RecipeRefused", "WorkerCrashed", "WorkerUnavailable", "get_pool",
+           "portable_job", "start", "worker_job"]
 
 
 class WorkerCrashed(RuntimeError):
@@ -65,11 +69,21 @@ def default_workers() -> int:
 def worker_job(ir: dict, target) -> dict | None:
     """What a worker needs to compile one candidate whose front end ran here
     (`ir`: compile.ir_text.front_end's output), or None when it does not pickle."""
-    job = {"ir": ir, "target": target, "env": _triton_env()}
+    return _job("ir", ir, target)
+
+
+def portable_job(source: dict, target) -> dict | None:
+    """What a worker needs to run one candidate's front end and back end
+    (`source`: compile.recipe.job_source's output), or None when it does not pickle."""
+    return _job("source", source, target)
+
+
+def _job(kind: str, payload: dict, target) -> dict | None:
+    job = {kind: payload, "target": target, "env": _triton_env()}
     try:
         pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # an option value that does not pickle
-        log.debug("kernel %s: compiled in-process (%s)", ir.get("name"), exc)
+        log.debug("kernel %s: compiled in-process (%s)", payload.get("name"), exc)
         return None
     return job
 
@@ -203,6 +217,8 @@ class CompilePool:
                 fut.set_exception(WorkerUnavailable(value))
             elif status == "crashed":
                 fut.set_exception(WorkerCrashed(value))
+            elif status == "refused":
+                fut.set_exception(RecipeRefused(value))
             else:
                 fut.set_exception(CompileFailed(value))
         code = proc.wait()

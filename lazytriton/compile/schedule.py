@@ -1,16 +1,17 @@
-"""The order in which this process's candidates reach Triton's front end and
-the compile server: a call that waits for its candidates first, compiles made
-ahead of time (no call waits for them yet) after, each group in the order it
-was asked for.
+"""The order in which this process's candidates reach the compile server: a
+call that waits for its candidates first, compiles made ahead of time (no call
+waits for them yet) after, each group in the order it was asked for.
 
-Triton's front end holds the GIL, so one thread runs every front end of the
-process, one after another: more threads would not run them sooner, and one
-queue lets a program's first call jump the compiles made ahead for the call
-sites after it. When a call reaches a candidate that is still compiling ahead
-of time, `promote` moves it to the front, wherever it is: waiting for its
-front end here, or for a worker in the compile server (CompilePool.promote).
-Without that, a program whose 16 call sites were all compiled ahead at once
-would tune its first kernel only once the last one had compiled.
+One thread hands every candidate of the process on, one after another: a
+kernel with a portable recipe (compile.recipe) goes to the server at once (its
+front end runs in the worker), one without runs Triton's front end here first,
+which holds the GIL, so more threads would not run those sooner; and one queue
+lets a program's first call jump the compiles made ahead for the call sites
+after it. When a call reaches a candidate that is still compiling ahead of
+time, `promote` moves it to the front, wherever it is: waiting for this
+thread, or for a worker in the compile server (CompilePool.promote). Without
+that, a program whose 16 call sites were all compiled ahead at once would tune
+its first kernel only once the last one had compiled.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from typing import Callable
 
 log = logging.getLogger("lazytriton.compile")
 
-__all__ = ["BACKGROUND", "URGENT", "Ticket", "history", "next_order", "promote", "submit"]
+__all__ = ["BACKGROUND", "URGENT", "Ticket", "history", "next_order", "promote", "resubmit", "submit"]
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
@@ -38,7 +39,7 @@ class Ticket:
     """One candidate's compile on its way. `work(ticket)` runs its front end on
     the queue's thread and hands the job on with `hand_to`."""
 
-    __slots__ = ("work", "priority", "order", "state", "job", "pool", "times")
+    __slots__ = ("work", "priority", "order", "state", "job", "pool", "times", "retry")
 
     def __init__(self, work: Callable[["Ticket"], None], priority: int, label: str = "", order: tuple = ()) -> None:
         self.work = work
@@ -47,6 +48,7 @@ class Ticket:
         self.state = "queued"  # then "running", then "done"
         self.job = None  # the compile server's JobFuture
         self.pool = None
+        self.retry: Ticket | None = None  # its work queued again (resubmit): promote follows it
         # When it was queued, promoted, its front end started and ended, its job ended
         # (time.perf_counter()): where a first step's seconds go (history()).
         self.times = {"label": label, "priority": priority, "queued": time.perf_counter()}
@@ -78,6 +80,8 @@ class _FrontEnds:
 
     def promote(self, ticket: Ticket) -> None:
         with self._cv:
+            while ticket.retry is not None:
+                ticket = ticket.retry
             if ticket.priority == URGENT:
                 return
             ticket.priority = URGENT  # read again when it is handed to the server
@@ -133,6 +137,16 @@ def next_order() -> int:
 def submit(ticket: Ticket) -> None:
     """Queues a candidate's front end (runs `ticket.work` on the front-end thread)."""
     _queue.submit(ticket)
+
+
+def resubmit(ticket: Ticket) -> Ticket:
+    """Queues a ticket's work again, at its priority now (the compile server
+    refused its job: its front end runs here after all); the new ticket."""
+    with _lock:
+        again = Ticket(ticket.work, ticket.priority, ticket.times.get("label", ""), ticket.order)
+        ticket.retry = again
+    _queue.submit(again)
+    return again
 
 
 def promote(ticket: Ticket) -> None:

@@ -3,23 +3,28 @@ lazytriton.compile.pool, one forked child per candidate.
 
 Triton's front end (the AST walk that emits TTIR) holds the GIL, so candidates
 compiled on threads mostly serialise; as PyTorch Inductor does, lazytriton
-compiles them in processes. The server imports Triton, computes Triton's
+compiles them in processes, front end included. The server imports Triton, computes Triton's
 installation hash and compiles one tiny kernel (the first compile in a process
 pays for backend set-up), then forks a child per candidate, at most one per
 core at a time. When it forks it runs no other thread, so forking it is safe,
 and it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``).
 
-A child compiles one candidate from its TTIR text (``compile.ir_text``: the
-caller ran Triton's front end, where the kernel's module is imported) with
-``triton.compile``, and returns the CompiledBinary (Triton's own cache is
-filled as a side effect). It never imports user code: what a candidate costs
-does not grow with the package its kernel lives in.
+A child compiles one candidate with ``triton.compile`` and returns the
+CompiledBinary (Triton's own cache is filled as a side effect), from the
+kernel's portable recipe (``compile.recipe``: the child rebuilds the kernel
+from its sources and runs Triton's front end itself, after checking that
+Triton's hash of what it rebuilt is the caller's) or from its TTIR text
+(``compile.ir_text``: the caller ran the front end). It never imports user
+code: what a candidate costs does not grow with the package its kernel lives
+in.
 
 Protocol: length-prefixed pickles. The caller writes ``(job id, job)``, or
 ``(PROMOTE, [job ids])`` to move queued jobs ahead; the server answers
 ``(job id, status, value, seconds)`` with status ``ok`` (value:
 the CompiledBinary), ``unavailable`` (compile it in the caller's process),
-``error`` (Triton refused it: its whole message) or ``crashed`` (the child died).
+``refused`` (the recipe did not rebuild the kernel exactly: run its front end
+in the caller), ``error`` (Triton refused it: its whole message) or
+``crashed`` (the child died).
 Once warm it sends ``(READY, "ready", {when}, 0.0)``. The server exits when
 its stdin closes, killing its children.
 
@@ -42,6 +47,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from .recipe import RecipeRefused
 
 # The server's command line (``python -c BOOTSTRAP N``). Its first act after
 # importing Triton is to start Triton's installation hash (``triton_key()``:
@@ -116,6 +123,10 @@ def _compile(job: dict):
         for k in [k for k in os.environ if is_triton_setting(k) and k not in env]:
             del os.environ[k]
         os.environ.update(env)
+    if "source" in job:  # a portable recipe: the front end runs here too
+        from .recipe import compile_portable
+
+        return compile_portable(job["source"], job["target"])
     try:
         TextSource(job["ir"])
         job["ir"]["options"]
@@ -147,6 +158,8 @@ def _child(job: dict, wfd: int) -> None:
             result = ("ok", _compile(job))
         except WorkerUnavailable as exc:
             result = ("unavailable", str(exc))
+        except RecipeRefused as exc:
+            result = ("refused", str(exc))
         except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
             result = ("error", reason(exc))
         with os.fdopen(wfd, "wb") as out:
@@ -169,7 +182,7 @@ def _warm_up(key: threading.Thread) -> float:
     from triton.runtime import cache as triton_cache
 
     from .. import cache  # noqa: F401  (what the children use)
-    from . import ir_text, targets  # noqa: F401
+    from . import ir_text, recipe, targets  # noqa: F401
 
     @triton.jit
     def _lt_warm_up(x, n, B: tl.constexpr):

@@ -63,7 +63,9 @@ def timings() -> list[dict]:
     compiled_s (when the last candidate was ready), front_end_s (Triton's front
     end in this process, summed over candidates), compile_s (every
     candidate's front end and back end, summed: CPU seconds, about), in_threads (candidates
-    compiled on threads here: the compile server was not ready), tuned_s
+    compiled on threads here: the compile server was not ready), front_ends_here
+    (candidates whose front end ran in this process: no portable recipe, or
+    compiled on threads), tuned_s
     (compile and tune, overlapped), at (time.perf_counter() when it ended).
     For benchmarks."""
     return list(_timings)
@@ -350,6 +352,7 @@ class Resolution:
                          "front_end_s": sum(c.extra.get("front_end_s", 0.0) for c in pruned),
                          "compile_s": sum(c.compile_s for c in pruned),
                          "in_threads": sum(c.extra.get("compiled_in") == "thread" for c in pruned),
+                         "front_ends_here": sum(c.extra.get("front_end") == "here" for c in pruned),
                          "tuned_s": time.perf_counter() - t0, "at": time.perf_counter()})
         rec = TuningRecord(
             kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
