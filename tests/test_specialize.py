@@ -151,6 +151,17 @@ def test_bundle_describes_a_descriptor_as_the_stub_reads_it(tmp_path, monkeypatc
     assert types[0] == "tensordesc<fp16[64, 32]>" and specs == ["", "16", "16"]
 
 
+@pytest.mark.parametrize("block", [[1, 1], [64, 32], [1, 8, 1]], ids=str)
+def test_lazy_modes_table_takes_any_descriptor_block(block):
+    # Lazy mode reads a C++ signature's types with stand-in values; the tutorials pass a dummy
+    # block ([1, 1]) that the winner's pre_hook replaces: its stand-in must pass the descriptor's
+    # checks (16-byte strides) whatever the block (it had strides [1, 1]: ValueError on a GPU).
+    desc = bundle.describe(with_desc, "m:with_desc")
+    types = [f"tensordesc<fp16[{', '.join(map(str, block))}]>", "*fp32", "i32"]
+    table = bundle.slot_table(desc, types)
+    assert len(table) == 3 and table[0][0] != table[1][0]
+
+
 def test_flags_follow_the_declaration():
     spec = lazytriton.kernel(every_kind).spec
     flags = {p.name: specialize.flags_of(p) for p in spec.params}

@@ -246,10 +246,14 @@ def _stand_in(t: str) -> Any:
     m = _DESC_TYPE.fullmatch(t)
     if m:
         block = [int(b) for b in m.group(2).split(",")]
+        # Row-major over the block, each outer stride rounded up to 128 elements: a multiple of
+        # the 16 bytes the descriptor's checks ask of every stride but the last, whatever the
+        # element size and block (a dummy [1, 1] block that a pre_hook replaces included).
         strides = [1] * len(block)
         for i in range(len(block) - 2, -1, -1):
-            strides[i] = strides[i + 1] * block[i + 1]
-        return tensor_desc.unchecked(DeviceArray(1 << 20, m.group(1), 1 << 20), block, strides, block)
+            strides[i] = -(-strides[i + 1] * block[i + 1] // 128) * 128
+        elements = 1 + sum((b - 1) * s for b, s in zip(block, strides))
+        return tensor_desc.unchecked(DeviceArray(1 << 20, m.group(1), 8 * elements), block, strides, block)
     if t in ("u1", "i1"):
         return False
     return {"i64": 2**40, "u64": 2**63}.get(t, 0.0 if t.startswith(("fp", "bf")) else 0)
