@@ -8,6 +8,7 @@ import logging
 import re
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -122,11 +123,25 @@ def test_autotuned_kernel_to_cubin(arch, tmp_path):
     assert cands[0].binary.cubin != cands[1].binary.cubin
 
 
-def test_failing_config_is_skipped_with_its_reason(caplog):
+@pytest.mark.parametrize("late", [None, 1], ids=["as_they_come", "config_1_finishing_last"])
+def test_failing_config_is_skipped_with_its_reason(caplog, monkeypatch, late):
+    if late is not None:
+        # Configs compiled on threads here, config 1's last: alike errors still name config 1
+        # (they named whichever finished first, and a loaded machine reordered them).
+        from lazytriton.compile import compiler
+
+        here = compiler._compile_here
+
+        def slow(spec, target, c):
+            if c.index == late:
+                time.sleep(1.0)
+            return here(spec, target, c)
+
+        monkeypatch.setattr(compiler, "_compile_here", slow)
     target = GPUTarget("cuda", 90, 32)
     cands = candidates(partly_bad_kernel, (X, 1000), target)
     with caplog.at_level(logging.WARNING, logger="lazytriton.compile.compiler"):
-        compile_all(kernel_spec(partly_bad_kernel), target, cands)
+        compile_all(kernel_spec(partly_bad_kernel), target, cands, max_workers=None if late is None else 3)
     good, *bad = cands
     assert good.binary is not None and good.error is None
     for c in bad:

@@ -335,11 +335,14 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         threads = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lazytriton-compile")
         futures.update({threads.submit(_compile_here, spec, target, c): c for c in todo})
     seen: dict[str, str] = {}  # an error's text -> the first candidate that failed with it
+    # Failures are said once the stream ends, in config order: alike errors then name the first
+    # config whatever order the compiles finished in (one finishing first under load changed it).
+    failed: list[Candidate] = []
     try:
         pending = set(futures)
         while pending:
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-            for fut in sorted(done, key=lambda f: futures[f].index):  # alike errors name the first config
+            for fut in done:
                 c = futures[fut]
                 if _settle(spec, c, fut):  # the worker could not read the job (or a shared compile stopped)
                     c.extra.pop("joined", None)
@@ -348,11 +351,16 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                     futures[nf] = c
                     pending.add(nf)
                     continue
-                _report(spec, c, None if c.extra.get("joined") else store, seen)
+                if c.error:
+                    failed.append(c)
+                else:
+                    _report(spec, c, None if c.extra.get("joined") else store, seen)
                 _share(shared.pop(id(c), None), c)
                 c.extra["ready_s"] = time.perf_counter() - t0
                 yield c
     finally:
+        for c in sorted(failed, key=lambda c: c.index):
+            _report(spec, c, None, seen)
         stop.set()
         if threads is not None:
             threads.shutdown(wait=True, cancel_futures=True)
