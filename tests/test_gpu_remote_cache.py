@@ -35,8 +35,8 @@ SCRIPT = textwrap.dedent("""
     from lazytriton.cache import get_cache
     import kern
     n = 1 << 22
-    x = cp.arange(n, dtype=cp.float32)
-    y = cp.zeros(n, cp.float32)
+    x = cp.random.random(n).astype(cp.float32)  # fresh random data
+    y = cp.full(n, cp.nan, cp.float32)  # poisoned: every element must be written
     k = lazytriton.kernel(kern.scale)
     cp.cuda.runtime.deviceSynchronize()
     t0 = time.perf_counter()
