@@ -287,6 +287,55 @@ def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cac
         pool.close()
 
 
+def test_queued_jobs_of_one_priority_start_costliest_first(fresh_triton_cache):
+    """One worker, busy: background jobs queued behind it start by their cost
+    (schedule.compile_cost), highest first, then in the order they came; an urgent
+    job still goes ahead of every background one whatever its cost."""
+    import threading
+
+    pool = compile_pool.CompilePool(1)
+    try:
+        assert pool.wait_ready()
+        spec, cands = demo_candidates(DEMO_CONFIGS[:1])
+        job = first_job(spec, cands[0].bound)
+        order: list[str] = []
+        lock = threading.Lock()
+
+        def submit(name, priority, cost):
+            fut = pool.submit(job, priority=priority, cost=cost)
+            fut.add_done_callback(lambda f: (lock.acquire(), order.append(name), lock.release()))
+            return fut
+
+        futs = [submit("running", 1, 0)]
+        time.sleep(0.2)  # the server has forked it
+        futs += [submit("cheap", 1, 1.0), submit("dear", 1, 9.0), submit("mid", 1, 3.0), submit("mid2", 1, 3.0),
+                 submit("urgent", 0, 0.0)]
+        for f in futs:
+            assert f.result(timeout=300)[0].cubin
+        queued = [n for n in order if n != "running"]
+        assert queued == ["urgent", "dear", "mid", "mid2", "cheap"], order
+    finally:
+        pool.close()
+
+
+def test_compile_cost_ranks_the_slowest_compiles_first():
+    """compile_cost on configs whose compile times were measured (one H200, Triton 3.6,
+    the field benchmark's matmul, 8 configs alone on 16 cores): the two slowest
+    (1.91 s, 1.54 s) rank first; any matmul config ranks above an elementwise one."""
+    from lazytriton.compile import schedule
+
+    measured = [((64, 128, 128, 8, 3), 0.83), ((64, 128, 256, 8, 3), 1.54), ((64, 64, 128, 4, 4), 0.75),
+                ((64, 128, 64, 4, 4), 0.87), ((32, 64, 64, 4, 5), 0.51), ((32, 128, 128, 8, 4), 0.80),
+                ((64, 256, 128, 8, 3), 1.91), ((32, 64, 256, 4, 4), 1.44)]
+    cost = {secs: schedule.compile_cost({"BK": bk, "BM": bm, "BN": bn, "EVEN_K": True, "one": 1}, w, st)
+            for (bk, bm, bn, w, st), secs in measured}
+    ranked = sorted(cost, key=cost.get, reverse=True)
+    assert set(ranked[:2]) == {1.91, 1.54}, cost
+    elementwise = max(schedule.compile_cost({"BLOCK": b}, w, 3) for b, w in ((1024, 4), (4096, 8), (4096, 16)))
+    assert min(cost.values()) > elementwise
+    assert schedule.compile_cost({"N": 1 << 30}, 4, 1) == schedule.compile_cost({"N": 4096}, 4, 1)
+
+
 def test_the_front_end_thread_runs_a_waiting_calls_candidates_first():
     """compile.schedule: one thread runs every front end of the process; a
     ticket a call waits for runs before tickets compiled ahead, and a promoted

@@ -11,7 +11,7 @@ from lazytriton import _core
 from lazytriton.compile.compiler import Binder, Candidate, compile_all
 from lazytriton.compile.targets import device_target
 from lazytriton.model.spec import kernel_spec
-from lazytriton.runtime.tuner import TuneOptions, runtime_args, tune
+from lazytriton.runtime.tuner import TuneOptions, trial_entry, tune
 
 from kernels import overlap
 
@@ -27,6 +27,11 @@ def buffers():
     out = cp.asarray(rng.standard_normal(N).astype(np.float32))
     side = cp.asarray(rng.standard_normal(N).astype(np.float32))
     return x, out, side
+
+
+def table(args):
+    """The call's slot table rows, one per argument (as the stubs read them)."""
+    return list(lazytriton.kernel(overlap.accumulate_side)._shape(args).table()[:len(args)])
 
 
 def expected(x0, out0, side0, winner_meta):
@@ -56,7 +61,7 @@ def test_later_candidate_writing_more_buffers_is_covered(cache_dir, order):
     compile_all(spec, target, cands)
     stream = cp.cuda.get_current_stream().ptr
     winner = tune(spec.name, iter([cands[i] for i in order]), names, (x, out, side, N), arrays,
-                  lambda c: (triton.cdiv(N, c.config.kwargs["B"]),), stream, _core.current_device(), [], [],
+                  table((x, out, side, N)), lambda c: (triton.cdiv(N, c.config.kwargs["B"]),), stream, _core.current_device(), [], [],
                   TuneOptions(target_ms=2.0, retime_target_ms=2.0))
     assert all(cands[i].extra.get("time_ms") for i in order), [cands[i].error for i in order]
     # The caller's buffers are back to the original data (the winner has not run).
@@ -95,38 +100,36 @@ def _two_candidates():
     cands = [Candidate(i, spec.configs[i], Binder(spec, target).bind(tuple(bind_vals), spec.configs[i].all_kwargs()))
              for i in (0, 3)]
     compile_all(spec, target, cands)
-    kernels = [_core.Kernel(c.binary.cubin, c.binary.metadata) for c in cands]
-    for k in kernels:
-        k.load()
     grids = [(triton.cdiv(N, c.config.kwargs["B"]),) for c in cands]
-    args = [runtime_args(c, names, (x, out, side, N), arrays) for c in cands]
+    rows = table((x, out, side, N))
+    launches = [trial_entry(spec.name, c, names, (x, out, side, N), arrays, rows, g) for c, g in zip(cands, grids)]
     stream = cp.cuda.get_current_stream().ptr
     snapshot = _core.Snapshot(stream, [arrays["out"], arrays["side"]])
     opts = {"warmup": 1, "target_ms": 5.0, "min_reps": 20, "max_reps": 200, "flush_l2": False}
-    return (x, out, side), kernels, grids, [t for t, _ in args], [v for _, v in args], stream, snapshot, opts
+    return (x, out, side), [e for e, _ in launches], launches[0][1], stream, snapshot, opts
 
 
 def test_interleaved_bench_starts_every_launch_from_the_snapshot(cache_dir):
     """The second pass's timing: every candidate gets the same repetitions, and
     every launch starts from the snapshot (the kernel accumulates into `out`)."""
-    (x, out, side), kernels, grids, types, vals, stream, snapshot, opts = _two_candidates()
+    (x, out, side), entries, bufs, stream, snapshot, opts = _two_candidates()
     out0 = out.copy()
-    together = _core.bench_interleaved(kernels, grids, stream, types, vals, snapshot, [], opts)
+    together = _core.bench_interleaved(entries, stream, bufs, snapshot, [], opts)
     assert together[0]["reps"] == together[1]["reps"] >= 20
     assert all(0 < r["min_ms"] <= r["median_ms"] for r in together), together
     cp.cuda.runtime.deviceSynchronize()
     # Each launch started from the snapshot: the last one left out0 + x, not out0 + (launches) * x.
     np.testing.assert_array_equal(out.get(), (out0 + x).get())
-    with pytest.raises(ValueError, match="one grid, type list and argument list per kernel"):
-        _core.bench_interleaved(kernels, grids[:1], stream, types, vals, None, [], opts)
+    # An entry reads its buffers by index: too few of them is refused before anything launches.
+    with pytest.raises(_core.RuntimeFailure, match=r"kernel accumulate_side: parameter 2 reads buffer 2 of 2"):
+        _core.bench_interleaved(entries, stream, bufs[:2], None, [], opts)
 
 
 def test_interleaved_bench_times_each_kernel_as_it_times_alone(cache_dir):
     """Interleaved, each candidate gets the time it gets alone (not under memcheck: timing)."""
-    arrays, kernels, grids, types, vals, stream, snapshot, opts = _two_candidates()  # arrays: kept alive
-    alone = [_core.bench(k, g, stream, t, v, snapshot, [], opts)["median_ms"]
-             for k, g, t, v in zip(kernels, grids, types, vals)]
-    together = _core.bench_interleaved(kernels, grids, stream, types, vals, snapshot, [], opts)
+    arrays, entries, bufs, stream, snapshot, opts = _two_candidates()  # arrays: kept alive
+    alone = [_core.bench(e, stream, bufs, snapshot, [], opts)["median_ms"] for e in entries]
+    together = _core.bench_interleaved(entries, stream, bufs, snapshot, [], opts)
     for a, r in zip(alone, together):
         assert r["median_ms"] == pytest.approx(a, rel=0.3), (alone, together)
     assert (alone[0] < alone[1]) == (together[0]["median_ms"] < together[1]["median_ms"]), (alone, together)

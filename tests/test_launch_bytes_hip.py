@@ -177,7 +177,8 @@ for arch in ("gfx90a", "sm_90"):
     t = target_for(arch)
     b = compile_one(spec, t, Binder(spec, t).bind((), {"x": PointerArg(0x7f0000000000, "fp32"), "BLOCK": 64}))
     try:
-        _core.Kernel(b.cubin, b.metadata).launch((1, 1, 1), 0, ["*fp32"], [0x7f0000000000])
+        entry = _core.Entry(_core.Kernel(b.cubin, b.metadata), [True, False], None, (1, 1, 1), [(0, 0)])
+        _core.launch_fixed(entry, 0, [0x7f0000000000])
         print(arch, "launched")
     except Exception as e:
         print(arch, type(e).__name__, e)

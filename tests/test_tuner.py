@@ -30,16 +30,16 @@ def retime(monkeypatch, cands, medians: dict, fail: Exception | None = None, **o
     Returns the calls it got: (candidate indices, options)."""
     calls = []
 
-    def bench_interleaved(kernels, grids, stream, types, args, snapshot, zero, options):
-        calls.append(([k.index for k in kernels], options))
+    def bench_interleaved(entries, stream, buffers, snapshot, zero, options):
+        calls.append(([e.index for e in entries], options))
         if fail is not None:
             raise fail
-        return [{"median_ms": medians[k.index], "min_ms": medians[k.index] * 0.99, "reps": 42} for k in kernels]
+        return [{"median_ms": medians[e.index], "min_ms": medians[e.index] * 0.99, "reps": 42} for e in entries]
 
     monkeypatch.setattr(tuner._core, "bench_interleaved", bench_interleaved)
-    monkeypatch.setattr(tuner, "_loaded", lambda c: c)  # the "kernel" handed to the bench: the candidate
-    monkeypatch.setattr(tuner, "runtime_args", lambda c, names, values, arrays: ([], []))
-    tuner._retime("k", cands, [], (), {}, lambda c: (1,), 0, _Saved(), [], TuneOptions(**opts))
+    # The "entry" handed to the bench: the candidate.
+    monkeypatch.setattr(tuner, "trial_entry", lambda name, c, names, values, arrays, table, grid: (c, []))
+    tuner._retime("k", cands, [], (), {}, [], lambda c: (1,), 0, _Saved(), [], TuneOptions(**opts))
     return calls
 
 

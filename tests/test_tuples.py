@@ -17,7 +17,8 @@ from lazytriton.runtime import stubgen
 from lazytriton.model import tuples
 from lazytriton.model.arrays import DeviceArray
 from lazytriton.compile.compiler import Binder, compile_one
-from lazytriton.runtime.tuner import runtime_args, written_buffers
+from lazytriton.runtime import fixed
+from lazytriton.runtime.tuner import written_buffers
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -234,13 +235,16 @@ def test_compiled_kernel_flattens_tuple_leaves_like_the_stub(k):
     names = list(shape.names[:-1])
     values = tuple(shape.leaf_values(args)[:-1])
     arrays = {n: (v.ptr, 4096) for n, v in zip(names, values) if isinstance(v, DeviceArray)}
-    types, vals = runtime_args(cand, names, values, arrays)
-    assert types == ["*fp32", "*fp32", "fp32", "*fp32", "i32"]
-    assert vals == [A, B, 2.0, C, 100]
     assert written_buffers([cand], names, arrays, []) == ["out", "xs[1][0]"]
     # Which leaves are kernel parameters: the 1 is not.
     flat = bound.flat_signature
-    assert [flat.get(n, "constexpr") != "constexpr" for n in names] == [True, True, True, False, True, True]
+    is_param = [flat.get(n, "constexpr") != "constexpr" for n in names]
+    assert is_param == [True, True, True, False, True, True]
+    # A fixed-layout launch (the tuner's trials) reads the leaves in that order, from the slot table.
+    index = {n: i for i, n in enumerate(n for n in names if n in arrays)}
+    sources = fixed.param_sources("kernel z", list(shape.table()[:-1]), is_param, names, values,
+                                  lambda i: index[names[i]])
+    assert sources == [(0, 0), (1, 0), (-1, 0x40000000), (2, 0), (-1, 100)]  # 2.0 as fp32 bits
 
 
 def test_generic_stub_layout_is_validated():

@@ -15,6 +15,30 @@ void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key) {
   key[bits] = n;  // sites with different buffer counts never share a key
 }
 
+namespace {
+
+// Parameter i of `e` read from its source (call_layout.h pack_params asks in order): a call
+// buffer's address or a scalar's bits into slots[i], or a descriptor on a buffer via `desc`
+// (pack_params encodes each before it asks for the next, so one suffices).
+auto fixed_source(const Entry& e, const uint64_t* buffers, size_t n, uint64_t* slots, HostTensorDesc& desc) {
+  return [&e, buffers, n, slots, &desc](size_t i) -> ParamRef {
+    const ParamSource& s = e.sources[i];
+    if (s.buffer >= 0 && size_t(s.buffer) >= n)
+      throw Error("kernel " + e.kernel->meta().name + ": parameter " + std::to_string(i) + " reads buffer " +
+                  std::to_string(s.buffer) + " of " + std::to_string(n));
+    if (s.desc >= 0) {
+      const DescSource& ds = e.descs[size_t(s.desc)];
+      desc = ds.desc;
+      desc.base = buffers[s.buffer];
+      return {nullptr, &desc, ds.name.c_str()};
+    }
+    slots[i] = s.buffer >= 0 ? buffers[s.buffer] : s.bits;
+    return {&slots[i]};
+  };
+}
+
+}  // namespace
+
 void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n,
                   ScratchArena* arena) {
   constexpr size_t kMax = 256;
@@ -34,24 +58,18 @@ void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const 
     heap_params.resize(ns + e.descs.size() * kMaxDescParams);
     out = heap_params.data();
   }
-  HostTensorDesc desc;  // the descriptor being packed (pack_params packs each before asking for the next)
-  size_t np = pack_params(*e.kernel, m.name, ns, [&](size_t i) -> ParamRef {
-    const ParamSource& s = e.sources[i];
-    if (s.buffer >= 0 && size_t(s.buffer) >= n)
-      throw Error("kernel " + m.name + ": parameter " + std::to_string(i) + " reads buffer " +
-                  std::to_string(s.buffer) + " of " + std::to_string(n));
-    if (s.desc >= 0) {
-      const DescSource& ds = e.descs[size_t(s.desc)];
-      desc = ds.desc;
-      desc.base = buffers[s.buffer];
-      return {nullptr, &desc, ds.name.c_str()};
-    }
-    slots[i] = s.buffer >= 0 ? buffers[s.buffer] : s.bits;
-    return {&slots[i]};
-  }, descs, out);
+  HostTensorDesc desc;
+  size_t np = pack_params(*e.kernel, m.name, ns, fixed_source(e, buffers, n, slots, desc), descs, out);
   for (const ZeroSpec& z : e.zero)
     if (z.bytes && size_t(z.buffer) < n) zero_buffer(stream, {buffers[z.buffer], z.bytes});
   e.kernel->launch(ctx, stream, e.grid, out, np, arena);
+}
+
+FixedParams::FixedParams(const Entry& e, const uint64_t* buffers, size_t n)
+    : params(e.sources.size() + e.descs.size() * kMaxDescParams), slots_(e.sources.size()), descs_(e.descs.size()) {
+  HostTensorDesc desc;
+  params.resize(pack_params(*e.kernel, e.kernel->meta().name, e.sources.size(),
+                            fixed_source(e, buffers, n, slots_.data(), desc), descs_.data(), params.data()));
 }
 
 void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, void* call_ctx,

@@ -257,14 +257,7 @@ PYBIND11_MODULE(_core, m) {
                                return d;
                              })
       .def_property_readonly("cubin", [](const Kernel& k) { return py::bytes(k.image().cubin); })
-      .def("load", [](Kernel& k) { k.function(current_context()); }, "Load the module in the current context.")
-      .def("launch",
-           [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args) {
-             ArgPack pack(types, args, &k.meta());
-             Dim3 g = dim3_from(grid);
-             k.launch(as_stream(stream), g, pack.ptrs.data(), pack.ptrs.size());
-           },
-           py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"));
+      .def("load", [](Kernel& k) { k.function(current_context()); }, "Load the module in the current context.");
 
   py::class_<ScratchArena, std::shared_ptr<ScratchArena>>(
       m, "ScratchArena", "Scratch memory of one launch site, valid under graph capture (see kernel.h).")

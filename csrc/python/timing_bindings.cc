@@ -44,91 +44,87 @@ void bind_timing(py::module_& m) {
       .def_property_readonly("device_bytes", &Snapshot::device_bytes)
       .def_property_readonly("host_bytes", &Snapshot::host_bytes);
 
-  // The floor the benchmarks compare against: plain cuLaunchKernel from a C++
-  // loop (no Python, no lazytriton bookkeeping). Returns seconds for n launches.
-  m.def("raw_launch_loop", [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types,
-                              py::sequence args, int n) {
-    ArgPack pack(types, args);
-    pack.slots.push_back(0);  // the two hidden scratch pointers
-    pack.slots.push_back(0);
-    std::vector<void*> ptrs;
-    for (auto& s : pack.slots) ptrs.push_back(&s);
-    Dim3 g = dim3_from(grid);
-    const LaunchMeta& m = k.meta();
-    cu::CUfunction fn = k.function(current_context());
-    const Driver& d = driver();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i)
-      check(d.cuLaunchKernel(fn, g.x, g.y, g.z, m.warp_size * m.num_warps, 1, 1, m.shared, as_stream(stream), ptrs.data(), nullptr),
-            "cuLaunchKernel");
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  });
+  // The floor the benchmarks compare against: plain cuLaunchKernel from a C++ loop (no Python,
+  // no lazytriton bookkeeping) of an entry's parameters, packed once. Seconds for n launches.
+  m.def(
+      "raw_launch_loop",
+      [](const Entry& e, uint64_t stream, const std::vector<uint64_t>& buffers, int n) {
+        FixedParams p(e, buffers.data(), buffers.size());
+        void* scratch[2] = {nullptr, nullptr};  // the two hidden scratch pointers
+        for (void*& s : scratch) p.params.push_back(&s);
+        const LaunchMeta& m = e.kernel->meta();
+        cu::CUfunction fn = e.kernel->function(current_context());
+        const Driver& d = driver();
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; ++i)
+          check(d.cuLaunchKernel(fn, e.grid.x, e.grid.y, e.grid.z, m.warp_size * m.num_warps, 1, 1, m.shared,
+                                 as_stream(stream), p.params.data(), nullptr),
+                "cuLaunchKernel");
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      py::arg("entry"), py::arg("stream"), py::arg("buffers"), py::arg("n"));
   // Same loop through lazytriton's own C++ launch path (Kernel::launch).
-  m.def("core_launch_loop", [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types,
-                               py::sequence args, int n) {
-    ArgPack pack(types, args, &k.meta());
-    Dim3 g = dim3_from(grid);
-    cu::CUcontext ctx = current_context();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i) k.launch(ctx, as_stream(stream), g, pack.ptrs.data(), pack.ptrs.size());
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  });
+  m.def(
+      "core_launch_loop",
+      [](const Entry& e, uint64_t stream, const std::vector<uint64_t>& buffers, int n) {
+        FixedParams p(e, buffers.data(), buffers.size());
+        cu::CUcontext ctx = current_context();
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; ++i) e.kernel->launch(ctx, as_stream(stream), e.grid, p.params.data(), p.params.size());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      py::arg("entry"), py::arg("stream"), py::arg("buffers"), py::arg("n"));
 
   m.def("zero", [](uint64_t stream, uint64_t ptr, size_t nbytes) { zero_buffer(as_stream(stream), {ptr, nbytes}); });
   m.def("allocation_extent", [](uint64_t ptr) { return allocation_extent(ptr); });
   m.def("flush_l2", [](uint64_t stream) { flush_l2(as_stream(stream)); });
   m.def("reserve_l2_flush", [] { return reserve_l2_flush(); });
 
+  // A candidate's trials launch its entry (the sources the JAX call site launches from, read
+  // from the call's slot table rows) on the call's buffers, packed once.
   m.def(
       "bench",
-      [](Kernel& k, py::handle grid, uint64_t stream, const std::vector<std::string>& types, py::sequence args,
-         const Snapshot* snapshot, const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
-        ArgPack pack(types, args, &k.meta());
-        Dim3 g = dim3_from(grid);
+      [](const Entry& e, uint64_t stream, const std::vector<uint64_t>& buffers, const Snapshot* snapshot,
+         const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
+        FixedParams p(e, buffers.data(), buffers.size());
         BenchOptions o = bench_options(opt);
         cu::CUstream s = as_stream(stream);
         cu::CUcontext ctx = current_context();
         BenchResult r = without_gil([&] {
           return lt::bench(
-              s, [&] { k.launch(ctx, s, g, pack.ptrs.data(), pack.ptrs.size()); },
+              s, [&] { e.kernel->launch(ctx, s, e.grid, p.params.data(), p.params.size()); },
               [&] {
                 if (snapshot) snapshot->restore(s);
-                for (auto& [p, n] : zero) zero_buffer(s, {p, n});
+                for (auto& [ptr, n] : zero) zero_buffer(s, {ptr, n});
               },
               o);
         });
         return bench_dict(r);
       },
-      py::arg("kernel"), py::arg("grid"), py::arg("stream"), py::arg("types"), py::arg("args"),
-      py::arg("snapshot"), py::arg("zero"), py::arg("options"));
+      py::arg("entry"), py::arg("stream"), py::arg("buffers"), py::arg("snapshot"), py::arg("zero"),
+      py::arg("options"));
 
-  // Several candidates timed against each other, their launches interleaved one by one.
+  // Several candidates timed against each other on the same buffers, their launches interleaved one by one.
   m.def(
       "bench_interleaved",
-      [](const std::vector<Kernel*>& kernels, py::sequence grids, uint64_t stream,
-         const std::vector<std::vector<std::string>>& types, py::sequence args, const Snapshot* snapshot,
-         const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
-        size_t n = kernels.size();
-        if (py::len(grids) != n || types.size() != n || py::len(args) != n)
-          throw std::invalid_argument("bench_interleaved: one grid, type list and argument list per kernel");
-        std::vector<std::unique_ptr<ArgPack>> packs;
-        std::vector<Dim3> dims;
-        for (size_t i = 0; i < n; ++i) {
-          packs.push_back(std::make_unique<ArgPack>(types[i], py::sequence(args[i]), &kernels[i]->meta()));
-          dims.push_back(dim3_from(grids[i]));
-        }
+      [](const std::vector<std::shared_ptr<Entry>>& entries, uint64_t stream, const std::vector<uint64_t>& buffers,
+         const Snapshot* snapshot, const std::vector<std::pair<uint64_t, size_t>>& zero, const py::dict& opt) {
+        std::vector<std::unique_ptr<FixedParams>> packs;
+        for (const auto& e : entries) packs.push_back(std::make_unique<FixedParams>(*e, buffers.data(), buffers.size()));
         BenchOptions o = bench_options(opt);
         cu::CUstream s = as_stream(stream);
         cu::CUcontext ctx = current_context();
         std::vector<std::function<void()>> launches;
-        for (size_t i = 0; i < n; ++i)
-          launches.push_back([&, i] { kernels[i]->launch(ctx, s, dims[i], packs[i]->ptrs.data(), packs[i]->ptrs.size()); });
+        for (size_t i = 0; i < entries.size(); ++i)
+          launches.push_back([&, i] {
+            entries[i]->kernel->launch(ctx, s, entries[i]->grid, packs[i]->params.data(), packs[i]->params.size());
+          });
         std::vector<BenchResult> rs = without_gil([&] {
           return lt::bench_interleaved(
               s, launches,
               [&] {
                 if (snapshot) snapshot->restore(s);
-                for (auto& [p, nb] : zero) zero_buffer(s, {p, nb});
+                for (auto& [ptr, nb] : zero) zero_buffer(s, {ptr, nb});
               },
               o);
         });
@@ -136,8 +132,8 @@ void bind_timing(py::module_& m) {
         for (const auto& r : rs) out.append(bench_dict(r));
         return out;
       },
-      py::arg("kernels"), py::arg("grids"), py::arg("stream"), py::arg("types"), py::arg("args"),
-      py::arg("snapshot"), py::arg("zero"), py::arg("options"));
+      py::arg("entries"), py::arg("stream"), py::arg("buffers"), py::arg("snapshot"), py::arg("zero"),
+      py::arg("options"));
 }
 
 }  // namespace lt::bindings

@@ -57,13 +57,15 @@ def throughput_rows(suite: str) -> list[str]:
 
 
 def _add_one_on_cupy():
-    """The add-one kernel compiled and loaded by lazytriton on a CuPy array:
-    (its _core.Kernel, the array, a stream), or None without CuPy."""
+    """The add-one kernel compiled and loaded by lazytriton on a CuPy array: (its winner as a
+    fixed-layout launch and that launch's buffers (runtime.fixed), the array, a stream), or
+    None without CuPy."""
     try:
         import cupy
     except ImportError:
         return None
     import lazytriton
+    from lazytriton.runtime import fixed
 
     from .kernels import add_one
 
@@ -73,7 +75,8 @@ def _add_one_on_cupy():
     k[(1,)](x, N, x, BLOCK=1024, stream=s.ptr)
     s.synchronize()
     assert float(x[0]) == 1.0, "add_one gave a wrong result"
-    return next(iter(k.loaded_kernels.values())), x, s
+    entry, buffers = fixed.entry_on(k.resolve(x, N, x, grid=(1,), stream=s.ptr, BLOCK=1024), (x, N, x))
+    return entry, buffers, x, s
 
 
 def _ffi_floor_module(kern):
@@ -172,7 +175,7 @@ def _chain_section(progress, suite: str, command_buffers: bool) -> dict:
             notes.append(f"floor {what}: not measured ({why(exc)})")
     ffi = None
     try:
-        ffi = _ffi_floor_module(floor_kernel[0] if floor_kernel else None)
+        ffi = _ffi_floor_module(floor_kernel[0].kernel if floor_kernel else None)
     except Exception as exc:  # noqa: BLE001  (no compiler, headers): the rows are absent, said why
         notes.append(f"FFI floor handlers not built ({why(exc)}): no FFI floor rows")
     import numpy as np
@@ -243,21 +246,20 @@ def _chain_path(f, st):
     return batch
 
 
-def _cubin_floor(what: str, kern, x, s):
+def _cubin_floor(what: str, entry, buffers, x, s):
     from lazytriton import _core
 
-    types, vals = ["*fp32", "i32", "*fp32"], [x.data.ptr, N, x.data.ptr]
     if what == "raw":
         def raw(b):
             s.synchronize()
-            t = _core.raw_launch_loop(kern, (1,), s.ptr, types, vals, 200)  # below the launch queue's depth
+            t = _core.raw_launch_loop(entry, s.ptr, buffers, 200)  # below the launch queue's depth
             s.synchronize()
             return t / 200 * b
         return raw
     with s:
         s.begin_capture()  # CuPy's default: relaxed mode
         for _ in range(CHAIN):
-            kern.launch((1,), s.ptr, types, vals)
+            _core.launch_fixed(entry, s.ptr, buffers)
         graph = s.end_capture()
     graph.launch(s)
     s.synchronize()

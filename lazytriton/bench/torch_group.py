@@ -69,7 +69,7 @@ def _launch(progress, suite: str) -> dict:
 
     import lazytriton
     from lazytriton import _core
-    from lazytriton.runtime import stubgen, torch_reader
+    from lazytriton.runtime import fixed, stubgen, torch_reader
 
     from .kernels import add, add_tuned
 
@@ -85,8 +85,8 @@ def _launch(progress, suite: str) -> dict:
     kt[grid](x, y, out, n, stream=stream)
     add[grid](x, y, out, n, BLOCK=block)
     sync()
-    kern = next(iter(k.loaded_kernels.values()))
-    types, vals = ["*fp32", "*fp32", "*fp32", "i32"], [x.data_ptr(), y.data_ptr(), out.data_ptr(), n]
+    # The winner as the C++ loops launch it: parameters packed once from the call's slot table.
+    entry, buffers = fixed.entry_on(k.resolve(x, y, out, n, grid=grid, stream=stream, BLOCK=block), (x, y, out, n))
 
     def loop(call):
         def batch(b):
@@ -95,8 +95,8 @@ def _launch(progress, suite: str) -> dict:
         return batch
 
     impl = {
-        "raw cuLaunchKernel loop (C++)": lambda b: _core.raw_launch_loop(kern, grid, stream, types, vals, b),
-        "lazytriton C++ core loop": lambda b: _core.core_launch_loop(kern, grid, stream, types, vals, b),
+        "raw cuLaunchKernel loop (C++)": lambda b: _core.raw_launch_loop(entry, stream, buffers, b),
+        "lazytriton C++ core loop": lambda b: _core.core_launch_loop(entry, stream, buffers, b),
         "lazytriton k[grid](...), torch": loop(lambda: k[grid](x, y, out, n, BLOCK=block, stream=stream)),
         "lazytriton k[grid](x, y, out, n) (BLOCK from its config), torch":
             loop(lambda: kt[grid](x, y, out, n, stream=stream)),

@@ -323,8 +323,11 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
         if order is None:
             order = schedule.next_order()
         for rank, c in enumerate(todo):
+            opts = c.bound.options
+            cost = schedule.compile_cost(c.bound.constexprs, getattr(opts, "num_warps", None),
+                                         getattr(opts, "num_stages", None))
             ticket = schedule.Ticket(functools.partial(_front_end, spec, target, pool, threads, c, outer[id(c)], stop),
-                                     priority, f"{spec.name} {c.label}", (order, rank))
+                                     priority, f"{spec.name} {c.label}", (order, rank), cost)
             if id(c) in shared:
                 shared[id(c)][1].ticket = ticket
             schedule.submit(ticket)

@@ -157,15 +157,16 @@ class CompilePool:
             time.sleep(0.01)
         return True
 
-    def submit(self, job: dict, priority: int = 0) -> JobFuture:
+    def submit(self, job: dict, priority: int = 0, cost: float = 0.0) -> JobFuture:
         """A Future of (CompiledBinary, seconds); its exception is CompileFailed,
         WorkerUnavailable or WorkerCrashed. Queued jobs start by `priority` (0
-        first), then in the order they were submitted. Never blocks."""
+        first), then by `cost` (highest first: schedule.compile_cost), then in
+        the order they were submitted. Never blocks."""
         with self._lock:
             proc = self._ensure_started()
             fut = JobFuture(next(self._ids))
             self._pending[fut.job_id] = (proc, fut)
-            self._outbox.put((fut.job_id, dict(job, priority=priority)))
+            self._outbox.put((fut.job_id, dict(job, priority=priority, cost=cost)))
         return fut
 
     def promote(self, fut: JobFuture) -> None:

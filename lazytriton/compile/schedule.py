@@ -26,7 +26,8 @@ from typing import Callable
 
 log = logging.getLogger("lazytriton.compile")
 
-__all__ = ["BACKGROUND", "URGENT", "Ticket", "history", "next_order", "promote", "resubmit", "submit"]
+__all__ = ["BACKGROUND", "URGENT", "Ticket", "compile_cost", "history", "next_order", "promote", "resubmit",
+           "submit"]
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
@@ -39,12 +40,14 @@ class Ticket:
     """One candidate's compile on its way. `work(ticket)` runs its front end on
     the queue's thread and hands the job on with `hand_to`."""
 
-    __slots__ = ("work", "priority", "order", "state", "job", "pool", "times", "retry")
+    __slots__ = ("work", "priority", "order", "cost", "state", "job", "pool", "times", "retry")
 
-    def __init__(self, work: Callable[["Ticket"], None], priority: int, label: str = "", order: tuple = ()) -> None:
+    def __init__(self, work: Callable[["Ticket"], None], priority: int, label: str = "", order: tuple = (),
+                 cost: float = 0.0) -> None:
         self.work = work
         self.priority = priority
         self.order = order  # among tickets of one priority: (its stream's next_order(), its rank there)
+        self.cost = cost  # compile_cost: in the compile server's queue, the costliest of a priority first
         self.state = "queued"  # then "running", then "done"
         self.job = None  # the compile server's JobFuture
         self.pool = None
@@ -58,7 +61,7 @@ class Ticket:
         """Submits the job to the compile pool at this ticket's priority now
         (a promote that came during the front end counts); its JobFuture."""
         with _lock:
-            self.pool, self.job = pool, pool.submit(job, priority=self.priority)
+            self.pool, self.job = pool, pool.submit(job, priority=self.priority, cost=self.cost)
         self.job.add_done_callback(lambda _: self.times.__setitem__("job_done", time.perf_counter()))
         return self.job
 
@@ -127,6 +130,21 @@ _queue = _FrontEnds()
 os.register_at_fork(after_in_child=_queue._after_fork)
 
 
+def compile_cost(constexprs: dict, num_warps: int | None, num_stages: int | None) -> float:
+    """A guess at a candidate's compile time, to start the longest compiles first: the
+    last one then ends soonest (longest-processing-time first), where a program's first
+    step waits for it. What a thread unrolls grows with the tile (the product of the int
+    constexprs above 1: block sizes, head dims; flags stay out) over the threads, times
+    the pipeline's stages: on a 16-site JAX program it ranks a matmul's two slowest of 8
+    configs first, and every matmul before elementwise kernels. Only the order matters:
+    a wrong guess costs time, never a result."""
+    tile = 1
+    for v in constexprs.values():
+        if type(v) is int and v > 1:
+            tile *= min(v, 4096)  # a huge constexpr (a length) is not a tile
+    return float(tile * max(1, num_stages or 1) / max(1, num_warps or 4))
+
+
 def next_order() -> int:
     """A place in the queue, taken when compiles are asked for: a program's
     call sites compiled ahead are queued in the order it asked (its lowering
@@ -143,7 +161,7 @@ def resubmit(ticket: Ticket) -> Ticket:
     """Queues a ticket's work again, at its priority now (the compile server
     refused its job: its front end runs here after all); the new ticket."""
     with _lock:
-        again = Ticket(ticket.work, ticket.priority, ticket.times.get("label", ""), ticket.order)
+        again = Ticket(ticket.work, ticket.priority, ticket.times.get("label", ""), ticket.order, ticket.cost)
         ticket.retry = again
     _queue.submit(again)
     return again

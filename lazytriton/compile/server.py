@@ -28,9 +28,10 @@ in the caller), ``error`` (Triton refused it: its whole message) or
 Once warm it sends ``(READY, "ready", {when}, 0.0)``. The server exits when
 its stdin closes, killing its children.
 
-Queued jobs start by ``job["priority"]`` (0 first), then in the order they came:
-a call that waits for its candidates goes ahead of compiles made ahead of time
-that no call waits for yet (the caller promotes those when a call reaches them).
+Queued jobs start by ``job["priority"]`` (0 first), then the costliest first
+(``job["cost"]``), then in the order they came: a call that waits for its
+candidates goes ahead of compiles made ahead of time that no call waits for yet
+(the caller promotes those when a call reaches them).
 Those run niced, and urgent jobs start even when every worker is busy with
 them: a call does not wait for a free worker behind compiles it does not need.
 """
@@ -217,7 +218,9 @@ def _warm_up(key: threading.Thread) -> float:
 
 
 class _Queue:
-    """Jobs waiting for a worker: by priority, then in the order they came."""
+    """Jobs waiting for a worker: by priority, then the costliest first (job["cost"],
+    compile.schedule.compile_cost: the longest compiles start first, so that the last
+    one ends soonest), then in the order they came."""
 
     def __init__(self) -> None:
         self._heap: list = []
@@ -228,7 +231,8 @@ class _Queue:
         return bool(self._entries)
 
     def push(self, job_id: int, job: dict, priority: int | None = None) -> None:
-        entry = [job.get("priority", 0) if priority is None else priority, next(self._seq), job_id, job]
+        entry = [job.get("priority", 0) if priority is None else priority, -job.get("cost", 0), next(self._seq),
+                 job_id, job]
         self._entries[job_id] = entry
         heapq.heappush(self._heap, entry)
 
@@ -236,17 +240,17 @@ class _Queue:
         for job_id in job_ids:
             entry = self._entries.get(job_id)
             if entry is not None and entry[0] > 0:
-                job, entry[3] = entry[3], None  # the stale entry is skipped when popped
+                job, entry[4] = entry[4], None  # the stale entry is skipped when popped
                 self.push(job_id, dict(job, priority=0), 0)
 
     def head_priority(self) -> int:
-        while self._heap[0][3] is None:  # stale entries of promoted jobs
+        while self._heap[0][4] is None:  # stale entries of promoted jobs
             heapq.heappop(self._heap)
         return self._heap[0][0]
 
     def pop(self) -> tuple[int, dict]:
         while True:
-            _, _, job_id, job = heapq.heappop(self._heap)
+            *_, job_id, job = heapq.heappop(self._heap)
             if job is not None:
                 del self._entries[job_id]
                 return job_id, job

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import _core, paths
 from ..cache import keys
-from ..runtime import native
+from ..runtime import fixed, native
 from ..model import tensor_desc
 from ..model.arrays import DeviceArray
 from ..model.specialize import WIDE_FLOAT, needs_fp64
@@ -308,19 +308,10 @@ class Site:
             raise RuntimeError(f"{self.name}: internal error: the kernel was resolved for {len(res.types)} "
                                f"arguments but the call site has {len(d['args'])}")
         cfg = self._config_of(res.meta)
-        # The call's slot table rows, as the stub of this call reads them: per kernel parameter, a
-        # buffer, a descriptor on one, or a scalar packed once by the stubs' own reader (read_slot).
-        sources = []
-        for a, row, is_param, v, name in zip(d["args"], res.table, res.entry.is_param, leaves, res.leaf_names):
-            if not is_param:  # a constexpr, or an int Triton folded into one
-                continue
-            if "desc" in a:  # encoded from the buffer's address on every execution
-                info = tensor_desc.read(v, f"{self.name}, argument {name}")
-                sources.append((a["buffer"], info.as_tuple(name)))
-            elif "buffer" in a:
-                sources.append((a["buffer"], 0))
-            else:
-                sources.append((-1, _core.slot_bits(a["scalar"], tuple(row), f"{self.name}, argument {name}")))
+        # Per kernel parameter, read from the call's slot table rows as the stubs read them: a
+        # buffer, a descriptor on one (encoded at every execution), or a scalar packed once.
+        sources = fixed.param_sources(self.name, res.table, res.entry.is_param, res.leaf_names, leaves,
+                                      lambda i: d["args"][i]["buffer"])
         n_in = d["n_inputs"]
         zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
         return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)

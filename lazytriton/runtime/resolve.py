@@ -330,7 +330,8 @@ class Resolution:
         winner = None
         with contextlib.closing(ready):
             try:
-                winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays, self._grid_of,
+                winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays,
+                              list(self.shape.table()[:len(self.leaf_names)]), self._grid_of,
                               self.stream, self.device, self.spec.reset_to_zero, self.spec.restore_value,
                               k.tune_options, scratch=k.scratch_args, time_alone=bool(prior)) if todo else None
             except AllCandidatesFailed:

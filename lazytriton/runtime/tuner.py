@@ -14,6 +14,7 @@ from .. import _core
 from .. import settings
 from ..compile.compiler import AllCandidatesFailed, Candidate
 from ..model.ir_analysis import written_pointer_args
+from . import fixed
 
 log = logging.getLogger("lazytriton.runtime.tuner")
 
@@ -91,30 +92,18 @@ class TuneOptions:
 _INT_FIELDS = {"warmup": 0, "min_reps": 1, "max_reps": 1, "retime_top": 1, "retime_max_reps": 1}
 
 
-@dataclass
-class CallBuffers:
-    """The device buffers of one call, by parameter name: (pointer, bytes; None if unknown)."""
-    arrays: dict[str, tuple[int, int | None]]
-    stream: int
-
-
-def runtime_args(c: Candidate, names: list[str], values: tuple, arrays: dict) -> tuple[list[str], list]:
-    """Kernel parameter types and values for one candidate (constexprs dropped);
-    a tensor descriptor as the tuple the C++ core encodes for the candidate."""
-    from ..model import tensor_desc
-
-    types, vals = [], []
-    sig = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.model.tuples)
-    for name, value in zip(names, values):
-        t = sig.get(name, "constexpr")
-        if t == "constexpr":
-            continue
-        types.append(t)
-        if t.startswith("tensordesc"):
-            vals.append(tensor_desc.read(value, name).as_tuple(name))
-        else:
-            vals.append(arrays[name][0] if name in arrays else value)
-    return types, vals
+def trial_entry(kernel_name: str, c: Candidate, names: list[str], values: tuple, arrays: dict, table: list,
+                grid: Any) -> tuple[Any, list[int]]:
+    """A candidate's launch in its trials, made as the JAX call site makes a winner's
+    (runtime.fixed): its _core.Entry, and the call's buffer addresses it reads (each array
+    or descriptor leaf's, in leaf order). `table`: the call's slot table row per leaf."""
+    index = {n: i for i, n in enumerate(n for n in names if n in arrays)}
+    flat = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.model.tuples)
+    is_param = [flat.get(n, "constexpr") != "constexpr" for n in names]
+    sources = fixed.param_sources(f"kernel {kernel_name}", table, is_param, names, values,
+                                  lambda i: index[names[i]])
+    entry = _core.Entry(_loaded(c), is_param, dict(c.extra.get("meta") or {}), grid, sources)
+    return entry, [arrays[n][0] for n in index]
 
 
 def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict, restore_value: list[str]) -> list[str]:
@@ -167,7 +156,7 @@ class _Saved:
 
 
 def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], values: tuple, arrays: dict,
-         grid_of: Callable[[Candidate], Any], stream: int, device: int, reset_to_zero: list[str],
+         table: list, grid_of: Callable[[Candidate], Any], stream: int, device: int, reset_to_zero: list[str],
          restore_value: list[str], options: TuneOptions, scratch: frozenset = frozenset(),
          time_alone: bool = False) -> Candidate:
     """Times every compiled candidate on the real arguments; returns the fastest.
@@ -186,7 +175,8 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
         saved.cover(c)  # the snapshot first: it is needed, the flush buffer is not
         if not resolved:
             resolved.append(_resolved_options(kernel_name, options, arrays, device))
-        _time_one(kernel_name, c, names, values, arrays, grid_of(c), stream, saved.snapshot, zero, resolved[0])
+        _time_one(kernel_name, c, names, values, arrays, table, grid_of(c), stream, saved.snapshot, zero,
+                  resolved[0])
 
     try:
         for c in candidates:
@@ -205,8 +195,8 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
             if len(ok) >= 2 or time_alone:
                 trial(c)
         if len(ok) > 1:
-            _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, grid_of, stream,
-                    saved, zero, resolved[0])
+            _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, table, grid_of,
+                    stream, saved, zero, resolved[0])
     except BaseException:
         # A faulted trial leaves a broken context: restoring fails too, and
         # must not hide which config broke it.
@@ -235,10 +225,10 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
     return best
 
 
-def _time_one(kernel_name, c, names, values, arrays, grid, stream, snapshot, zero, options) -> None:
-    types, vals = runtime_args(c, names, values, arrays)
+def _time_one(kernel_name, c, names, values, arrays, table, grid, stream, snapshot, zero, options) -> None:
     try:
-        r = _core.bench(_loaded(c), grid, stream, types, vals, snapshot, zero, options.as_dict())
+        entry, buffers = trial_entry(kernel_name, c, names, values, arrays, table, grid)
+        r = _core.bench(entry, stream, buffers, snapshot, zero, options.as_dict())
     except _core.RuntimeFailure as exc:
         # Load-time refusals (resources) are per-candidate; a failed launch
         # (e.g. an illegal address) poisons the context and must surface.
@@ -288,7 +278,7 @@ def _loaded(c: Candidate):
     return k
 
 
-def _retime(kernel_name, timed, names, values, arrays, grid_of, stream, saved, zero, options) -> None:
+def _retime(kernel_name, timed, names, values, arrays, table, grid_of, stream, saved, zero, options) -> None:
     """Times the close contenders again, against each other (see TuneOptions)."""
     if len(timed) < 2 or options.retime_top < 2:
         return
@@ -297,12 +287,12 @@ def _retime(kernel_name, timed, names, values, arrays, grid_of, stream, saved, z
                    key=lambda c: c.extra["time_ms"])[:options.retime_top]
     if len(close) < 2:
         return
-    args = [runtime_args(c, names, values, arrays) for c in close]
     opts = dataclasses.replace(options, warmup=1, target_ms=options.retime_target_ms,
                                max_reps=options.retime_max_reps).as_dict()
     try:
-        results = _core.bench_interleaved([_loaded(c) for c in close], [grid_of(c) for c in close], stream,
-                                          [t for t, _ in args], [v for _, v in args], saved.snapshot, zero, opts)
+        launches = [trial_entry(kernel_name, c, names, values, arrays, table, grid_of(c)) for c in close]
+        results = _core.bench_interleaved([e for e, _ in launches], stream, launches[0][1], saved.snapshot, zero,
+                                          opts)
     except _core.RuntimeFailure as exc:  # each ran in the first pass: a failure now is the context's
         raise _core.RuntimeFailure(f"kernel {kernel_name}: re-timing {', '.join(c.label for c in close)} on the "
                                    f"call's buffers failed, nothing was persisted: {exc}") from exc

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lazytriton/call_layout.h"
 #include "lazytriton/resolve_table.h"
@@ -24,6 +25,20 @@ void alignment_key(const uint64_t* buffers, size_t n, uint64_t* key);
 // scratch, if any, from `arena` (see Kernel::launch).
 void launch_fixed(const Entry& e, cu::CUcontext ctx, cu::CUstream stream, const uint64_t* buffers, size_t n,
                   ScratchArena* arena = nullptr);
+
+// An entry's parameters on these buffers, packed once for callers that launch them many times
+// (the tuner's trials, the benchmarks' loops): the same sources and the same packing as
+// launch_fixed, into storage of its own. Zeroing e.zero is the caller's.
+struct FixedParams {
+  FixedParams(const Entry& e, const uint64_t* buffers, size_t n);
+  FixedParams(const FixedParams&) = delete;  // `params` points into the object
+  FixedParams& operator=(const FixedParams&) = delete;
+  std::vector<void*> params;  // what Kernel::launch takes
+
+ private:
+  std::vector<uint64_t> slots_;
+  std::vector<DescParams> descs_;
+};
 
 class CallSite {
  public:
