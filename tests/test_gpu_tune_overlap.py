@@ -69,6 +69,7 @@ def test_later_candidate_writing_more_buffers_is_covered(cache_dir, order):
     np.testing.assert_array_equal(out.get(), out0.get())
     np.testing.assert_array_equal(side.get(), side0.get())
     assert winner.index in order
+    assert winner.extra["tune_s"] > 0  # the tuner counts its seconds in trials (the field reference sums them)
 
 
 def test_first_call_equals_one_launch_of_the_winner(cache_dir):

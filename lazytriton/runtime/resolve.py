@@ -66,7 +66,9 @@ def timings() -> list[dict]:
     compiled on threads here: the compile server was not ready), front_ends_here
     (candidates whose front end ran in this process: no portable recipe, or
     compiled on threads), tuned_s
-    (compile and tune, overlapped), at (time.perf_counter() when it ended).
+    (compile and tune, overlapped), tune_s (the tune alone: seconds in trials, re-timing
+    and the last restore, whether or not compiles ran between them), at
+    (time.perf_counter() when it ended).
     For benchmarks."""
     return list(_timings)
 
@@ -354,7 +356,9 @@ class Resolution:
                          "compile_s": sum(c.compile_s for c in pruned),
                          "in_threads": sum(c.extra.get("compiled_in") == "thread" for c in pruned),
                          "front_ends_here": sum(c.extra.get("front_end") == "here" for c in pruned),
-                         "tuned_s": time.perf_counter() - t0, "at": time.perf_counter()})
+                         "tuned_s": time.perf_counter() - t0,
+                         "tune_s": winner.extra.get("tune_s", 0.0) if winner is not None else 0.0,
+                         "at": time.perf_counter()})
         rec = TuningRecord(
             kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
             candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -171,12 +172,16 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
     saved = _Saved(kernel_name, names, arrays, restore_value, scratch, stream)
     resolved: list[TuneOptions] = []  # decided at the first trial (none: no device query)
 
+    spent = [0.0]  # seconds in trials, re-timing and the last restore: the tune itself, not the compiles between
+
     def trial(c: Candidate) -> None:
+        t0 = time.perf_counter()
         saved.cover(c)  # the snapshot first: it is needed, the flush buffer is not
         if not resolved:
             resolved.append(_resolved_options(kernel_name, options, arrays, device))
         _time_one(kernel_name, c, names, values, arrays, table, grid_of(c), stream, saved.snapshot, zero,
                   resolved[0])
+        spent[0] += time.perf_counter() - t0
 
     try:
         for c in candidates:
@@ -195,8 +200,10 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
             if len(ok) >= 2 or time_alone:
                 trial(c)
         if len(ok) > 1:
+            t0 = time.perf_counter()
             _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, table, grid_of,
                     stream, saved, zero, resolved[0])
+            spent[0] += time.perf_counter() - t0
     except BaseException:
         # A faulted trial leaves a broken context: restoring fails too, and
         # must not hide which config broke it.
@@ -207,7 +214,9 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
         saved.snapshot = None
         raise
     else:
+        t0 = time.perf_counter()
         _finish(saved.snapshot, zero, stream)
+        spent[0] += time.perf_counter() - t0
     finally:
         saved.snapshot = None  # frees the copies after the queued restore has run
         for c in seen:  # the trials' modules (the winner is launched from its own)
@@ -220,6 +229,7 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
     if not timed:
         raise AllCandidatesFailed(kernel_name, seen)
     best = min(timed, key=lambda c: (c.extra["time_ms"], c.index))  # a tie: the earlier config, whatever compiled first
+    best.extra["tune_s"] = spent[0]
     log.info("kernel %s: winner %s at %.4f ms (%s)", kernel_name, best.label, best.extra["time_ms"],
              ", ".join(f"{c.index}: {c.extra['time_ms']:.4f}" for c in sorted(timed, key=lambda c: c.index)))
     return best
