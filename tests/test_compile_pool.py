@@ -255,10 +255,10 @@ def test_many_large_jobs_from_many_threads_do_not_deadlock(fresh_triton_cache):
         pool.close()
 
 
-def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cache):
-    """One worker, busy: the jobs queued behind it start by priority (a call's
-    candidates before those compiled ahead of time), then in the order they
-    came; a promoted job (a call now waits for it) goes ahead of the others."""
+def _one_busy_worker(run):
+    """A pool of one worker, kept busy by a first background job ("running"); then
+    run(submit) queues more behind it, where submit(name, priority, cost=0.0) returns the
+    job's future. Returns the names in the order the jobs finished, "running" left out."""
     import threading
 
     pool = compile_pool.CompilePool(1)
@@ -268,54 +268,50 @@ def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cac
         job = first_job(spec, cands[0].bound)
         order: list[str] = []
         lock = threading.Lock()
+        futs = []
 
-        def submit(name, priority):
-            fut = pool.submit(job, priority=priority)
+        def submit(name, priority, cost=0.0):
+            fut = pool.submit(job, priority=priority, cost=cost)
             fut.add_done_callback(lambda f: (lock.acquire(), order.append(name), lock.release()))
+            futs.append(fut)
             return fut
 
-        futs = [submit("running", 1)]
+        submit("running", 1)
         time.sleep(0.2)  # the server has forked it (a cold compile of this matmul takes longer)
-        futs += [submit("b1", 1), submit("b2", 1), b3 := submit("b3", 1), submit("urgent", 0)]
-        pool.promote(b3)
+        run(submit, pool)
         for f in futs:
             assert f.result(timeout=300)[0].cubin
-        # Urgent jobs may start beside the busy worker (background ones yield to them).
-        queued = [n for n in order if n != "running"]
-        assert set(queued[:2]) == {"urgent", "b3"} and queued[2:] == ["b1", "b2"], order
+        return [n for n in order if n != "running"]
     finally:
         pool.close()
+
+
+def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cache):
+    """One worker, busy: the jobs queued behind it start by priority (a call's
+    candidates before those compiled ahead of time), then in the order they
+    came; a promoted job (a call now waits for it) goes ahead of the others."""
+    def run(submit, pool):
+        submit("b1", 1), submit("b2", 1)
+        b3 = submit("b3", 1)
+        submit("urgent", 0)
+        pool.promote(b3)
+
+    queued = _one_busy_worker(run)
+    # Urgent jobs may start beside the busy worker (background ones yield to them).
+    assert set(queued[:2]) == {"urgent", "b3"} and queued[2:] == ["b1", "b2"], queued
 
 
 def test_queued_jobs_of_one_priority_start_costliest_first(fresh_triton_cache):
     """One worker, busy: background jobs queued behind it start by their cost
     (schedule.compile_cost), highest first, then in the order they came; an urgent
-    job still goes ahead of every background one whatever its cost."""
-    import threading
+    job still starts at once (beside the busy worker) whatever its cost."""
+    def run(submit, pool):
+        for name, cost in (("cheap", 1.0), ("dear", 9.0), ("mid", 3.0), ("mid2", 3.0)):
+            submit(name, 1, cost)
+        submit("urgent", 0)
 
-    pool = compile_pool.CompilePool(1)
-    try:
-        assert pool.wait_ready()
-        spec, cands = demo_candidates(DEMO_CONFIGS[:1])
-        job = first_job(spec, cands[0].bound)
-        order: list[str] = []
-        lock = threading.Lock()
-
-        def submit(name, priority, cost):
-            fut = pool.submit(job, priority=priority, cost=cost)
-            fut.add_done_callback(lambda f: (lock.acquire(), order.append(name), lock.release()))
-            return fut
-
-        futs = [submit("running", 1, 0)]
-        time.sleep(0.2)  # the server has forked it
-        futs += [submit("cheap", 1, 1.0), submit("dear", 1, 9.0), submit("mid", 1, 3.0), submit("mid2", 1, 3.0),
-                 submit("urgent", 0, 0.0)]
-        for f in futs:
-            assert f.result(timeout=300)[0].cubin
-        queued = [n for n in order if n != "running"]
-        assert queued == ["urgent", "dear", "mid", "mid2", "cheap"], order
-    finally:
-        pool.close()
+    queued = _one_busy_worker(run)
+    assert queued == ["urgent", "dear", "mid", "mid2", "cheap"], queued
 
 
 def test_compile_cost_ranks_the_slowest_compiles_first():
