@@ -314,6 +314,31 @@ def test_queued_jobs_of_one_priority_start_costliest_first(fresh_triton_cache):
     assert queued == ["urgent", "dear", "mid", "mid2", "cheap"], queued
 
 
+def test_a_burst_of_compiles_made_ahead_starts_costliest_first(fresh_triton_cache):
+    """An idle worker does not start a burst of compiles made ahead in the order it came
+    (a program's call sites, the first ones cheap): the burst settles first, and its
+    costliest job starts first."""
+    import threading
+
+    pool = compile_pool.CompilePool(1)
+    try:
+        assert pool.wait_ready()
+        spec, cands = demo_candidates(DEMO_CONFIGS[:1])
+        job = first_job(spec, cands[0].bound)
+        order: list[str] = []
+        lock = threading.Lock()
+        futs = []
+        for name, cost in (("cheap", 1.0), ("cheap2", 1.0), ("dear", 9.0)):
+            fut = pool.submit(job, priority=1, cost=cost)
+            fut.add_done_callback(lambda f, n=name: (lock.acquire(), order.append(n), lock.release()))
+            futs.append(fut)
+        for f in futs:
+            assert f.result(timeout=300)[0].cubin
+        assert order == ["dear", "cheap", "cheap2"], order
+    finally:
+        pool.close()
+
+
 def test_compile_cost_ranks_the_slowest_compiles_first():
     """compile_cost on configs whose compile times were measured (one H200, Triton 3.6,
     the field benchmark's matmul, 8 configs alone on 16 cores): the two slowest

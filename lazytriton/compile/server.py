@@ -31,7 +31,8 @@ its stdin closes, killing its children.
 Queued jobs start by ``job["priority"]`` (0 first), then the costliest first
 (``job["cost"]``), then in the order they came: a call that waits for its
 candidates goes ahead of compiles made ahead of time that no call waits for yet
-(the caller promotes those when a call reaches them).
+(the caller promotes those when a call reaches them). A burst of compiles made
+ahead settles for a moment before any of it starts, so that it is sorted too.
 Those run niced, and urgent jobs start even when every worker is busy with
 them: a call does not wait for a free worker behind compiles it does not need.
 """
@@ -67,6 +68,11 @@ serve(int(sys.argv[1]), key)
 _HEADER = struct.Struct("<Q")
 READY = -1  # the job id of the frame the server sends once, when it is ready to fork
 _BACKGROUND_NICE = 10
+# Compiles made ahead come in bursts (a program's call sites, one after another): the first of
+# a burst waits until none has come for _SETTLE_S (at most _SETTLE_MAX_S), so that the burst
+# starts costliest first, not in the order it came.
+_SETTLE_S = 0.03
+_SETTLE_MAX_S = 0.25
 PROMOTE = -2  # the caller's frame (PROMOTE, [job ids]): start those jobs before lower-priority ones
 
 
@@ -287,11 +293,16 @@ def serve(workers: int, key: threading.Thread) -> None:
     def reply(job_id, status, value, seconds):
         write_frame(stdout, (job_id, status, value, seconds))
 
+    burst_from = settle_until = 0.0  # a burst of compiles made ahead: when it began, when it may start
+
     while stdin_open or queue or running:
         # A call waits for urgent jobs (priority 0): they start even when every worker is
         # busy with jobs compiled ahead of time, which run niced (_child) and so yield the
         # cores to them instead of making them wait for a free worker.
+        now = time.perf_counter()
         while queue and (len(running) < workers or (len(running) < 2 * workers and queue.head_priority() == 0)):
+            if queue.head_priority() > 0 and now < settle_until:
+                break
             job_id, job = queue.pop()
             rfd, wfd = os.pipe()
             pid = os.fork()
@@ -301,7 +312,8 @@ def serve(workers: int, key: threading.Thread) -> None:
             os.close(wfd)
             running[rfd] = (job_id, pid, bytearray())
             sel.register(rfd, selectors.EVENT_READ, rfd)
-        for ready, _ in sel.select():
+        settling = bool(queue) and len(running) < workers and now < settle_until
+        for ready, _ in sel.select(settle_until - now if settling else None):
             if ready.data is None:  # jobs from the caller (unbuffered: a read may hold several frames)
                 chunk = os.read(stdin.fileno(), 1 << 20)
                 if not chunk:  # the caller is gone: stop
@@ -321,6 +333,11 @@ def serve(workers: int, key: threading.Thread) -> None:
                         queue.promote(job)
                     else:
                         queue.push(job_id, job)
+                        if job.get("priority", 0) > 0:
+                            now = time.perf_counter()
+                            if now >= settle_until:
+                                burst_from = now
+                            settle_until = min(now + _SETTLE_S, burst_from + _SETTLE_MAX_S)
                     del inbox[:_HEADER.size + n]
                 continue
             rfd = ready.data
