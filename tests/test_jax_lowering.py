@@ -239,6 +239,18 @@ def test_slot_bits_refuses_what_the_row_cannot_hold(value, slot):
         lazytriton._core.slot_bits(value, row, "k, argument n")
 
 
+def test_slot_bits_takes_no_buffer_or_constexpr_row():
+    """A buffer (pointer, descriptor) is a call buffer's address, and a constexpr packs
+    nothing: slot_bits refuses their rows, naming the argument; any kind read into one
+    parameter cell is taken (the tuner's trials and the JAX call site read every scalar so)."""
+    from lazytriton.model.arrays import DTYPE_IDS
+    from lazytriton.model.specialize import Slot
+
+    for slot in (Slot("ptr", dtype=DTYPE_IDS["fp32"]), Slot("constexpr")):
+        with pytest.raises(ValueError, match=r"k, argument n: not a scalar's row"):
+            lazytriton._core.slot_bits(0, _row(slot), "k, argument n")
+
+
 def test_keyword_operand_is_bound_by_parameter_name():
     """The root of the command-buffer failure (issue 15): `cols=` names a
     non-constexpr parameter that the autotune key reads. It is an operand,

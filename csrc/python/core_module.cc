@@ -180,7 +180,8 @@ PYBIND11_MODULE(_core, m) {
         if (const char* why = slot_row_error(row[0], row[1], row[2], row[3], row[7]))
           throw py::value_error(w + ": a slot table row: " + why);
         const SlotSpec s = slot_spec(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]);
-        if (s.kind != SlotKind::kInt && s.kind != SlotKind::kFloat && s.kind != SlotKind::kBool)
+        // Any kind read into one parameter cell (a new kind's too): not a buffer, not a constexpr.
+        if (s.kind == SlotKind::kPtr || s.kind == SlotKind::kDesc || is_constexpr_slot(s))
           throw py::value_error(w + ": not a scalar's row (kind " + std::to_string(row[0]) + ")");
         uint64_t cell = 0, key[2] = {0, 0};
         size_t vw = 1;
