@@ -15,6 +15,7 @@ Rows (one matmul of the package, 8 configs, standalone face):
   in-process threads        (LAZYTRITON_COMPILE_WORKERS=0)
   Triton's autotuner        (the kernel called directly, as the package would)
   warm start, new process   (0 compiles, 0 tunes)
+  lazytriton.jax            (the same matmul under jax.jit, first execution; and in-process threads)
 Rows (the 16-kernel program):
   JAX, first step           (compiled ahead at lowering; and LAZYTRITON_COMPILE_AHEAD=0)
   JAX, warm start           (a new process: 0 compiles, 0 tunes)
@@ -259,6 +260,29 @@ if mode == "lazy":
 done(r)
 """
 
+# The same matmul through lazytriton.jax under jax.jit: the first execution (trace, lowering
+# and XLA's compile included, the same in both of its rows), default or in-process threads.
+ONE_JAX = PRELUDE + r"""
+import jax, jax.numpy as jnp
+import lazytriton
+from lazytriton.jax import triton_call
+from lazytriton.runtime import resolve
+M = N = K_ = 2048
+ka, kb = jax.random.split(jax.random.PRNGKey(0))
+a = jax.random.normal(ka, (M, K_), jnp.float16); b = jax.random.normal(kb, (K_, N), jnp.float16)
+a.block_until_ready(); b.block_until_ready()
+f = jax.jit(lambda a, b: triton_call(a, b, M, N, K_, K_, 1, N, 1, N, 1, kernel=K.mm_plain,
+                                     out_shape=jax.ShapeDtypeStruct((M, N), jnp.float16),
+                                     grid=lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)))
+t = time.perf_counter()
+c = f(a, b).block_until_ready()
+first = time.perf_counter() - t
+err = float(jnp.abs(c.astype(jnp.float32) - a.astype(jnp.float32) @ b.astype(jnp.float32)).max())
+st = lazytriton.stats()
+done({"first_s": first, "max_err": err, "compiles": st["compiles"], "tunes": st["tunes"],
+      "record_hits": st["record_hits"], "timings": resolve.timings()})
+"""
+
 # The 16-call-site program through lazytriton.jax under one jit.
 JAX16 = PRELUDE + r"""
 import jax, jax.numpy as jnp
@@ -430,10 +454,13 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         return dirs
 
     if "one" not in skip:
-        say("one 8-config matmul in a heavy package, standalone, cold (fresh process and caches):")
+        say("one 8-config matmul in a heavy package, standalone and lazytriton.jax, cold (fresh process and caches):")
         dirs = cold([("lazytriton", ONE, {"LT_MODE": "lazy"}, "lazytriton"),
                      ("threads", ONE, {"LT_MODE": "lazy", "LAZYTRITON_COMPILE_WORKERS": "0"}, "in-process threads"),
-                     ("triton", ONE, {"LT_MODE": "triton"}, "Triton's autotuner")])
+                     ("triton", ONE, {"LT_MODE": "triton"}, "Triton's autotuner"),
+                     ("jax_one", ONE_JAX, {}, "lazytriton.jax"),
+                     ("jax_one_threads", ONE_JAX, {"LAZYTRITON_COMPILE_WORKERS": "0"},
+                      "lazytriton.jax, in-process threads")])
         res["warm"] = one_process(ONE, {"LT_MODE": "lazy"}, pkg, dirs["lazytriton"], "warm start, new process", say)
     if "jax" not in skip:
         say("16 autotuned call sites under one jax.jit, first step (fresh process and caches):")
@@ -479,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     if fs("lazytriton") and fs("triton"):
         print(f"| lazytriton / Triton's autotuner | | {fs('lazytriton') / fs('triton'):.2f}x |")
     line("warm start, new process", "warm", fs("lazytriton"), "cold")
+    line("lazytriton.jax, heavy package, cold", "jax_one", fs("jax_one_threads"), "its in-process threads")
+    line("lazytriton.jax, in-process threads (LAZYTRITON_COMPILE_WORKERS=0)", "jax_one_threads")
     for face, what, p in (("JAX", "16 sites", "jax"), ("standalone", "16 calls", "sa")):
         ahead, serial, warm, ref = f"{p}_ahead", f"{p}_serial", f"{p}_warm", res.get(f"{p}_reference", {})
         line(f"{face} {what}, compiled ahead", ahead, ref.get("ref_s"), "reference")
@@ -502,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
 # -- the harness's group (lazytriton bench --only field) --------------------------------------
 
 ONE_ROWS = ["lazytriton (compile server), heavy package, cold", "in-process threads (LAZYTRITON_COMPILE_WORKERS=0)",
-            "Triton's @triton.autotune, cold", "lazytriton, warm start in a new process"]
+            "Triton's @triton.autotune, cold", "lazytriton, warm start in a new process",
+            "lazytriton.jax (compile server), heavy package, first execution",
+            "lazytriton.jax, in-process threads (LAZYTRITON_COMPILE_WORKERS=0)"]
 PROGRAM_ROWS = ["JAX: compiled ahead at lowering", "JAX: LAZYTRITON_COMPILE_AHEAD=0", "JAX: warm start in a new process",
                 "JAX reference: slowest kernel's compile + sum of tunes", "standalone: compile_ahead at start",
                 "standalone: no compile_ahead", "standalone: warm start in a new process",
@@ -524,8 +555,14 @@ def sections(res: dict) -> dict:
                 out.append(row(system, "floor", [r["ref_s"]], floor_s=r.get("floor_s")))
         return out
 
-    notes = [f"{n}: compiles {res[n]['compiles']}, tunes {res[n]['tunes']} (a new process on the cold run's caches)"
-             for n in ("warm", "jax_warm", "sa_warm") if "compiles" in res.get(n, {})]
+    def warm_note(n):
+        return f"{n}: compiles {res[n]['compiles']}, tunes {res[n]['tunes']} (a new process on the cold run's caches)"
+
+    one_notes = [warm_note("warm")] if "compiles" in res.get("warm", {}) else []
+    jax_one, jax_threads = (res.get(n, {}).get("first_s") for n in ("jax_one", "jax_one_threads"))
+    if jax_one and jax_threads:  # the section's ratios are to the standalone threads: this face's own, here
+        one_notes.append(f"lazytriton.jax against its own in-process threads: {jax_one / jax_threads:.2f}x")
+    notes = [warm_note(n) for n in ("jax_warm", "sa_warm") if "compiles" in res.get(n, {})]
     for n in ("jax_reference", "sa_reference"):
         if n in res:
             notes.append(f"{n}: slowest kernel's compile {res[n]['slowest_compile_s']:.2f} s + tunes "
@@ -536,12 +573,14 @@ def sections(res: dict) -> dict:
     return {
         "field": {"title": "First call of an 8-config matmul in a package whose import takes seconds (torch, jax), "
                            "fresh processes and caches",
-                  "unit": "s", "better": "lower", "ratio_to": ONE_ROWS[1], "notes": notes[:1] + failed,
+                  "unit": "s", "better": "lower", "ratio_to": ONE_ROWS[1],
+                  "notes": one_notes + failed,
                   "rows": rows_of([(ONE_ROWS[0], "lazytriton", "lazytriton"), (ONE_ROWS[1], "threads", "other"),
-                                   (ONE_ROWS[2], "triton", "other"), (ONE_ROWS[3], "warm", "lazytriton")])},
+                                   (ONE_ROWS[2], "triton", "other"), (ONE_ROWS[3], "warm", "lazytriton"),
+                                   (ONE_ROWS[4], "jax_one", "lazytriton"), (ONE_ROWS[5], "jax_one_threads", "other")])},
         "field_program": {"title": "First step of a program of 16 autotuned call sites (76 compiles), fresh "
                                    "processes and caches", "unit": "s", "better": "lower",
-                          "ratio_to": PROGRAM_ROWS[3], "notes": notes[1:] + failed,
+                          "ratio_to": PROGRAM_ROWS[3], "notes": notes + failed,
                           "rows": rows_of([(PROGRAM_ROWS[0], "jax_ahead", "lazytriton"),
                                            (PROGRAM_ROWS[1], "jax_serial", "lazytriton"),
                                            (PROGRAM_ROWS[2], "jax_warm", "lazytriton"),
