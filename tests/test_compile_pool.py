@@ -54,6 +54,13 @@ def test_demo_configs_compile_in_worker_processes(fresh_triton_cache, caplog):
     compile_all(spec, TARGET, local, max_workers=1)
     assert local[0].binary.cubin == cands[0].binary.cubin
     assert any(fresh_triton_cache.joinpath("triton").rglob("*.cubin"))
+    # Each compile's history has the worker's own seconds: when it started there, not when it
+    # was handed to the server, is what a first step's trace needs.
+    from lazytriton.compile import schedule
+
+    done = [h for h in schedule.history()[-4:] if "job_s" in h]
+    assert len(done) == 4, schedule.history()[-4:]
+    assert all(0 < h["job_s"] <= h["job_done"] - h["front_end"] for h in done), done
 
 
 def test_workers_fill_triton_cache_under_tritons_own_key(fresh_triton_cache):

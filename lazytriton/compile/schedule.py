@@ -62,8 +62,15 @@ class Ticket:
         (a promote that came during the front end counts); its JobFuture."""
         with _lock:
             self.pool, self.job = pool, pool.submit(job, priority=self.priority, cost=self.cost)
-        self.job.add_done_callback(lambda _: self.times.__setitem__("job_done", time.perf_counter()))
+        self.job.add_done_callback(self._job_done)
         return self.job
+
+    def _job_done(self, job) -> None:
+        self.times["job_done"] = time.perf_counter()
+        if not job.cancelled() and job.exception() is None:
+            # The worker's own seconds: the job started about job_done - job_s (what it waited
+            # for a worker, queued in the server, is the rest since front_end_done).
+            self.times["job_s"] = job.result()[1]
 
 
 class _FrontEnds:
@@ -176,5 +183,6 @@ def promote(ticket: Ticket) -> None:
 def history() -> list[dict]:
     """The process's last compiles through this queue, each with its label,
     priority and perf_counter times (queued, promoted, front_end,
-    front_end_done, job_done): for benchmarks."""
+    front_end_done, job_done) and the worker's seconds on it (job_s): for
+    benchmarks."""
     return [dict(t) for t in _history]
