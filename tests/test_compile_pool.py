@@ -262,9 +262,9 @@ def test_many_large_jobs_from_many_threads_do_not_deadlock(fresh_triton_cache):
         pool.close()
 
 
-def _one_busy_worker(run):
-    """A pool of one worker, kept busy by a first background job ("running"); then
-    run(submit) queues more behind it, where submit(name, priority, cost=0.0) returns the
+def _one_worker(run, busy: bool = True):
+    """A pool of one worker, kept busy by a first background job ("running") if `busy`;
+    then run(submit, pool) queues jobs, where submit(name, priority, cost=0.0) returns the
     job's future. Returns the names in the order the jobs finished, "running" left out."""
     import threading
 
@@ -283,8 +283,9 @@ def _one_busy_worker(run):
             futs.append(fut)
             return fut
 
-        submit("running", 1)
-        time.sleep(0.2)  # the server has forked it (a cold compile of this matmul takes longer)
+        if busy:
+            submit("running", 1)
+            time.sleep(0.2)  # the server has forked it (a cold compile of this matmul takes longer)
         run(submit, pool)
         for f in futs:
             assert f.result(timeout=300)[0].cubin
@@ -303,7 +304,7 @@ def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cac
         submit("urgent", 0)
         pool.promote(b3)
 
-    queued = _one_busy_worker(run)
+    queued = _one_worker(run)
     # Urgent jobs may start beside the busy worker (background ones yield to them).
     assert set(queued[:2]) == {"urgent", "b3"} and queued[2:] == ["b1", "b2"], queued
 
@@ -317,7 +318,7 @@ def test_queued_jobs_of_one_priority_start_costliest_first(fresh_triton_cache):
             submit(name, 1, cost)
         submit("urgent", 0)
 
-    queued = _one_busy_worker(run)
+    queued = _one_worker(run)
     assert queued == ["urgent", "dear", "mid", "mid2", "cheap"], queued
 
 
@@ -325,25 +326,12 @@ def test_a_burst_of_compiles_made_ahead_starts_costliest_first(fresh_triton_cach
     """An idle worker does not start a burst of compiles made ahead in the order it came
     (a program's call sites, the first ones cheap): the burst settles first, and its
     costliest job starts first."""
-    import threading
-
-    pool = compile_pool.CompilePool(1)
-    try:
-        assert pool.wait_ready()
-        spec, cands = demo_candidates(DEMO_CONFIGS[:1])
-        job = first_job(spec, cands[0].bound)
-        order: list[str] = []
-        lock = threading.Lock()
-        futs = []
+    def run(submit, pool):
         for name, cost in (("cheap", 1.0), ("cheap2", 1.0), ("dear", 9.0)):
-            fut = pool.submit(job, priority=1, cost=cost)
-            fut.add_done_callback(lambda f, n=name: (lock.acquire(), order.append(n), lock.release()))
-            futs.append(fut)
-        for f in futs:
-            assert f.result(timeout=300)[0].cubin
-        assert order == ["dear", "cheap", "cheap2"], order
-    finally:
-        pool.close()
+            submit(name, 1, cost)
+
+    order = _one_worker(run, busy=False)
+    assert order == ["dear", "cheap", "cheap2"], order
 
 
 def test_compile_cost_ranks_the_slowest_compiles_first():
