@@ -237,8 +237,7 @@ def test_compiled_kernel_flattens_tuple_leaves_like_the_stub(k):
     arrays = {n: (v.ptr, 4096) for n, v in zip(names, values) if isinstance(v, DeviceArray)}
     assert written_buffers([cand], names, arrays, []) == ["out", "xs[1][0]"]
     # Which leaves are kernel parameters: the 1 is not.
-    flat = bound.flat_signature
-    is_param = [flat.get(n, "constexpr") != "constexpr" for n in names]
+    is_param = bound.is_param(names)
     assert is_param == [True, True, True, False, True, True]
     # A fixed-layout launch (the tuner's trials) reads the leaves in that order, from the slot table.
     index = {n: i for i, n in enumerate(n for n in names if n in arrays)}

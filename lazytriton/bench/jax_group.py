@@ -246,7 +246,9 @@ def _chain_path(f, st):
     return batch
 
 
-def _cubin_floor(what: str, entry, buffers, x, s):
+def _cubin_floor(what: str, entry, buffers, array, s):
+    """A floor's batch function: `entry` launched on `buffers` (addresses into `array`, which
+    the caller keeps alive) from a raw C++ loop ("raw") or replayed as a CUDA graph."""
     from lazytriton import _core
 
     if what == "raw":

@@ -72,6 +72,12 @@ class Bound:
     def runtime_types(self) -> list[str]:
         return [t for t in self.flat_signature.values() if t != "constexpr"]
 
+    def is_param(self, leaves) -> list[bool]:
+        """Per leaf name: whether it is a kernel parameter of this specialization (not a
+        constexpr, nor an int Triton folded into one)."""
+        flat = self.flat_signature
+        return [flat.get(n, "constexpr") != "constexpr" for n in leaves]
+
     @property
     def flat_signature(self) -> dict[str, str]:
         """{leaf name: type}: a tuple parameter's elements as "xs[0]", "xs[1][0]"

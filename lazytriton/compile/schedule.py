@@ -68,8 +68,8 @@ class Ticket:
     def _job_done(self, job) -> None:
         self.times["job_done"] = time.perf_counter()
         if not job.cancelled() and job.exception() is None:
-            # The worker's own seconds: the job started about job_done - job_s (what it waited
-            # for a worker, queued in the server, is the rest since front_end_done).
+            # The worker's own seconds: the job started about job_done - job_s (the rest since
+            # it was handed on is its wait in the server's queue).
             self.times["job_s"] = job.result()[1]
 
 

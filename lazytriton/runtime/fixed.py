@@ -38,22 +38,26 @@ def param_sources(where: str, table: Sequence, is_param: Sequence[bool], names: 
     return sources
 
 
+def entry(where: str, kernel, is_param: Sequence[bool], meta: dict, grid: Any, table: Sequence,
+          names: Sequence[str], values: Sequence, buffers: dict[str, int]) -> tuple[Any, list[int]]:
+    """A fixed-layout launch of `kernel` on these leaves: its _core.Entry and the buffer
+    addresses it reads. `buffers`: each array or descriptor leaf's address by name, in
+    leaf order (its index in the list is the one param_sources gives it)."""
+    index = {n: i for i, n in enumerate(buffers)}
+    sources = param_sources(where, table, is_param, names, values, lambda i: index[names[i]])
+    return _core.Entry(kernel, list(is_param), dict(meta), grid, sources), list(buffers.values())
+
+
 def entry_on(resolved: Any, leaves: Sequence) -> tuple[Any, list[int]]:
     """A winner (LazyKernel.resolve's answer) as a fixed-layout launch on these leaf values
     (the call's arguments, a tuple argument's elements in its place): (its _core.Entry, the
     buffer addresses it reads), for _core.launch_fixed and the benchmarks' loops."""
-    buffers: list[int] = []
-    index: dict[int, int] = {}
-    for i, v in enumerate(leaves):
+    buffers: dict[str, int] = {}
+    for name, v in zip(resolved.leaf_names, leaves):
         if is_array(v):
-            ptr = array_info(v).ptr
+            buffers[name] = array_info(v).ptr
         elif tensor_desc.is_descriptor(v):
-            ptr = tensor_desc.read(v, f"argument {resolved.leaf_names[i]}").ptr
-        else:
-            continue
-        index[i] = len(buffers)
-        buffers.append(ptr)
-    entry = resolved.entry
-    sources = param_sources(f"kernel {entry.kernel.name}", resolved.table, entry.is_param, resolved.leaf_names,
-                            leaves, index.__getitem__)
-    return _core.Entry(entry.kernel, list(entry.is_param), dict(resolved.meta), resolved.grid, sources), buffers
+            buffers[name] = tensor_desc.read(v, f"argument {name}").ptr
+    e = resolved.entry
+    return entry(f"kernel {e.kernel.name}", e.kernel, e.is_param, resolved.meta, resolved.grid, resolved.table,
+                 resolved.leaf_names, leaves, buffers)

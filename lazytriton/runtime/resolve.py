@@ -437,8 +437,8 @@ class Resolution:
         """What a later process needs to launch the winner: which call arguments
         are kernel parameters, and the meta-parameters a grid callable sees."""
         flat = c.bound.flat_signature
-        is_param = [flat.get(n, "constexpr") != "constexpr" for n in self.leaf_names]
-        info = {"is_param": is_param + [False] * len(self.extras), "meta": dict(c.extra["meta"])}
+        info = {"is_param": c.bound.is_param(self.leaf_names) + [False] * len(self.extras),
+                "meta": dict(c.extra["meta"])}
         if self.descs:  # each descriptor's compiled type (the block shape a pre_hook chose is in it)
             info["descriptors"] = {n: flat.get(n) for n in self.descs}
         return info

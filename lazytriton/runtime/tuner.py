@@ -98,13 +98,8 @@ def trial_entry(kernel_name: str, c: Candidate, names: list[str], values: tuple,
     """A candidate's launch in its trials, made as the JAX call site makes a winner's
     (runtime.fixed): its _core.Entry, and the call's buffer addresses it reads (each array
     or descriptor leaf's, in leaf order). `table`: the call's slot table row per leaf."""
-    index = {n: i for i, n in enumerate(n for n in names if n in arrays)}
-    flat = c.bound.flat_signature  # per leaf: a tuple argument's elements by path (lazytriton.model.tuples)
-    is_param = [flat.get(n, "constexpr") != "constexpr" for n in names]
-    sources = fixed.param_sources(f"kernel {kernel_name}", table, is_param, names, values,
-                                  lambda i: index[names[i]])
-    entry = _core.Entry(_loaded(c), is_param, dict(c.extra.get("meta") or {}), grid, sources)
-    return entry, [arrays[n][0] for n in index]
+    return fixed.entry(f"kernel {kernel_name}", _loaded(c), c.bound.is_param(names), c.extra.get("meta") or {},
+                       grid, table, names, values, {n: arrays[n][0] for n in names if n in arrays})
 
 
 def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict, restore_value: list[str]) -> list[str]:
