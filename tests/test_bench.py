@@ -880,14 +880,16 @@ def test_field_sections_from_a_measurement(tmp_path):
            "jax_ahead": {"first_s": 3.5, "all_first_s": [3.4, 3.5, 4.1], "compiles": 76, "tunes": 16},
            "jax_serial": {"first_s": 6.0, "all_first_s": [6.0, 6.1, 6.4]},
            "jax_warm": {"first_s": 0.2, "compiles": 0, "tunes": 0, "record_hits": 16},
-           "jax_reference": ref}
+           "jax_reference": ref,
+           "sa_late": {"first_s": 3.6, "compiles": 76, "tunes": 16}}
     secs = field.sections(res)
     one, prog = secs["field"], secs["field_program"]
     assert [r["system"] for r in one["rows"]] == [field.ONE_ROWS[i] for i in (0, 1, 3, 4, 5)]
     # The JAX face against its own in-process threads (the section's ratios are to the standalone ones).
     assert "lazytriton.jax against its own in-process threads: 1.20x" in one["notes"], one["notes"]
     assert any("triton: FAILED (RuntimeError: no GPU)" in n for n in one["notes"])
-    assert [r["kind"] for r in prog["rows"]] == ["lazytriton", "lazytriton", "lazytriton", "floor"]
+    assert [r["kind"] for r in prog["rows"]] == ["lazytriton", "lazytriton", "lazytriton", "floor", "lazytriton"]
+    assert prog["rows"][4]["system"] == field.PROGRAM_ROWS[8] and prog["rows"][4]["samples"] == [3.6]
     assert prog["rows"][3]["samples"] == [ref["ref_s"]] and prog["ratio_to"] == field.PROGRAM_ROWS[3]
     assert any("jax_warm: compiles 0, tunes 0" in n for n in prog["notes"])
     md = report.write({"suite": "quick", "sections": cli.merge([{"group": "field", "rep": 0, "sections": secs}])},

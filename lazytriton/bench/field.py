@@ -5,7 +5,10 @@ The script writes a package in a temporary directory whose ``__init__`` imports
 torch and jax (what a kernel library pulls in: seconds), and whose ``kernels``
 module holds 16 distinct autotuned kernels (matmuls with epilogues, row
 reductions, a cumsum, elementwise kernels, one that reads a constexpr-wrapped
-Python function). Every row runs in a fresh process with empty lazytriton,
+Python function), and whose ``lazy`` module exports them as a package built on
+lazytriton would: wrapped with ``lazytriton.kernel`` when it is imported, which
+starts lazytriton's compile server while the program makes its data. Every row
+runs in a fresh process with empty lazytriton,
 Triton and JAX caches (except the warm rows, which reuse the cold row's), and
 times from the data being ready (the package already imported) to the result
 being ready.
@@ -19,7 +22,8 @@ Rows (one matmul of the package, 8 configs, standalone face):
 Rows (the 16-kernel program):
   JAX, first step           (compiled ahead at lowering; and LAZYTRITON_COMPILE_AHEAD=0)
   JAX, warm start           (a new process: 0 compiles, 0 tunes)
-  standalone, first step    (k.compile_ahead at import; and without it)
+  standalone, first step    (k.compile_ahead at start; without it; and with the kernels wrapped
+                            after the data, so that the compile server's start is on the way)
   reference                 slowest single kernel compile + the sum of the tunes (from the serial run)
 
     python -m lazytriton.bench.field [--repeat 3] [--out results.json]   (or benchmarks/cold_field.py)
@@ -213,6 +217,18 @@ ELEMENTWISE = [add, mul, swiglu, geglu, axpy, scaled_sub]
 ALL = MATMULS + ROWWISE + ELEMENTWISE  # 15 families; mm_plain twice (two shapes) makes 16 call sites
 '''
 
+# The package's lazytriton build of the same kernels: wrapped at its import.
+LAZY = '''
+import lazytriton
+
+from . import kernels as K
+
+MATMULS = [lazytriton.kernel(k) for k in K.MATMULS]
+ROWWISE = [lazytriton.kernel(k) for k in K.ROWWISE]
+ELEMENTWISE = [lazytriton.kernel(k) for k in K.ELEMENTWISE]
+mm_plain = MATMULS[0]
+'''
+
 PRELUDE = r"""
 import faulthandler, json, os, sys, time
 faulthandler.dump_traceback_later(float(os.environ.get("LT_HANG_S", "300")), exit=True)  # a hang shows its stacks
@@ -233,16 +249,14 @@ def done(r):
 # One matmul, 8 configs, standalone: lazytriton (the mode is in the environment) or Triton.
 ONE = PRELUDE + r"""
 mode = os.environ["LT_MODE"]
+if mode == "lazy":
+    import ltfield.lazy as L  # the package's kernels, wrapped when it is imported
 M = N = K_ = 2048
 torch.manual_seed(0)
 a = torch.randn(M, K_, device="cuda", dtype=torch.float16); b = torch.randn(K_, N, device="cuda", dtype=torch.float16)
 c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
 grid = lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)
-if mode == "lazy":
-    import lazytriton
-    k = lazytriton.kernel(K.mm_plain)
-else:
-    k = K.mm_plain
+k = L.mm_plain if mode == "lazy" else K.mm_plain
 torch.cuda.synchronize()
 t = time.perf_counter()
 k[grid](a, b, M, N, K_, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), c)
@@ -251,12 +265,14 @@ first = time.perf_counter() - t
 err = (c.float() - a.float() @ b.float()).abs().max().item()
 r = {"first_s": first, "max_err": err}
 if mode == "lazy":
+    import lazytriton
     from lazytriton.runtime import resolve
     st = lazytriton.stats()
     from lazytriton.compile import pool
     tl = pool.server_timeline()
     r.update(compiles=st["compiles"], tunes=st["tunes"], record_hits=st["record_hits"], timings=resolve.timings(),
-             server_ready_s=(tl["ready_at"] - t) if "ready_at" in tl else None)
+             server_ready_s=(tl["ready_at"] - t) if "ready_at" in tl else None,
+             server={k: (v - t if k.endswith("_at") else v) for k, v in tl.items()})
 done(r)
 """
 
@@ -330,8 +346,12 @@ done({"t0": t, "compile_history": schedule.history(), "first_s": first, "max_err
       "record_hits": st["record_hits"], "sites": len(tm), "timings": tm})
 """
 
-# The same 16 calls on the standalone face, one after another (torch arrays).
+# The same 16 calls on the standalone face, one after another (torch arrays). The kernels
+# are the package's, wrapped at its import (LT_WRAP=late: wrapped after the data instead).
 STANDALONE16 = PRELUDE + r"""
+late = os.environ.get("LT_WRAP") == "late"
+if not late:
+    import ltfield.lazy as L
 import lazytriton
 from lazytriton.runtime import resolve
 ahead = os.environ.get("LT_AHEAD") == "1"
@@ -343,18 +363,22 @@ a = torch.randn(M, K_, device="cuda", dtype=torch.float16); b = torch.randn(K_, 
 a2 = torch.randn(512, 512, device="cuda", dtype=torch.float16); b2 = torch.randn(512, 512, device="cuda", dtype=torch.float16)
 x = torch.randn(R, C, device="cuda", dtype=torch.float16)
 e1 = torch.randn(E, device="cuda", dtype=torch.float16); e2 = torch.randn(E, device="cuda", dtype=torch.float16)
+if late:
+    matmuls, rowwise, elementwise = ([lazytriton.kernel(k) for k in ks] for ks in (K.MATMULS, K.ROWWISE, K.ELEMENTWISE))
+else:
+    matmuls, rowwise, elementwise = L.MATMULS, L.ROWWISE, L.ELEMENTWISE
 calls = []
-for kk in K.MATMULS:
+for kk in matmuls:
     c = torch.empty(M, N, device="cuda", dtype=torch.float16)
-    calls.append((lazytriton.kernel(kk), (a, b, M, N, K_, K_, 1, N, 1, N, 1, c),
+    calls.append((kk, (a, b, M, N, K_, K_, 1, N, 1, N, 1, c),
                   lambda m, M=M, N=N: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)))
 c2 = torch.empty(512, 512, device="cuda", dtype=torch.float16)
-calls.append((lazytriton.kernel(K.mm_plain), (a2, b2, 512, 512, 512, 512, 1, 512, 1, 512, 1, c2),
+calls.append((matmuls[0], (a2, b2, 512, 512, 512, 512, 1, 512, 1, 512, 1, c2),
               lambda m: (triton.cdiv(512, m["BM"]) * triton.cdiv(512, m["BN"]),)))
-for kk in K.ROWWISE:
-    calls.append((lazytriton.kernel(kk), (x, C, torch.empty_like(x)), (R,)))
-for kk in K.ELEMENTWISE:
-    calls.append((lazytriton.kernel(kk), (e1, e2, E, torch.empty_like(e1)), lambda m: (triton.cdiv(E, m["BLOCK"]),)))
+for kk in rowwise:
+    calls.append((kk, (x, C, torch.empty_like(x)), (R,)))
+for kk in elementwise:
+    calls.append((kk, (e1, e2, E, torch.empty_like(e1)), lambda m: (triton.cdiv(E, m["BLOCK"]),)))
 torch.cuda.synchronize()
 t = time.perf_counter()
 if ahead:  # what a program that knows its calls does at start-up
@@ -365,9 +389,11 @@ for k, args, grid in calls:
 torch.cuda.synchronize()
 first = time.perf_counter() - t
 st = lazytriton.stats()
-from lazytriton.compile import schedule
+from lazytriton.compile import pool, schedule
+tl = pool.server_timeline()
 done({"t0": t, "compile_history": schedule.history(), "first_s": first, "compiles": st["compiles"], "tunes": st["tunes"], "record_hits": st["record_hits"],
-      "timings": resolve.timings()})
+      "timings": resolve.timings(), "server_ready_s": (tl["ready_at"] - t) if "ready_at" in tl else None,
+      "server": {k: (v - t if k.endswith("_at") else v) for k, v in tl.items()}})
 """
 
 
@@ -389,7 +415,11 @@ def one_process(script: str, env: dict, pkg: str, caches: str, label: str, say=p
              f" {sum(t.get('in_threads', 0) for t in tm)} of {sum(t['candidates'] for t in tm)}"
              if tm else "")
     if r.get("server_ready_s") is not None:
-        split += f"; compile server ready {r['server_ready_s']:+.2f} s from the call"
+        sv = r.get("server") or {}
+        split += (f"; compile server ready {r['server_ready_s']:+.2f} s from the call"
+                  + (f" (started {sv['started_at']:+.2f}, imports done {sv['imports_done_at']:+.2f}, then "
+                     f"{sv['waited_for_hash_s']:.2f} s waiting for Triton's installation hash)"
+                     if "imports_done_at" in sv else ""))
     say(f"  {label}: first {r['first_s']:.2f} s (import {r['import_s']:.2f} s)"
           + (f", compiles {r['compiles']}, tunes {r['tunes']}" if "compiles" in r else "") + split)
     return r
@@ -425,6 +455,8 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         f.write(PKG_INIT)
     with open(os.path.join(pkg, "ltfield", "kernels.py"), "w") as f:
         f.write(textwrap.dedent(KERNELS))
+    with open(os.path.join(pkg, "ltfield", "lazy.py"), "w") as f:
+        f.write(LAZY)
     res: dict = {}
 
     def fresh(name):
@@ -473,6 +505,9 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         say("the same 16 calls, standalone face, first calls (fresh process and caches):")
         dirs = cold([("sa_ahead", STANDALONE16, {"LT_AHEAD": "1"}, "standalone, compile_ahead at start"),
                      ("sa_serial", STANDALONE16, {}, "standalone, no compile_ahead")])
+        # Once: where the program does not wrap its kernels before making its data.
+        res["sa_late"] = one_process(STANDALONE16, {"LT_AHEAD": "1", "LT_WRAP": "late"}, pkg, fresh("sa_late"),
+                                     "standalone, compile_ahead at start, kernels wrapped after the data (once)", say)
         res["sa_warm"] = one_process(STANDALONE16, {}, pkg, dirs["sa_ahead"], "standalone, warm start, new process", say)
         if "timings" in res["sa_serial"]:
             res["sa_reference"] = reference(res["sa_serial"]["timings"])
@@ -512,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         ahead, serial, warm, ref = f"{p}_ahead", f"{p}_serial", f"{p}_warm", res.get(f"{p}_reference", {})
         line(f"{face} {what}, compiled ahead", ahead, ref.get("ref_s"), "reference")
         line(f"{face} {what}, not compiled ahead", serial, ref.get("ref_s"), "reference")
+        if p == "sa":
+            line(f"{face} {what}, compiled ahead, kernels wrapped after the data", "sa_late", ref.get("ref_s"),
+                 "reference")
         line(f"{face} reference (slowest compile + sum of tunes)", ref.get("ref_s"))
         line(f"{face} {what}, compiled ahead, against the tails of the tunes (the reference until the tuner "
              "counted its seconds)", ahead, ref.get("tail_ref_s"), "slowest compile + tails")
@@ -537,7 +575,8 @@ ONE_ROWS = ["lazytriton (compile server), heavy package, cold", "in-process thre
 PROGRAM_ROWS = ["JAX: compiled ahead at lowering", "JAX: LAZYTRITON_COMPILE_AHEAD=0", "JAX: warm start in a new process",
                 "JAX reference: slowest kernel's compile + sum of tunes", "standalone: compile_ahead at start",
                 "standalone: no compile_ahead", "standalone: warm start in a new process",
-                "standalone reference: slowest kernel's compile + sum of tunes"]
+                "standalone reference: slowest kernel's compile + sum of tunes",
+                "standalone: compile_ahead at start, kernels wrapped after the data (the compile server starting)"]
 
 
 def sections(res: dict) -> dict:
@@ -588,7 +627,8 @@ def sections(res: dict) -> dict:
                                            (PROGRAM_ROWS[4], "sa_ahead", "lazytriton"),
                                            (PROGRAM_ROWS[5], "sa_serial", "lazytriton"),
                                            (PROGRAM_ROWS[6], "sa_warm", "lazytriton"),
-                                           (PROGRAM_ROWS[7], "sa_reference", "floor")])},
+                                           (PROGRAM_ROWS[7], "sa_reference", "floor"),
+                                           (PROGRAM_ROWS[8], "sa_late", "lazytriton")])},
     }
 
 

@@ -104,7 +104,7 @@ def build(suite: str, gpus: int, importable=cold.importable, only: set | None = 
     if with_field:
         groups.append(Group("field", "kernels of a package that imports torch and jax; a 16-kernel program",
                             {"field": list(field_group.ONE_ROWS), "field_program": list(field_group.PROGRAM_ROWS)},
-                            needs=("torch", "jax"), est_s=(q(150, 260), q(150, 260)), once=True))
+                            needs=("torch", "jax"), est_s=(q(170, 280), q(170, 280)), once=True))
     groups.append(cpu_group)
     if not with_field:
         notes.append("kernels of a heavy package, 16-kernel program: with --only=field (benchmarks/cold_field.py)")

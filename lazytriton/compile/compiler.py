@@ -234,6 +234,7 @@ def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate]
 class _Inflight:
     future: cf.Future
     ticket: schedule.Ticket | None = None
+    urgent: bool = False  # a call joined it before its ticket was made: the ticket is promoted when it is
 
 
 _inflight: dict[str, _Inflight] = {}
@@ -291,8 +292,11 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                 if other is None:
                     shared[id(c)] = (k, _inflight.setdefault(k, _Inflight(cf.Future())))
                     continue
-                if not wait_for_server and other.ticket is not None:
-                    promote.append(other.ticket)
+                if not wait_for_server:
+                    if other.ticket is not None:
+                        promote.append(other.ticket)
+                    else:  # its stream has not made its ticket yet: it promotes the ticket it makes
+                        other.urgent = True
                 waiting: cf.Future = cf.Future()  # one per candidate: two may wait on one compile
                 other.future.add_done_callback(functools.partial(_copy_future, waiting))
                 futures[waiting] = c
@@ -330,13 +334,17 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             order = schedule.next_order()
         for rank, c in enumerate(todo):
             opts = c.bound.options
-            cost = schedule.compile_cost(c.bound.constexprs, getattr(opts, "num_warps", None),
-                                         getattr(opts, "num_stages", None))
+            cost = schedule.compile_cost(c.bound.constexprs, getattr(opts, "num_warps", None))
             ticket = schedule.Ticket(functools.partial(_front_end, spec, target, pool, threads, c, outer[id(c)], stop),
                                      priority, f"{spec.name} {c.label}", (order, rank), cost)
+            urgent = False
             if id(c) in shared:
-                shared[id(c)][1].ticket = ticket
+                with _inflight_lock:
+                    shared[id(c)][1].ticket = ticket
+                    urgent = shared[id(c)][1].urgent
             schedule.submit(ticket)
+            if urgent:
+                schedule.promote(ticket)
     elif todo:
         log.info("kernel %s: compiling %d candidate(s) for %s in this process", spec.name, len(todo),
                  target_label(target))
@@ -372,7 +380,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             _report(spec, c, None, seen)
         stop.set()
         if threads is not None:
-            threads.shutdown(wait=True, cancel_futures=True)
+            # Not waiting: a back end still running on a thread lost to the server's binary
+            # (_FirstBinary) and nothing reads it; its thread ends on its own.
+            threads.shutdown(wait=False, cancel_futures=True)
         for item in shared.values():  # stopped early: whoever waits compiles them itself
             _share(item, None)
     if not todo:
@@ -432,10 +442,18 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
         return
     c.extra["front_end_s"] = front_s = time.perf_counter() - t0
     if here:
+        first = _FirstBinary(fut, front_s, c, stop)
         try:
-            threads.submit(_back_end_here, ir, target).add_done_callback(functools.partial(_forward, fut, front_s))
+            threads.submit(_back_end_here, ir, target).add_done_callback(functools.partial(first.settle, "thread"))
         except RuntimeError:  # the stream stopped since (its threads are shut down)
             fut.cancel()
+            return
+        # The server is often ready before the threads are done (a cold process's first call:
+        # on an H200, 0.3 s into 1.2 s of back ends on threads): the same back end goes to it
+        # then too, and the first binary is kept; the two are alike (one TTIR, one compiler).
+        job = compile_pool.worker_job(ir, target)
+        if job is not None:
+            pool.when_ready(functools.partial(first.also, ticket, pool, job))
         return
     job = compile_pool.worker_job(ir, target)
     if job is None:
@@ -469,6 +487,50 @@ def _forward(outer: cf.Future, front_s: float, inner: cf.Future, fn=None, ticket
     else:
         binary, seconds = inner.result()
         outer.set_result((binary, front_s + seconds))
+
+
+class _FirstBinary:
+    """One candidate's back end run two ways (on a thread here, and in the compile server
+    once it is ready): `outer` gets the first binary, or an error once every way that
+    started has ended (the thread's, which has Triton's message from this process)."""
+
+    def __init__(self, outer: cf.Future, front_s: float, c: Candidate, stop: threading.Event) -> None:
+        self.outer, self.front_s, self.c, self.stop = outer, front_s, c, stop
+        self.lock = threading.Lock()
+        self.running = 1  # the thread's
+        self.errors: list[BaseException] = []
+
+    def also(self, ticket: schedule.Ticket, pool, job: dict) -> None:
+        with self.lock:
+            if self.outer.done() or self.stop.is_set():  # nobody reads it any more
+                return
+            self.running += 1
+        try:
+            ticket.hand_to(pool, job).add_done_callback(functools.partial(self.settle, "worker"))
+        except OSError as exc:  # the server is gone again: the thread's result stands
+            self.settle("worker", None, exc)
+
+    def settle(self, where: str, inner: cf.Future | None, error: BaseException | None = None) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.outer.done():
+                return
+            if inner is not None and inner.cancelled():  # the stream stopped first
+                if not self.running:
+                    self.outer.cancel()
+                return
+            error = error if inner is None else inner.exception()
+            if error is None:
+                binary, seconds = inner.result()
+                self.c.extra["compiled_in"] = where
+                self.outer.set_result((binary, self.front_s + seconds))
+                return
+            if where == "thread":
+                self.errors.insert(0, error)
+            else:
+                self.errors.append(error)
+            if not self.running:
+                self.outer.set_exception(self.errors[0])
 
 
 def _back_end_here(ir: dict, target: GPUTarget):

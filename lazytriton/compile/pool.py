@@ -114,6 +114,7 @@ class CompilePool:
         # The running server's start-up on this process's perf_counter clock: started_at,
         # then from its ready frame imports_done_at, ready_at, waited_for_hash_s.
         self.timeline: dict = {}
+        self._on_ready: list = []  # when_ready's callables for the server starting now
 
     def start(self) -> None:
         """Starts the server if it is not running (returns at once: it warms up on its own)."""
@@ -131,7 +132,7 @@ class CompilePool:
         proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, cwd=here, close_fds=True, start_new_session=True)
-        self._proc, self.timeline = proc, {"started_at": time.perf_counter()}
+        self._proc, self.timeline, self._on_ready = proc, {"started_at": time.perf_counter()}, []
         self._outbox = queue.SimpleQueue()
         threading.Thread(target=self._write_frames, args=(proc, self._outbox), name="lazytriton-compile-pool-writer",
                          daemon=True).start()
@@ -156,6 +157,18 @@ class CompilePool:
                 return False
             time.sleep(0.01)
         return True
+
+    def when_ready(self, fn) -> None:
+        """Calls fn() once the running server is ready: now if it is, else on the thread
+        that reads its results when its ready frame comes; never if it dies first or
+        none is running."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                return
+            if "ready_at" not in self.timeline:
+                self._on_ready.append(fn)
+                return
+        fn()
 
     def submit(self, job: dict, priority: int = 0, cost: float = 0.0) -> JobFuture:
         """A Future of (CompiledBinary, seconds); its exception is CompileFailed,
@@ -201,9 +214,16 @@ class CompilePool:
             except (EOFError, OSError, pickle.UnpicklingError):
                 break
             if job_id == READY:
+                waiting = []
                 with self._lock:
                     if self._proc is proc:
                         self.timeline.update(value)
+                        waiting, self._on_ready = self._on_ready, []
+                for fn in waiting:
+                    try:
+                        fn()
+                    except Exception:  # noqa: BLE001  (one caller's callback must not stop this thread)
+                        log.exception("lazytriton: a callback waiting for the compile server failed")
                 log.debug("the compile server is ready, %.3fs after it started (%.3fs of it waiting for Triton's "
                           "installation hash)", value["ready_at"] - self.timeline.get("started_at", 0.0),
                           value["waited_for_hash_s"])
@@ -229,6 +249,7 @@ class CompilePool:
             pending = [self._pending.pop(i)[1] for i in mine]
             if self._proc is proc:
                 self._proc = None
+                self._on_ready = []
                 self._outbox.put(None)  # its writer stops (a restarted server gets its own)
                 self._outbox = None
         if pending:

@@ -46,23 +46,34 @@ import selectors
 import signal
 import struct
 import sys
-import threading
 import time
 from typing import Any
 
 from .recipe import RecipeRefused
 
 # The server's command line (``python -c BOOTSTRAP N``). Its first act after
-# importing Triton is to start Triton's installation hash (``triton_key()``:
-# sha256 of the 400 MB libtriton.so, about 0.35 s) on a thread, so that the hash
-# overlaps importing lazytriton and the warm-up compile instead of following them.
+# importing Triton is to fork a child that computes Triton's installation hash
+# (``triton_key()``: sha256 of the 400-500 MB libtriton.so, about 0.3 s alone) and
+# writes it to a pipe, so that the hash overlaps importing lazytriton and the
+# warm-up compile instead of following them. A thread would contend with them for
+# the GIL at every 1 MB chunk: on the device that stretched the hash to 0.75 s.
 BOOTSTRAP = """\
-import sys, threading
+import os, sys
 from triton.runtime import cache
-key = threading.Thread(target=cache.triton_key, name="triton_key")
-key.start()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    try:
+        out = b"ok " + cache.triton_key().encode()
+    except BaseException as exc:
+        out = b"error " + repr(exc).encode()
+    with os.fdopen(w, "wb") as f:
+        f.write(out)
+    os._exit(0)
+os.close(w)
 from lazytriton.compile.server import serve
-serve(int(sys.argv[1]), key)
+serve(int(sys.argv[1]), r, pid)
 """
 
 _HEADER = struct.Struct("<Q")
@@ -177,10 +188,9 @@ def _child(job: dict, wfd: int) -> None:
         os._exit(code)
 
 
-def _warm_up(key: threading.Thread) -> float:
+def _warm_up() -> None:
     """One tiny compile: the first compile in a process sets up the backend
-    (ptxas version, libdevice, pass pipelines); forked children inherit it.
-    Returns how long it then waited for Triton's installation hash (`key`)."""
+    (ptxas version, libdevice, pass pipelines); forked children inherit it."""
     import tempfile
 
     import triton
@@ -198,7 +208,7 @@ def _warm_up(key: threading.Thread) -> float:
 
     # Into a throwaway cache (a hit in Triton's cache would skip the set-up), so
     # its cache key does not matter: it is made with a stand-in for Triton's
-    # installation hash while the real one is computed on the thread.
+    # installation hash while the real one is computed in BOOTSTRAP's child.
     real_key = triton_cache.triton_key
     saved = os.environ.get("TRITON_CACHE_DIR")
     with tempfile.TemporaryDirectory() as d:
@@ -217,10 +227,27 @@ def _warm_up(key: threading.Thread) -> float:
                 os.environ.pop("TRITON_CACHE_DIR", None)
             else:
                 os.environ["TRITON_CACHE_DIR"] = saved
-    t0 = time.perf_counter()
-    key.join()
-    real_key()  # from the thread's lru_cache (had the thread failed: computed here, or its error raised)
-    return time.perf_counter() - t0
+
+
+def _take_installation_hash(key_fd: int, pid: int | None) -> None:
+    """Makes Triton's ``triton_key()`` return the hash the child `pid` computed, as Triton's
+    own compile warm-up pool does in its workers (``triton/_compile_warmup_pool.py``),
+    so that this process and its children never compute it again. Where the child
+    failed, it is computed here (or its error raised)."""
+    from triton.runtime import cache as triton_cache
+
+    with os.fdopen(key_fd, "rb") as f:
+        data = f.read()
+    if pid is not None:
+        os.waitpid(pid, 0)
+    status, _, value = data.partition(b" ")
+    if status == b"ok" and value:
+        key = value.decode()
+        triton_cache.triton_key = lambda: key
+    else:
+        print(f"lazytriton compile server: Triton's installation hash failed in its child "
+              f"({value.decode(errors='replace') or 'no answer'}): computing it here", file=sys.stderr)
+        triton_cache.triton_key()
 
 
 class _Queue:
@@ -266,19 +293,22 @@ class _Queue:
         self._entries.clear()
 
 
-def serve(workers: int, key: threading.Thread) -> None:
-    """The server's loop; `key` is the thread BOOTSTRAP started computing
-    Triton's installation hash."""
+def serve(workers: int, key_fd: int, key_pid: int) -> None:
+    """The server's loop; `key_fd` reads Triton's installation hash from the
+    child BOOTSTRAP forked to compute it (`key_pid`)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
     t0 = time.perf_counter()
     try:
-        waited_s = _warm_up(key)
+        _warm_up()
     except Exception as exc:  # the children will report real errors
-        waited_s = 0.0
         print(f"lazytriton compile server: warm-up failed: {reason(exc)}", file=sys.stderr)
-    finally:
-        key.join()  # no other thread may run when the server forks
+    t1 = time.perf_counter()
+    try:
+        _take_installation_hash(key_fd, key_pid)
+    except Exception as exc:  # each child then computes it, or reports its error
+        print(f"lazytriton compile server: Triton's installation hash: {reason(exc)}", file=sys.stderr)
+    waited_s = time.perf_counter() - t1
     # When it became ready, on the caller's clock (perf_counter is CLOCK_MONOTONIC): where a
     # cold first call's wait for the server goes.
     write_frame(stdout, (READY, "ready", {"imports_done_at": t0, "ready_at": time.perf_counter(),
