@@ -240,6 +240,9 @@ import torch
 import triton
 t_import = time.perf_counter() - t0
 OUT = sys.argv[1]
+def server_timeline(t):  # the compile server's start-up on the clock of the call at t
+    from lazytriton.compile import pool
+    return {k: (v - t if k.endswith("_at") else v) for k, v in pool.server_timeline().items()}
 def done(r):
     r["import_s"] = t_import
     with open(OUT, "w") as f:
@@ -268,11 +271,8 @@ if mode == "lazy":
     import lazytriton
     from lazytriton.runtime import resolve
     st = lazytriton.stats()
-    from lazytriton.compile import pool
-    tl = pool.server_timeline()
     r.update(compiles=st["compiles"], tunes=st["tunes"], record_hits=st["record_hits"], timings=resolve.timings(),
-             server_ready_s=(tl["ready_at"] - t) if "ready_at" in tl else None,
-             server={k: (v - t if k.endswith("_at") else v) for k, v in tl.items()})
+             server=server_timeline(t))
 done(r)
 """
 
@@ -389,11 +389,9 @@ for k, args, grid in calls:
 torch.cuda.synchronize()
 first = time.perf_counter() - t
 st = lazytriton.stats()
-from lazytriton.compile import pool, schedule
-tl = pool.server_timeline()
+from lazytriton.compile import schedule
 done({"t0": t, "compile_history": schedule.history(), "first_s": first, "compiles": st["compiles"], "tunes": st["tunes"], "record_hits": st["record_hits"],
-      "timings": resolve.timings(), "server_ready_s": (tl["ready_at"] - t) if "ready_at" in tl else None,
-      "server": {k: (v - t if k.endswith("_at") else v) for k, v in tl.items()}})
+      "timings": resolve.timings(), "server": server_timeline(t)})
 """
 
 
@@ -414,12 +412,11 @@ def one_process(script: str, env: dict, pkg: str, caches: str, label: str, say=p
              f" of GIL here ({sum(t.get('front_ends_here', 0) for t in tm)} front ends here), in threads"
              f" {sum(t.get('in_threads', 0) for t in tm)} of {sum(t['candidates'] for t in tm)}"
              if tm else "")
-    if r.get("server_ready_s") is not None:
-        sv = r.get("server") or {}
-        split += (f"; compile server ready {r['server_ready_s']:+.2f} s from the call"
-                  + (f" (started {sv['started_at']:+.2f}, imports done {sv['imports_done_at']:+.2f}, then "
-                     f"{sv['waited_for_hash_s']:.2f} s waiting for Triton's installation hash)"
-                     if "imports_done_at" in sv else ""))
+    sv = r.get("server") or {}
+    if "ready_at" in sv:
+        split += (f"; compile server ready {sv['ready_at']:+.2f} s from the call (started {sv['started_at']:+.2f}, "
+                  f"imports done {sv['imports_done_at']:+.2f}, then {sv['waited_for_hash_s']:.2f} s waiting for "
+                  "Triton's installation hash)")
     say(f"  {label}: first {r['first_s']:.2f} s (import {r['import_s']:.2f} s)"
           + (f", compiles {r['compiles']}, tunes {r['tunes']}" if "compiles" in r else "") + split)
     return r
