@@ -441,6 +441,7 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
         fut.set_exception(compile_pool.CompileFailed(reason(exc)))
         return
     c.extra["front_end_s"] = front_s = time.perf_counter() - t0
+    job = compile_pool.worker_job(ir, target)  # None: its compile options do not pickle
     if here:
         first = _FirstBinary(fut, front_s, c, stop)
         try:
@@ -451,11 +452,9 @@ def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPool
         # The server is often ready before the threads are done (a cold process's first call:
         # on an H200, 0.3 s into 1.2 s of back ends on threads): the same back end goes to it
         # then too, and the first binary is kept; the two are alike (one TTIR, one compiler).
-        job = compile_pool.worker_job(ir, target)
         if job is not None:
             pool.when_ready(functools.partial(first.also, ticket, pool, job))
         return
-    job = compile_pool.worker_job(ir, target)
     if job is None:
         fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
         return
