@@ -10,8 +10,8 @@ refuse the calls Triton's own kernel[grid](...) takes and refuses.
 
 - on the installed Triton: the table-driven stub, the generated stubs, the
   lazytriton.jax call site and C++ bundles (fake_cuda/bundle_calls.cc);
-- on Triton 3.5, 3.6 and the newest, in the venvs tests/triton_versions/
-  setup_venvs.sh made (skipped when absent; CI makes 3.5 and 3.6).
+- on Triton 3.5 to 3.8 and the newest, in the venvs tests/triton_versions/
+  setup_venvs.sh made (skipped when absent; CI makes 3.5 to 3.8).
 
 Longer runs: LAZYTRITON_DIFFERENTIAL_CALLS (calls per kernel and face, default
 300) and LAZYTRITON_DIFFERENTIAL_SEED (default 0), or the script itself:
@@ -164,7 +164,7 @@ def test_differential_on_the_installed_triton(face, part, fake_driver, bundle_ca
     check(report, [face], min_total=least if part is None else least * len(only) // len(KERNELS), only=only)
 
 
-@pytest.mark.parametrize("version", ["3.5", "3.6", "newest"])
+@pytest.mark.parametrize("version", ["3.5", "3.6", "3.7", "3.8", "newest"])
 def test_differential_on_triton_version(version, fake_driver, tmp_path):
     from test_triton_versions import MATRIX, REPO, VENVS, _module
 

@@ -70,7 +70,7 @@ def interpreter(version: str) -> str:
 
 # The stand-in device: an MI300X (gfx942, wave64), and on the installed Triton also an RDNA3
 # gfx1100 (wave32: a block is 32 x num_warps there).
-@pytest.fixture(scope="module", params=["installed", "installed-gfx1100", "3.5", "3.6", "newest"])
+@pytest.fixture(scope="module", params=["installed", "installed-gfx1100", "3.5", "3.6", "3.7", "3.8", "newest"])
 def probe(request, fake_hip, tmp_path_factory):
     version, _, arch = request.param.partition("-")
     python = interpreter(version)

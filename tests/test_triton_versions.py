@@ -3,7 +3,7 @@ binding, stub specialization, parameter packing and launch metadata against
 Triton's own binder and launcher, on the CPU.
 
 - on the Triton installed here, in this process;
-- on Triton 3.5, 3.6 and the newest on the package index, each in its venv
+- on Triton 3.5, 3.6, 3.7, 3.8 and the newest on the package index, each in its venv
   made by tests/triton_versions/setup_venvs.sh (skipped when a venv is absent;
   one built from other lazytriton sources than this checkout's fails, saying
   to run the script again). $LAZYTRITON_TRITON_VENVS: where the venvs are.
@@ -54,7 +54,7 @@ def test_matrix_on_the_installed_triton(cache_dir):
     check_report(report, triton.__version__)
 
 
-@pytest.mark.parametrize("version", ["3.5", "3.6", "newest"])
+@pytest.mark.parametrize("version", ["3.5", "3.6", "3.7", "3.8", "newest"])
 def test_matrix_on_triton_version(version, tmp_path):
     venv = VENVS / f"triton-{version}"
     py = venv / "bin" / "python"

@@ -270,9 +270,12 @@ def triton_launcher_params(signature: dict, constexprs: dict) -> tuple[list[str]
         assert scratch == ["global_scratch", "profile_scratch"], order
         return types, [_C_SIZES[by_name[n]] for n in kernel_args], len(scratch)
     # 3.7+: one C launcher, driven by the expanded signature and driver.c's extractors.
-    from triton.backends.driver import expand_signature
+    try:  # 3.8+: shared by the backends, told the descriptor's type
+        from triton.backends.driver import expand_signature
 
-    expanded = expand_signature(signature.values(), None, "nvTmaDesc")
+        expanded = expand_signature(signature.values(), None, "nvTmaDesc")
+    except ImportError:  # 3.7: the NVIDIA driver's own
+        expanded = nvd.expand_signature(signature.values(), None)
     types = [t for t in _flatten(expanded) if t != "constexpr"]
     sizes = _extractor_sizes()
     src = (TRITON_DIR / "backends" / "nvidia" / "driver.c").read_text()

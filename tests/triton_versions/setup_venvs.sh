@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # One venv per Triton version, for tests/test_triton_versions.py:
-#   tests/triton_versions/setup_venvs.sh [VERSION ...]      (default: 3.5 3.6 newest)
+#   tests/triton_versions/setup_venvs.sh [VERSION ...]      (default: 3.5 3.6 3.7 3.8 newest)
 # Each is $DIR/triton-VERSION ($DIR: $LAZYTRITON_TRITON_VENVS, default
 # ~/.cache/lazytriton-triton-venvs) with `triton==VERSION.*` ("newest": the newest
 # triton on the package index), pytest, and this checkout of lazytriton, built
 # once as a wheel. A venv that exists keeps its Triton ("newest" is upgraded);
 # lazytriton is always reinstalled: run it again after changing lazytriton (the
 # test refuses a venv built from other sources).
-# PYTHON picks the interpreter (default python3; Triton 3.5 and 3.6 have wheels for 3.10-3.13).
+# PYTHON picks the interpreter (default python3; Triton 3.5 to 3.8 have wheels for 3.10-3.13).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 dir="${LAZYTRITON_TRITON_VENVS:-$HOME/.cache/lazytriton-triton-venvs}"
 py="${PYTHON:-python3}"
 versions=("$@")
-[ ${#versions[@]} -gt 0 ] || versions=(3.5 3.6 newest)
+[ ${#versions[@]} -gt 0 ] || versions=(3.5 3.6 3.7 3.8 newest)
 mkdir -p "$dir"
 wheels="$(mktemp -d)"
 trap 'rm -rf "$wheels"' EXIT
