@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_triton_versions import VERSIONS
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "fake_cuda" / "differential.py"
@@ -164,7 +165,7 @@ def test_differential_on_the_installed_triton(face, part, fake_driver, bundle_ca
     check(report, [face], min_total=least if part is None else least * len(only) // len(KERNELS), only=only)
 
 
-@pytest.mark.parametrize("version", ["3.5", "3.6", "3.7", "3.8", "newest"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_differential_on_triton_version(version, fake_driver, tmp_path):
     from test_triton_versions import MATRIX, REPO, VENVS, _module
 

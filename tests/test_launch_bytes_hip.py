@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import triton
+from test_triton_versions import VERSIONS
 
 HERE = Path(__file__).resolve().parent
 AMD = Path(triton.__file__).parent / "backends" / "amd"
@@ -70,7 +71,7 @@ def interpreter(version: str) -> str:
 
 # The stand-in device: an MI300X (gfx942, wave64), and on the installed Triton also an RDNA3
 # gfx1100 (wave32: a block is 32 x num_warps there).
-@pytest.fixture(scope="module", params=["installed", "installed-gfx1100", "3.5", "3.6", "3.7", "3.8", "newest"])
+@pytest.fixture(scope="module", params=["installed", "installed-gfx1100", *VERSIONS])
 def probe(request, fake_hip, tmp_path_factory):
     version, _, arch = request.param.partition("-")
     python = interpreter(version)

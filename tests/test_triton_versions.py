@@ -21,6 +21,9 @@ HERE = Path(__file__).resolve().parent
 MATRIX = HERE / "triton_versions"
 REPO = HERE.parent
 VENVS = Path(os.environ.get("LAZYTRITON_TRITON_VENVS", "~/.cache/lazytriton-triton-venvs")).expanduser()
+# The Triton versions with venvs of their own (setup_venvs.sh; CI makes all but "newest"),
+# read by every test that runs in them.
+VERSIONS = ["3.5", "3.6", "3.7", "3.8", "newest"]
 CASES = {"scalars_and_pointers", "annotated", "constexpr_kinds", "autotune_inner_heuristics",
          "autotune_outer_heuristics", "device_tma_descriptor", "num_ctas_2_and_pdl", "warp_specialized_matmul",
          "gluon_vec_add", "gluon_autotuned"}
@@ -54,7 +57,7 @@ def test_matrix_on_the_installed_triton(cache_dir):
     check_report(report, triton.__version__)
 
 
-@pytest.mark.parametrize("version", ["3.5", "3.6", "3.7", "3.8", "newest"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_matrix_on_triton_version(version, tmp_path):
     venv = VENVS / f"triton-{version}"
     py = venv / "bin" / "python"
