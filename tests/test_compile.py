@@ -126,18 +126,23 @@ def test_autotuned_kernel_to_cubin(arch, tmp_path):
 @pytest.mark.parametrize("late", [None, 1], ids=["as_they_come", "config_1_finishing_last"])
 def test_failing_config_is_skipped_with_its_reason(caplog, monkeypatch, late):
     if late is not None:
-        # Configs compiled on threads here, config 1's last: alike errors still name config 1
+        # Configs' back ends on threads here, config 1's last: alike errors still name config 1
         # (they named whichever finished first, and a loaded machine reordered them).
-        from lazytriton.compile import compiler
+        from lazytriton.compile import compiler, ir_text
 
-        here = compiler._compile_here
+        front, back = compiler._front_end, ir_text.compile_text
 
-        def slow(spec, target, c):
-            if c.index == late:
+        def marked(spec, target, c):
+            job = front(spec, target, c)
+            return dict(job, ir=dict(job["ir"], late=c.index == late))
+
+        def slow(ir, target):
+            if ir.get("late"):
                 time.sleep(1.0)
-            return here(spec, target, c)
+            return back(ir, target)
 
-        monkeypatch.setattr(compiler, "_compile_here", slow)
+        monkeypatch.setattr(compiler, "_front_end", marked)
+        monkeypatch.setattr(ir_text, "compile_text", slow)
     target = GPUTarget("cuda", 90, 32)
     cands = candidates(partly_bad_kernel, (X, 1000), target)
     with caplog.at_level(logging.WARNING, logger="lazytriton.compile.compiler"):

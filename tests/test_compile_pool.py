@@ -1,9 +1,9 @@
 """Candidates compile in worker processes (lazytriton.compile.pool), really in
-parallel, with Triton on the CPU (sm_90 needs no GPU): front end included, from
-the kernel's portable recipe (tests/test_compile_recipe.py), or from the TTIR of
-Triton's front end in the caller; the workers never import the kernel's module. A
-worker that crashes fails its candidate with an error naming the kernel and the
-config, and nothing hangs."""
+parallel, with Triton on the CPU (sm_90 needs no GPU): Triton's front end runs
+in the caller and the TTIR travels; the workers never import the kernel's
+module. A worker that crashes fails its candidate with an error naming the
+kernel and the config, and nothing hangs. The one queue (compile.schedule)
+decides which front end runs next and which back end starts where."""
 import logging
 import os
 import signal
@@ -63,18 +63,19 @@ def test_demo_configs_compile_in_worker_processes(fresh_triton_cache, caplog):
     assert all(0 < h["job_s"] <= h["job_done"] - h["front_end"] for h in done), done
 
 
-def test_workers_fill_triton_cache_under_tritons_own_key(fresh_triton_cache):
-    """The server's first child computes Triton's installation hash while the
-    server's warm-up compiles under a stand-in: its compile children must still
-    key Triton's cache exactly as Triton does, so Triton in this process finds
-    their entry."""
+def test_workers_and_threads_key_tritons_cache_alike(fresh_triton_cache):
+    """A back end in a worker and one on a thread here key Triton's cache by the
+    same hash (of the TTIR text and Triton's source hash), so either finds what
+    the other compiled; the warm-up's stand-in installation hash stays out."""
     spec, cands = demo_candidates(DEMO_CONFIGS[:1])
     compile_all(spec, TARGET, cands)
-    assert cands[0].binary is not None, cands[0].error
+    assert cands[0].binary is not None and cands[0].extra["compiled_in"] == "worker", cands[0].error
     cache = fresh_triton_cache / "triton"
     before = sorted(p.name for p in cache.iterdir())
     assert before and not any("warm" in p for p in before)  # the warm-up's stand-in key went to a throwaway cache
-    compile_all(spec, TARGET, demo_candidates(DEMO_CONFIGS[:1])[1], max_workers=0)  # triton.compile, here
+    _, here = demo_candidates(DEMO_CONFIGS[:1])
+    compile_all(spec, TARGET, here, max_workers=0)  # the back end on a thread here
+    assert here[0].extra["compiled_in"] == "thread" and here[0].binary.cubin == cands[0].binary.cubin
     assert sorted(p.name for p in cache.iterdir()) == before  # a hit: no new entry
 
 
@@ -116,9 +117,8 @@ def test_the_server_reports_its_start_up_on_the_callers_clock(fresh_triton_cache
 
 def test_candidates_compile_here_until_the_server_is_ready(tmp_path, monkeypatch, caplog):
     """A cold process's first call does not wait for the compile server's
-    start-up: what it reaches before the server is ready has its front end
-    here and its back end on threads (and in the server too once it is ready:
-    the next test)."""
+    start-up: what it reaches before the server is ready has its back end on
+    threads here; once the server is ready, in its workers."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     pool = compile_pool.CompilePool(2)
     monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
@@ -127,62 +127,14 @@ def test_candidates_compile_here_until_the_server_is_ready(tmp_path, monkeypatch
         with caplog.at_level(logging.INFO, logger="lazytriton"):
             compile_all(spec, TARGET, cands)
         assert all(c.binary is not None for c in cands)
-        assert cands[0].extra["front_end"] == "here"  # the server had just been started
-        assert "once the compile server is ready (until then: in this process)" in caplog.text
+        assert cands[0].extra["front_end"] == "here" and cands[0].extra["compiled_in"] == "thread"
+        assert "(until the compile server is ready: in this process)" in caplog.text
         assert pool.wait_ready()
         _, again = demo_candidates(DEMO_CONFIGS[2:4])
         compile_all(spec, TARGET, again)
         assert [c.extra["compiled_in"] for c in again] == ["worker", "worker"]
-        assert [c.extra["front_end"] for c in again] == ["worker", "worker"]
+        assert [c.extra["front_end"] for c in again] == ["here", "here"]
     finally:
-        pool.close()
-
-
-@pytest.mark.parametrize("faster", ["worker", "thread"])
-def test_a_back_end_begun_on_a_thread_goes_to_the_server_once_it_is_ready(tmp_path, monkeypatch, faster):
-    """The first call of a cold process runs its back ends on threads while the
-    server starts; once the server is ready they go to it too, and each
-    candidate keeps the first binary, whichever way it came. Before, they stayed
-    on the threads: 1.27 s of back ends for the field matmul's 8 configs on an
-    H200 whose server was ready 0.34 s into them (0.56 s there). The slow way is
-    held back here, so the outcome does not hang on this machine's speed."""
-    import threading
-
-    from lazytriton.compile import compiler
-
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    pool = compile_pool.CompilePool(2)
-    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
-    release = threading.Event()
-    real_back_end = compiler._back_end_here
-
-    def thread_back_end(ir, target):
-        if faster == "worker":
-            release.wait(120)  # until the stream has ended on the server's binaries
-        return real_back_end(ir, target)
-
-    monkeypatch.setattr(compiler, "_back_end_here", thread_back_end)
-    if faster == "thread":  # the server becomes ready only once the threads are done
-        gate = threading.Event()
-        monkeypatch.setattr(pool, "when_ready", lambda fn: threading.Thread(
-            target=lambda: (gate.wait(120), pool.wait_ready(), fn()), daemon=True).start())
-    spec, cands = demo_candidates(DEMO_CONFIGS[:2])
-    try:
-        t0 = time.perf_counter()
-        seen = list(compile_stream(spec, TARGET, cands))
-        # The stream ends on the first binaries: it does not wait for back ends still on threads.
-        assert len(seen) == 2 and time.perf_counter() - t0 < 100 and not release.is_set()
-        release.set()
-        assert all(c.binary is not None and c.error is None for c in cands), [c.error for c in cands]
-        assert [c.extra["front_end"] for c in cands] == ["here", "here"]
-        assert [c.extra["compiled_in"] for c in cands] == [faster, faster]
-        _, local = demo_candidates(DEMO_CONFIGS[:2])
-        compile_all(spec, TARGET, local, max_workers=0)
-        assert [c.binary.cubin for c in cands] == [c.binary.cubin for c in local]
-    finally:
-        release.set()
-        if faster == "thread":
-            gate.set()
         pool.close()
 
 
@@ -194,7 +146,7 @@ def test_stream_yields_each_candidate_once(fresh_triton_cache):
 
 def test_kernel_defined_in_a_function_compiles_in_workers(fresh_triton_cache, caplog):
     """No worker imports the kernel: one defined in a function (no module
-    path at all) compiles in the workers too, front end included (its recipe)."""
+    path at all) has its back end in the workers too."""
     @triton.autotune(configs=[triton.Config({"B": 64}), triton.Config({"B": 128})], key=["n"])
     @triton.jit
     def local_kernel(x, n, B: tl.constexpr):
@@ -207,7 +159,7 @@ def test_kernel_defined_in_a_function_compiles_in_workers(fresh_triton_cache, ca
     with caplog.at_level(logging.INFO, logger="lazytriton"):
         compile_all(spec, TARGET, cands)
     assert all(c.binary is not None for c in cands), [c.error for c in cands]
-    assert "front end and back end in 2 worker process(es)" in caplog.text
+    assert "front end here, back end in 2 worker process(es)" in caplog.text
     assert "in this process" not in caplog.text
 
 
@@ -285,10 +237,9 @@ def test_a_crashing_worker_fails_its_candidate_only(fresh_triton_cache, monkeypa
     # A real process death: the child for candidate 0 (the first job submitted) is SIGKILLed before compiling.
     monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
     made = []
-    for kind in ("worker_job", "portable_job"):  # a job of either kind (front end here, or in the worker)
-        orig = getattr(compile_pool, kind)
-        monkeypatch.setattr(compile_pool, kind, lambda ir, t, orig=orig: made.append(1) or dict(
-            orig(ir, t), crash_for_test=len(made) == 1))
+    orig = compile_pool.worker_job
+    monkeypatch.setattr(compile_pool, "worker_job", lambda ir, t: made.append(1) or dict(
+        orig(ir, t), crash_for_test=len(made) == 1))
     compile_all(spec, TARGET, cands)
     assert cands[0].binary is None and "compile worker process killed by SIGKILL" in cands[0].error
     assert cands[1].binary is not None
@@ -339,76 +290,96 @@ def test_many_large_jobs_from_many_threads_do_not_deadlock(fresh_triton_cache):
         pool.close()
 
 
-def _one_worker(run, busy: bool = True):
-    """A pool of one worker, kept busy by a first background job ("running") if `busy`;
-    then run(submit, pool) queues jobs, where submit(name, priority, cost=0.0) returns the
-    job's future. Returns the names in the order the jobs finished, "running" left out."""
-    import threading
+class FakePool:
+    """A compile server stand-in for the queue's tests: `workers` slots, ready, and
+    each job's future completed by the test (`finish`)."""
 
-    pool = compile_pool.CompilePool(1)
-    try:
-        assert pool.wait_ready()
-        spec, cands = demo_candidates(DEMO_CONFIGS[:1])
-        job = first_job(spec, cands[0].bound)
-        order: list[str] = []
-        lock = threading.Lock()
-        futs = []
+    def __init__(self, workers: int = 1) -> None:
+        import concurrent.futures as cf
+        import threading
 
-        def submit(name, priority, cost=0.0):
-            fut = pool.submit(job, priority=priority, cost=cost)
-            fut.add_done_callback(lambda f: (lock.acquire(), order.append(name), lock.release()))
-            futs.append(fut)
-            return fut
+        self.workers, self.sent, self.lock, self.cf = workers, [], threading.Lock(), cf
 
-        if busy:
-            submit("running", 1)
-            time.sleep(0.2)  # the server has forked it (a cold compile of this matmul takes longer)
-        run(submit, pool)
-        for f in futs:
-            assert f.result(timeout=300)[0].cubin
-        return [n for n in order if n != "running"]
-    finally:
-        pool.close()
+    def ready(self) -> bool:
+        return True
 
+    def starting(self) -> bool:
+        return False
 
-def test_queued_jobs_start_by_priority_and_a_promoted_one_first(fresh_triton_cache):
-    """One worker, busy: the jobs queued behind it start by priority (a call's
-    candidates before those compiled ahead of time), then in the order they
-    came; a promoted job (a call now waits for it) goes ahead of the others."""
-    def run(submit, pool):
-        submit("b1", 1), submit("b2", 1)
-        b3 = submit("b3", 1)
-        submit("urgent", 0)
-        pool.promote(b3)
+    def start(self) -> None:
+        pass
 
-    queued = _one_worker(run)
-    # Urgent jobs may start beside the busy worker (background ones yield to them).
-    assert set(queued[:2]) == {"urgent", "b3"} and queued[2:] == ["b1", "b2"], queued
+    def submit(self, job):
+        fut = self.cf.Future()
+        with self.lock:
+            self.sent.append((job["name"], job["nice"], fut))
+        return fut
+
+    def names(self) -> list:
+        with self.lock:
+            return [n for n, _, _ in self.sent]
+
+    def finish(self, name) -> None:
+        with self.lock:
+            fut = next(f for n, _, f in self.sent if n == name)
+        fut.set_result((None, 0.0))
 
 
-def test_queued_jobs_of_one_priority_start_costliest_first(fresh_triton_cache):
-    """One worker, busy: background jobs queued behind it start by their cost
-    (schedule.compile_cost), highest first, then in the order they came; an urgent
-    job still starts at once (beside the busy worker) whatever its cost."""
-    def run(submit, pool):
-        for name, cost in (("cheap", 1.0), ("dear", 9.0), ("mid", 3.0), ("mid2", 3.0)):
-            submit(name, 1, cost)
-        submit("urgent", 0)
+def _ticket(name, priority, cost=0.0, order=(), gate=None, ran=None):
+    from lazytriton.compile import schedule
 
-    queued = _one_worker(run)
-    assert queued == ["urgent", "dear", "mid", "mid2", "cheap"], queued
+    def work():
+        if gate is not None:
+            gate.wait(30)
+        if ran is not None:
+            ran.append(name)
+        return {"ir": {"local": None}, "target": None, "name": name}
+
+    return schedule.Ticket(work, priority, name, order, cost)
 
 
-def test_a_burst_of_compiles_made_ahead_starts_costliest_first(fresh_triton_cache):
-    """An idle worker does not start a burst of compiles made ahead in the order it came
-    (a program's call sites, the first ones cheap): the burst settles first, and its
-    costliest job starts first."""
-    def run(submit, pool):
-        for name, cost in (("cheap", 1.0), ("cheap2", 1.0), ("dear", 9.0)):
-            submit(name, 1, cost)
+def _until(cond, timeout=30.0):
+    deadline = time.time() + timeout
+    while not cond() and time.time() < deadline:
+        time.sleep(0.005)
+    assert cond()
 
-    order = _one_worker(run, busy=False)
-    assert order == ["dear", "cheap", "cheap2"], order
+
+def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypatch):
+    """One worker, busy with a compile made ahead: the ready jobs behind it start
+    by priority (a call's before those made ahead), then the costliest first; a
+    call's job starts beside the busy worker (those made ahead run niced), and
+    a promoted job (a call now waits for it) goes ahead of the others made ahead."""
+    from lazytriton.compile import schedule
+
+    pool = FakePool(1)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    running = _ticket("running", schedule.BACKGROUND)
+    schedule.submit(running)
+    _until(lambda: pool.names() == ["running"])
+    later = [_ticket(n, schedule.BACKGROUND, cost) for n, cost in (("cheap", 1.0), ("dear", 9.0), ("mid", 3.0),
+                                                                  ("mid2", 3.0), ("promoted", 0.5))]
+    for t in later:
+        schedule.submit(t)
+    _until(lambda: all(t.state == "ready" for t in later))
+    assert pool.names() == ["running"]  # its one slot is taken
+    schedule.promote(later[-1])
+    _until(lambda: len(pool.names()) == 2)
+    assert pool.names()[1] == "promoted"  # beside the busy worker: a call's jobs take up to twice its slots
+    urgent = _ticket("urgent", schedule.URGENT)
+    schedule.submit(urgent)
+    _until(lambda: urgent.state == "ready")
+    assert len(pool.names()) == 2  # both slots a call may take are taken
+    pool.finish("running")
+    _until(lambda: len(pool.names()) == 3)
+    assert pool.names()[2] == "urgent" and [nice for _, nice, _ in pool.sent] == [True, False, False]
+    for name in ("promoted", "urgent", "dear", "mid", "mid2"):
+        pool.finish(name)
+        time.sleep(0.02)
+    _until(lambda: len(pool.names()) == 7)
+    assert pool.names()[3:] == ["dear", "mid", "mid2", "cheap"]
+    pool.finish("cheap")
+    _until(lambda: all(t.future.done() for t in later + [running, urgent]))
 
 
 def test_compile_cost_ranks_the_slowest_compiles_first():
@@ -435,7 +406,7 @@ def test_compile_cost_ranks_the_slowest_compiles_first():
     assert schedule.compile_cost({"N": 1 << 30}, 4) == schedule.compile_cost({"N": 4096}, 4)
 
 
-def test_the_front_end_thread_runs_a_waiting_calls_candidates_first():
+def test_the_front_end_thread_runs_a_waiting_calls_candidates_first(monkeypatch):
     """compile.schedule: one thread runs every front end of the process; a
     ticket a call waits for runs before tickets compiled ahead, and a promoted
     one before the other background ones."""
@@ -443,61 +414,37 @@ def test_the_front_end_thread_runs_a_waiting_calls_candidates_first():
 
     from lazytriton.compile import schedule
 
+    pool = FakePool(8)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
     gate, ran = threading.Event(), []
-
-    def work(name):
-        def run(ticket):
-            if name == "running":
-                gate.wait(30)
-            ran.append(name)
-        return run
-
-    first = schedule.Ticket(work("running"), schedule.BACKGROUND)
+    first = _ticket("running", schedule.BACKGROUND, gate=gate, ran=ran)
     schedule.submit(first)
-    deadline = time.time() + 30
-    while first.state != "running" and time.time() < deadline:
-        time.sleep(0.005)
-    tickets = [schedule.Ticket(work(n), schedule.BACKGROUND) for n in ("b1", "b2", "b3")]
-    tickets.append(schedule.Ticket(work("urgent"), schedule.URGENT))
+    _until(lambda: first.state == "running")
+    tickets = [_ticket(n, schedule.BACKGROUND, ran=ran) for n in ("b1", "b2", "b3")]
+    tickets.append(_ticket("urgent", schedule.URGENT, ran=ran))
     for t in tickets:
         schedule.submit(t)
     schedule.promote(tickets[2])
     gate.set()
-    while any(t.state != "done" for t in tickets) and time.time() < deadline:
-        time.sleep(0.005)
+    _until(lambda: len(ran) == 5)
     assert ran == ["running", "urgent", "b3", "b1", "b2"]
+    for n in pool.names():
+        pool.finish(n)
 
 
-@pytest.mark.parametrize("tickets", ["queued", "not made yet"])
-def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_triton_cache, monkeypatch, tickets):
+def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_triton_cache, monkeypatch):
     """Two kernels compiled ahead of time on a one-worker server, the second's
     candidates queued behind the first's; a call of the second joins its
     compiles and moves them ahead: they are ready before the first kernel's
-    last candidate (without promotion they would start after all of them).
-    "not made yet": the call comes while the second kernel's stream has claimed
-    its candidates but not yet made their tickets (its thread slow to get the
-    GIL: the standalone field program's first call, 0.1 s after its
-    compile_ahead calls); they are promoted when they are made. Before, they
-    stayed in the background."""
+    last candidate (without promotion they would start after all of them). A
+    stream claims its compile keys and makes their tickets at once (under one
+    lock), so a call can never find a claimed candidate it cannot promote."""
     import concurrent.futures as cf
-    import threading
     import uuid
-
-    from lazytriton.compile import compiler, schedule
 
     monkeypatch.setenv("LAZYTRITON_COMPILE_WORKERS", "1")
     monkeypatch.setattr(compile_pool, "_pool", None)
     pool = compile_pool.get_pool()
-    release = threading.Event()
-    real_cost = schedule.compile_cost
-    slow = threading.local()
-
-    def cost(*a):  # a held stream makes its tickets only once the call has joined its compiles
-        if getattr(slow, "on", False):
-            release.wait(30)
-        return real_cost(*a)
-
-    monkeypatch.setattr(compiler.schedule, "compile_cost", cost)
     try:
         assert pool.workers == 1 and pool.wait_ready()
         tag = uuid.uuid4().hex
@@ -505,8 +452,7 @@ def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_t
         _, second = demo_candidates(DEMO_CONFIGS[4:7])
         ready_at: dict[str, float] = {}
 
-        def ahead(name, cands, hold=False):  # what compile_ahead does: a background stream, read to its end
-            slow.on = hold
+        def ahead(name, cands):  # what compile_ahead does: a background stream, read to its end
             for c in compile_stream(spec, TARGET, cands, key=lambda c: f"{tag}-{name}-{c.index}",
                                     wait_for_server=True):
                 assert c.binary is not None, c.error
@@ -515,11 +461,8 @@ def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_t
         with cf.ThreadPoolExecutor(2) as threads:
             a = threads.submit(ahead, "first", first)
             time.sleep(0.05)
-            b = threads.submit(ahead, "second", second, tickets == "not made yet")
+            b = threads.submit(ahead, "second", second)
             time.sleep(0.3)  # the server works on the first kernel's first candidate
-            if tickets == "not made yet":
-                assert not ready_at  # the second's candidates are claimed, not queued
-                threading.Timer(0.3, release.set).start()  # once the call below has joined them
             _, call = demo_candidates(DEMO_CONFIGS[4:7])
             got = list(compile_stream(spec, TARGET, call, key=lambda c: f"{tag}-second-{c.index}"))
             called_at = time.perf_counter()
@@ -527,33 +470,35 @@ def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_t
         assert all(c.binary is not None and c.extra.get("joined") for c in got)
         assert called_at < max(ready_at[f"first{i}"] for i in range(4)), ready_at
     finally:
-        release.set()
         pool.close()
 
 
-def test_queued_in_the_order_the_compiles_were_asked_for():
+def test_queued_in_the_order_the_compiles_were_asked_for(monkeypatch):
     """compile.schedule: among background tickets, the order taken when the
     compiles were asked for (next_order: a program's lowering order) beats the
-    order in which the compile-ahead threads queued them."""
+    order in which the compile-ahead threads queued them; within a stream, the
+    costliest front end first (its back end then starts first)."""
     import threading
 
     from lazytriton.compile import schedule
 
+    pool = FakePool(8)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
     gate, ran = threading.Event(), []
-    blocker = schedule.Ticket(lambda t: gate.wait(30), schedule.BACKGROUND)
+    blocker = _ticket("blocker", schedule.BACKGROUND, gate=gate)
     schedule.submit(blocker)
+    _until(lambda: blocker.state == "running")
     first, second = schedule.next_order(), schedule.next_order()
-    late = [schedule.Ticket(lambda t, n=n: ran.append(n), schedule.BACKGROUND, order=(second, i))
-            for i, n in enumerate(("second-a", "second-b"))]
-    early = [schedule.Ticket(lambda t, n=n: ran.append(n), schedule.BACKGROUND, order=(first, i))
-             for i, n in enumerate(("first-a", "first-b"))]
+    late = [_ticket(n, schedule.BACKGROUND, order=(second, i), ran=ran) for i, n in enumerate(("second-a", "second-b"))]
+    early = [_ticket(n, schedule.BACKGROUND, cost, order=(first, i), ran=ran)
+             for i, (n, cost) in enumerate((("first-cheap", 1.0), ("first-dear", 2.0)))]
     for t in late + early:  # the later-asked stream's thread got to the queue first
         schedule.submit(t)
     gate.set()
-    deadline = time.time() + 30
-    while any(t.state != "done" for t in late + early) and time.time() < deadline:
-        time.sleep(0.005)
-    assert ran == ["first-a", "first-b", "second-a", "second-b"]
+    _until(lambda: len(ran) == 4)
+    assert ran == ["first-dear", "first-cheap", "second-a", "second-b"]
+    for n in pool.names():
+        pool.finish(n)
 
 
 def test_a_compile_server_that_cannot_start_leaves_the_candidates_to_this_process(fresh_triton_cache, monkeypatch,

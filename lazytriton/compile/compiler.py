@@ -1,14 +1,13 @@
 """Specialization and compilation of candidate configs, exactly as Triton does
-it: Triton's own binder specializes the arguments and triton.compile compiles
-each candidate for the device's target in parallel worker processes
-(compile_pool), from the kernel's portable recipe (recipe: the worker runs the
-front end too) or from its TTIR made here (ir_text), skipping those that fail."""
+it: Triton's own binder specializes the arguments, Triton's front end runs
+here for each candidate as it compiles (ir_text) and its back end in the
+compile server's worker processes (pool) or on threads here, in the order
+compile.schedule decides, skipping the candidates that fail."""
 from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
 import logging
-import os
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from . import ir_text, pool as compile_pool, recipe, schedule
+from . import ir_text, pool as compile_pool, schedule
 from .server import reason
 from .targets import ast_source, target_label
 from ..model import tuples
@@ -229,25 +228,33 @@ def compile_all(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate]
 
 # Compiles under way in this process, by compile key: a stream that needs one of them waits for it
 # (a first call while compile_ahead still compiles its candidates) instead of compiling it again,
-# and moves it ahead of compiles no call waits for yet.
-@dataclass
-class _Inflight:
-    future: cf.Future
-    ticket: schedule.Ticket | None = None
-    urgent: bool = False  # a call joined it before its ticket was made: the ticket is promoted when it is
-
-
-_inflight: dict[str, _Inflight] = {}
+# and promotes it ahead of compiles no call waits for yet.
+_inflight: dict[str, schedule.Ticket] = {}
+_inflight_joined: set[int] = set()  # id() of the tickets another stream waits for
 _inflight_lock = threading.Lock()
 
 
-def _copy_future(dst: cf.Future, src: cf.Future) -> None:
-    if src.cancelled():
-        dst.set_exception(compile_pool.WorkerUnavailable("the compile it waited for was abandoned"))
-    elif src.exception() is not None:
-        dst.set_exception(src.exception())
-    else:
-        dst.set_result(src.result())
+def _follow(src: cf.Future) -> cf.Future:
+    """A future of its own for one candidate that waits for another stream's compile."""
+    dst: cf.Future = cf.Future()
+
+    def copy(f: cf.Future) -> None:
+        if f.cancelled():
+            dst.set_exception(compile_pool.WorkerUnavailable("the compile it waited for was abandoned"))
+        elif f.exception() is not None:
+            dst.set_exception(f.exception())
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(copy)
+    return dst
+
+
+def _forget(k: str, ticket: schedule.Ticket, _=None) -> None:
+    with _inflight_lock:
+        if _inflight.get(k) is ticket:
+            del _inflight[k]
+        _inflight_joined.discard(id(ticket))
 
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
@@ -255,19 +262,16 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                    order: int | None = None) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
-    start on the first. With the compile server (compile_pool), each candidate
-    compiles in a worker process, front end included, from the kernel's
-    portable recipe (compile.recipe); a kernel without one has its front end
-    here, one candidate after another on a thread, and each candidate's back
-    end in a worker as soon as its TTIR is ready (ir_text). c.extra["front_end"]
-    says where it ran ("worker" or "here"); max_workers=0 (or LAZYTRITON_COMPILE_WORKERS=0) compiles whole
-    candidates on threads of this process. `key(c)` (a compile key) lets
-    streams of this process share compiles: a candidate that another stream
-    is compiling is waited for, not compiled again. Candidates reached while
-    the compile server still starts compile on threads here, unless
-    `wait_for_server` (background compiles, which no caller waits for).
-    `order` (compile.schedule.next_order(), taken when the compiles were asked
-    for) places them in the queue among those of their priority."""
+    start on the first. Each candidate takes one of three routes: a candidate
+    another stream of this process is compiling (same compile key `key(c)`:
+    compile_ahead, another first call, a JAX lowering) is waited for, not
+    compiled again; else Triton's front end runs here (compile.schedule's
+    thread) and its back end in the compile server; or, with no server
+    (max_workers set, LAZYTRITON_COMPILE_WORKERS=0, or not ready yet for a
+    call's candidate), on a thread here. `wait_for_server`: compiles made
+    ahead of time, which no call waits for yet (they go after a call's, niced,
+    and wait for the server). `order` (compile.schedule.next_order(), taken
+    when the compiles were asked for) places them among those of their priority."""
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -281,33 +285,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     if not todo:
         return
     t0 = time.perf_counter()
-    futures: dict[cf.Future, Candidate] = {}
-    shared: dict[int, tuple[str, _Inflight]] = {}  # id(c) -> (its key, what other streams wait on)
-    promote: list[schedule.Ticket] = []
-    if key is not None:
-        with _inflight_lock:
-            for c in list(todo):
-                k = key(c)
-                other = _inflight.get(k)
-                if other is None:
-                    shared[id(c)] = (k, _inflight.setdefault(k, _Inflight(cf.Future())))
-                    continue
-                if not wait_for_server:
-                    if other.ticket is not None:
-                        promote.append(other.ticket)
-                    else:  # its stream has not made its ticket yet: it promotes the ticket it makes
-                        other.urgent = True
-                waiting: cf.Future = cf.Future()  # one per candidate: two may wait on one compile
-                other.future.add_done_callback(functools.partial(_copy_future, waiting))
-                futures[waiting] = c
-                c.extra["joined"] = True
-                todo.remove(c)
-        if futures:
-            log.info("kernel %s: %d candidate(s) already compiling in this process: waiting for them", spec.name,
-                     len(futures))
-        for t in promote:
-            schedule.promote(t)
-    pool = compile_pool.get_pool() if max_workers is None and todo else None
+    pool = compile_pool.get_pool() if max_workers is None else None
     if pool is not None:
         try:
             pool.start()  # warming up for the candidates to come, if nothing started it yet
@@ -315,42 +293,42 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             log.warning("kernel %s: the compile server could not start (%s): compiling in this process", spec.name,
                         exc)
             pool = None
-    threads = None
-    stop = threading.Event()
-    if todo and pool is not None:
-        where = "front end and back end" if recipe.capture(spec.fn).why_not is None else "front end here, back end"
-        log.info("kernel %s: compiling %d candidate(s) for %s: %s in %d worker process(es)%s",
-                 spec.name, len(todo), target_label(target), where, min(pool.workers, len(todo)),
-                 "" if pool.ready() else " once the compile server is ready (until then: in this process)")
-        outer = {id(c): cf.Future() for c in todo}
-        futures.update({outer[id(c)]: c for c in todo})
-        # Candidates reached while the server still starts compile here, on threads: a cold
-        # process's first call does not wait for the server's start-up.
-        if not wait_for_server:
-            threads = cf.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1),
-                                            thread_name_prefix="lazytriton-compile")
-        priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
-        if order is None:
-            order = schedule.next_order()
+    priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
+    order = schedule.next_order() if order is None else order
+    futures: dict[cf.Future, Candidate] = {}
+    mine: list[tuple[str | None, schedule.Ticket]] = []
+    joined: list[schedule.Ticket] = []
+    with _inflight_lock:
         for rank, c in enumerate(todo):
-            opts = c.bound.options
-            cost = schedule.compile_cost(c.bound.constexprs, getattr(opts, "num_warps", None))
-            ticket = schedule.Ticket(functools.partial(_front_end, spec, target, pool, threads, c, outer[id(c)], stop),
-                                     priority, f"{spec.name} {c.label}", (order, rank), cost)
-            urgent = False
-            if id(c) in shared:
-                with _inflight_lock:
-                    shared[id(c)][1].ticket = ticket
-                    urgent = shared[id(c)][1].urgent
-            schedule.submit(ticket)
-            if urgent:
-                schedule.promote(ticket)
-    elif todo:
-        log.info("kernel %s: compiling %d candidate(s) for %s in this process", spec.name, len(todo),
-                 target_label(target))
-        workers = max_workers or min(len(todo), os.cpu_count() or 1)
-        threads = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lazytriton-compile")
-        futures.update({threads.submit(_compile_here, spec, target, c): c for c in todo})
+            k = key(c) if key is not None else None
+            other = _inflight.get(k) if k is not None else None
+            if other is not None:
+                _inflight_joined.add(id(other))
+                joined.append(other)
+                futures[_follow(other.future)] = c
+                c.extra["joined"] = True
+                continue
+            cost = schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None))
+            t = schedule.Ticket(functools.partial(_front_end, spec, target, c), priority, f"{spec.name} {c.label}",
+                                (order, rank), cost, here=pool is None)
+            if k is not None:
+                _inflight[k] = t
+                t.future.add_done_callback(functools.partial(_forget, k, t))
+            futures[t.future] = c
+            mine.append((k, t))
+    if joined:
+        log.info("kernel %s: %d candidate(s) already compiling in this process: waiting for them", spec.name,
+                 len(joined))
+        if not wait_for_server:
+            for t in joined:
+                schedule.promote(t)
+    if mine:
+        where = f"in {min(pool.workers, len(mine))} worker process(es)" if pool is not None else "in this process"
+        log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end %s%s", spec.name, len(mine),
+                 target_label(target), where,
+                 "" if pool is None or pool.ready() else " (until the compile server is ready: in this process)")
+    for _, t in mine:
+        schedule.submit(t)
     seen: dict[str, str] = {}  # an error's text -> the first candidate that failed with it
     # Failures are said once the stream ends, in config order: alike errors then name the first
     # config whatever order the compiles finished in (one finishing first under load changed it).
@@ -361,199 +339,51 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for fut in done:
                 c = futures[fut]
-                if _settle(spec, c, fut):  # the worker could not read the job (or a shared compile stopped)
-                    c.extra.pop("joined", None)
-                    threads = threads or cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytriton-compile")
-                    nf = threads.submit(_compile_here, spec, target, c)
-                    futures[nf] = c
-                    pending.add(nf)
-                    continue
+                _settle(c, fut)
                 if c.error:
                     failed.append(c)
                 else:
                     _report(spec, c, None if c.extra.get("joined") else store, seen)
-                _share(shared.pop(id(c), None), c)
                 c.extra["ready_s"] = time.perf_counter() - t0
                 yield c
     finally:
         for c in sorted(failed, key=lambda c: c.index):
             _report(spec, c, None, seen)
-        stop.set()
-        if threads is not None:
-            # Not waiting: a back end still running on a thread lost to the server's binary
-            # (_FirstBinary) and nothing reads it; its thread ends on its own.
-            threads.shutdown(wait=False, cancel_futures=True)
-        for item in shared.values():  # stopped early: whoever waits compiles them itself
-            _share(item, None)
-    if not todo:
-        return
+        # Stopped early: what no other stream waits for is dropped.
+        with _inflight_lock:
+            drop = [(k, t) for k, t in mine if id(t) not in _inflight_joined and not t.future.done()]
+        for k, t in drop:
+            if t.cancel() and k is not None:
+                _forget(k, t)
     ok = sum(c.binary is not None for c in todo)
     log.info("kernel %s: %d of %d candidate(s) compiled in %.2fs", spec.name, ok, len(todo), time.perf_counter() - t0)
 
 
-def _share(item: tuple[str, _Inflight] | None, c: Candidate | None) -> None:
-    """Settles the future other streams wait on for `c`'s compile key."""
-    if item is None:
-        return
-    k, entry = item
-    fut = entry.future
-    with _inflight_lock:
-        if _inflight.get(k) is entry:
-            del _inflight[k]
-    if c is None:
-        fut.set_exception(compile_pool.WorkerUnavailable("the stream compiling it stopped first"))
-    elif c.binary is not None:
-        fut.set_result((c.binary, c.compile_s))
-    else:
-        fut.set_exception(compile_pool.CompileFailed(c.error or "no binary"))
-
-
-def _front_end(spec: KernelSpec, target: GPUTarget, pool, threads: cf.ThreadPoolExecutor | None, c: Candidate,
-               fut: cf.Future, stop: threading.Event, ticket: schedule.Ticket) -> None:
-    """One candidate, on the front-end thread (compile.schedule): to the
-    compile server as soon as possible, as a portable recipe (compile.recipe:
-    the worker runs Triton's front end too) or, for a kernel that has none,
-    as the TTIR text of its front end here (ir_text). While the server is not
-    ready yet its front end runs here and its back end on `threads` instead
-    (None: it queues for the server): a call's own candidates first, ahead of
-    those compiled ahead of time, instead of contending for the GIL with them.
-    `fut` gets the result."""
-    if stop.is_set():  # the caller stopped reading (an error, or it had what it needed)
-        fut.cancel()
-        return
-    here = threads is not None and not pool.ready()
-    c.extra["compiled_in"] = "thread" if here else "worker"
+def _front_end(spec: KernelSpec, target: GPUTarget, c: Candidate) -> dict:
+    """One candidate's front end, on compile.schedule's thread: its job, or
+    CompileFailed with Triton's whole message."""
     t0 = time.perf_counter()
     b = c.bound
-    if not here:
-        source = recipe.job_source(spec.fn, b.signature, b.constexprs, b.attrs, b.options.__dict__)
-        job = compile_pool.portable_job(source, target) if source is not None else None
-        if job is not None:
-            c.extra["front_end"] = "worker"
-            # front_s: making the job. A job the worker refuses comes back to this function.
-            _hand_to(ticket, pool, job, fut, functools.partial(_forward, fut, time.perf_counter() - t0, fn=spec.fn,
-                                                               ticket=ticket))
-            return
-    c.extra["front_end"] = "here"
     try:
         ir = ir_text.front_end(spec.fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
-    except Exception as exc:  # CompilationError and the like: Triton's whole message
-        fut.set_exception(compile_pool.CompileFailed(reason(exc)))
-        return
-    c.extra["front_end_s"] = front_s = time.perf_counter() - t0
-    job = compile_pool.worker_job(ir, target)  # None: its compile options do not pickle
-    if here:
-        first = _FirstBinary(fut, front_s, c, stop)
-        try:
-            threads.submit(_back_end_here, ir, target).add_done_callback(functools.partial(first.settle, "thread"))
-        except RuntimeError:  # the stream stopped since (its threads are shut down)
-            fut.cancel()
-            return
-        # The server is often ready before the threads are done (a cold process's first call:
-        # on an H200, 0.3 s into 1.2 s of back ends on threads): the same back end goes to it
-        # then too, and the first binary is kept; the two are alike (one TTIR, one compiler).
-        if job is not None:
-            pool.when_ready(functools.partial(first.also, ticket, pool, job))
-        return
-    if job is None:
-        fut.set_exception(compile_pool.WorkerUnavailable("its compile options do not pickle"))
-        return
-    _hand_to(ticket, pool, job, fut, functools.partial(_forward, fut, front_s))
+    except Exception as exc:  # CompilationError and the like
+        raise compile_pool.CompileFailed(reason(exc)) from None
+    c.extra["front_end"] = "here"
+    c.extra["front_end_s"] = time.perf_counter() - t0
+    if ir["local"]:
+        log.debug("kernel %s: %s: back end in this process (%s)", spec.name, c.label, ir["local"])
+    return compile_pool.worker_job(ir, target)
 
 
-def _hand_to(ticket: schedule.Ticket, pool, job: dict, fut: cf.Future, done) -> None:
+def _settle(c: Candidate, fut: cf.Future) -> None:
+    """Records a finished compile on `c`."""
     try:
-        job_future = ticket.hand_to(pool, job)
-    except OSError as exc:  # the compile server could not be started: this process compiles it
-        fut.set_exception(compile_pool.WorkerUnavailable(f"the compile server could not start ({exc})"))
-        return
-    job_future.add_done_callback(done)
-
-
-def _forward(outer: cf.Future, front_s: float, inner: cf.Future, fn=None, ticket=None) -> None:
-    if inner.cancelled():  # the stream stopped first
-        outer.cancel()
-        return
-    exc = inner.exception()
-    if isinstance(exc, compile_pool.RecipeRefused) and ticket is not None:
-        # The worker could not rebuild the kernel exactly: from now on its front ends run here,
-        # this candidate's too (queued again where it was).
-        recipe.refuse(fn, str(exc))
-        schedule.resubmit(ticket)
-        return
-    if exc is not None:
-        outer.set_exception(exc)
-    else:
-        binary, seconds = inner.result()
-        outer.set_result((binary, front_s + seconds))
-
-
-class _FirstBinary:
-    """One candidate's back end run two ways (on a thread here, and in the compile server
-    once it is ready): `outer` gets the first binary, or an error once every way that
-    started has ended (the thread's, which has Triton's message from this process)."""
-
-    def __init__(self, outer: cf.Future, front_s: float, c: Candidate, stop: threading.Event) -> None:
-        self.outer, self.front_s, self.c, self.stop = outer, front_s, c, stop
-        self.lock = threading.Lock()
-        self.running = 1  # the thread's
-        self.errors: list[BaseException] = []
-
-    def also(self, ticket: schedule.Ticket, pool, job: dict) -> None:
-        with self.lock:
-            if self.outer.done() or self.stop.is_set():  # nobody reads it any more
-                return
-            self.running += 1
-        try:
-            ticket.hand_to(pool, job).add_done_callback(functools.partial(self.settle, "worker"))
-        except OSError as exc:  # the server is gone again: the thread's result stands
-            self.settle("worker", None, exc)
-
-    def settle(self, where: str, inner: cf.Future | None, error: BaseException | None = None) -> None:
-        with self.lock:
-            self.running -= 1
-            if self.outer.done():
-                return
-            if inner is not None and inner.cancelled():  # the stream stopped first
-                if not self.running:
-                    self.outer.cancel()
-                return
-            error = error if inner is None else inner.exception()
-            if error is None:
-                binary, seconds = inner.result()
-                self.c.extra["compiled_in"] = where
-                self.outer.set_result((binary, self.front_s + seconds))
-                return
-            if where == "thread":
-                self.errors.insert(0, error)
-            else:
-                self.errors.append(error)
-            if not self.running:
-                self.outer.set_exception(self.errors[0])
-
-
-def _back_end_here(ir: dict, target: GPUTarget):
-    t0 = time.perf_counter()
-    return ir_text.compile_text(ir, target), time.perf_counter() - t0
-
-
-def _compile_here(spec: KernelSpec, target: GPUTarget, c: Candidate):
-    t0 = time.perf_counter()
-    return compile_one(spec, target, c.bound), time.perf_counter() - t0
-
-
-def _settle(spec: KernelSpec, c: Candidate, fut: cf.Future) -> bool:
-    """Records a finished compile on `c`; True: compile it in this process instead."""
-    try:
-        c.binary, c.compile_s = fut.result()
-    except compile_pool.WorkerUnavailable as exc:
-        log.info("kernel %s: %s: %s; compiling it in this process", spec.name, c.label, exc)
-        return True
-    except (compile_pool.WorkerCrashed, compile_pool.CompileFailed) as exc:
+        c.binary, back_s, c.extra["compiled_in"] = fut.result()
+        c.compile_s = c.extra.get("front_end_s", 0.0) + back_s
+    except (compile_pool.WorkerUnavailable, compile_pool.WorkerCrashed, compile_pool.CompileFailed) as exc:
         c.error = str(exc)
     except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
         c.error = reason(exc)
-    return False
 
 
 def _report(spec: KernelSpec, c: Candidate, store, seen: dict) -> None:

@@ -1,37 +1,43 @@
 """Triton's front end in the caller, its back end anywhere: a candidate's TTIR
-as text, for kernels whose front end cannot run in a worker.
+as text, with everything the back end reads from the caller's process.
 
-A kernel that lives in a real package cannot be compiled by name in another
-process without importing that package there (torch, jax and everything they
-pull in: seconds per process). Most kernels travel as a portable recipe
-(compile.recipe: the worker rebuilds them and runs the front end itself);
-for those that have none, or whose recipe a worker refused, the caller,
-which has the kernel's module imported already, runs Triton's front end
-(Python AST -> TTIR, about 20-40 ms: a few percent of a compile, but holding
-the GIL) and hands the module's text to the compile server's workers, which
-run every later stage (TTIR passes, TTGIR, LLIR, PTX/AMDGCN, ptxas/lld)
-without importing any user code. Candidates compiled in this process while
-the compile server starts take this path too (their back end on threads).
+Every candidate's front end (Python AST -> TTIR, about 20-40 ms holding the
+GIL) runs in the process that compiles it, at the moment it compiles: it reads
+what Triton's own front end would read now (globals and closure cells as they
+are, default arguments bound at ``def`` time, module attributes the program
+patched, what constexpr functions compute, ``tl.target_info``'s answer from
+this process's driver, Triton's knobs). A worker of the compile server, which
+never imports user code, runs every later stage (TTIR passes, TTGIR, LLIR,
+PTX/AMDGCN, ptxas/lld) under the caller's knobs and Triton environment
+(`process_state`, applied by `apply_state`), so the binary is the one Triton
+builds in the caller.
 
 The worker compiles with ``triton.compile`` on a `TextSource`: an ASTSource
-whose ``make_ir`` parses the text instead of walking the AST and whose
-``hash()`` is the caller's ASTSource hash, so Triton runs exactly the stages
-it runs for the kernel itself (an IR file would skip the first stage's
-passes) and keys its own cache exactly as it keys the kernel's. The cubin is
-the one Triton builds from the AST (tests/test_compile_pool.py compares).
+whose ``make_ir`` parses the text instead of walking the AST, so Triton runs
+exactly the stages it runs for the kernel itself (an IR file would skip the
+first stage's passes). Its ``hash()``, which keys Triton's cache, covers the
+text and the state beside Triton's hash of the source: Triton memoises a
+kernel's ``cache_key``, so a value the kernel reads that changed since its
+first compile leaves Triton's hash as it was, and Triton's cache key covers
+knobs only through the variables they write (none with
+``knobs.propagate_env`` off); keyed by less, a worker would find another
+binary in Triton's cache.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
 import os
 import tempfile
 from typing import Any
 
+import triton
 from triton.compiler import ASTSource, make_backend
 
 from .targets import ast_source
 
-__all__ = ["TextSource", "compile_text", "front_end"]
+__all__ = ["TextSource", "apply_state", "compile_text", "front_end", "process_state"]
 
 
 def _make_ir(src: ASTSource, target, options, context):
@@ -46,10 +52,11 @@ def _make_ir(src: ASTSource, target, options, context):
 
 def front_end(fn, target, signature: dict, constexprs: dict, attrs: dict, options: dict) -> dict:
     """Runs Triton's front end for one specialization in this process and
-    returns what a worker needs to compile it (picklable, no user objects):
-    the module's text (with its source locations), Triton's source hash and
-    name, the source's language and first stage, and the compile options.
-    Raises what Triton's front end raises (CompilationError, ...)."""
+    returns what a back end needs to compile it (picklable, no user objects):
+    the module's text (with its source locations), a hash of it, its name, the
+    source's language and first stage, the compile options, and this process's
+    Triton state now (`process_state`). Raises what Triton's front end raises
+    (CompilationError, ...)."""
     from triton._C.libtriton import ir
 
     src = ast_source(fn, signature, constexprs, attrs)
@@ -59,8 +66,12 @@ def front_end(fn, target, signature: dict, constexprs: dict, attrs: dict, option
     ir.load_dialects(context)
     backend.load_dialects(context)
     module = _make_ir(src, target, backend.parse_options(merged), context)
-    return {"text": module.str(), "hash": src.hash(), "name": src.name, "language": src.language, "ext": src.ext,
-            "options": merged}
+    text = module.str()
+    state, local = process_state()
+    key = hashlib.sha256(f"{src.hash()}\n{text}\n{sorted(state['env'].items(), key=str)}\n".encode())
+    key.update(repr(sorted((g, sorted(v.items(), key=str)) for g, v in state["knobs"].items())).encode())
+    return {"text": text, "hash": key.hexdigest(), "name": src.name, "language": src.language, "ext": src.ext,
+            "options": merged, "state": state, "local": local}
 
 
 class TextSource(ASTSource):
@@ -97,8 +108,97 @@ class TextSource(ASTSource):
 def compile_text(ir: dict, target):
     """The CompiledBinary of `front_end`'s output: every later stage of Triton's
     compile (a compile server's worker, or a thread of the caller)."""
-    import triton
-
     from ..cache import CompiledBinary
 
     return CompiledBinary.from_triton(triton.compile(TextSource(ir), target=target, options=ir["options"]))
+
+
+# -- what the back end reads from the process ------------------------------------------
+
+# Knobs holding a callable of the caller's that changes what the back end does: a job made while
+# one is set compiles its back end in the caller (it cannot travel to a process without user code).
+_LOCAL_ONLY = ("add_stages_inspection_hook",)
+_SCALARS = (str, int, float, bool, type(None))
+# Variables Triton reads outside its knobs (triton.compile's cache-invalidating set names only TRITON_*).
+_ALSO_ENV = ("PTXAS_OPTIONS", "DISABLE_PTXAS_OPT", "USE_IR_LOC", "LLVM_EXTRACT_DI_LOCAL_VARIABLES",
+             "NVPTX_ENABLE_DUMP", "CC")
+
+
+@functools.lru_cache(maxsize=None)
+def _knob_layout() -> tuple:
+    """(group name, {descriptor name: its variable}, (plain attribute names)) per group of
+    Triton's knobs (triton.knobs, 3.5+; their classes do not change at run time)."""
+    knobs = getattr(triton, "knobs", None)
+    base, desc = getattr(knobs, "base_knobs", None), getattr(knobs, "env_base", None)
+    if base is None or desc is None:
+        return ()
+    layout = []
+    for gname, group in vars(knobs).items():
+        if not isinstance(group, base):
+            continue
+        described, plain = {}, []
+        for cls in reversed(type(group).__mro__):
+            for name, attr in vars(cls).items():
+                if name.startswith("_"):
+                    continue
+                if isinstance(attr, desc):
+                    described[name] = attr.key
+                elif not callable(attr) and not isinstance(attr, (property, classmethod, staticmethod)) \
+                        or name in _LOCAL_ONLY:
+                    plain.append(name)
+        layout.append((gname, described, tuple(plain)))
+    return tuple(layout)
+
+
+def _portable(value) -> bool:
+    # A value a worker unpickles without importing user code: plain data, or Triton's own (NvidiaTool).
+    return isinstance(value, _SCALARS) or type(value).__module__.split(".")[0] == "triton"
+
+
+def process_state() -> tuple[dict, str | None]:
+    """Everything Triton's back end reads from this process, now: each knob's
+    value set in code (a knob's variable is written only when its value is a
+    plain one and ``knobs.propagate_env`` holds), each plain knob attribute
+    (``runtime.debug``, ``compilation.instrumentation_mode``: not variables),
+    and every variable Triton's knobs read (TRITON_* and the others: None
+    where unset). Second: why the back end must run here instead (a knob
+    holding a Python callable that changes the compile), or None."""
+    keys = {k for k in os.environ if k.startswith("TRITON_")}
+    keys.update(_ALSO_ENV)
+    knobs, local = {}, None
+    for gname, described, plain in _knob_layout():
+        group = getattr(triton.knobs, gname)
+        keys.update(described.values())
+        values = {name: v for name, v in vars(group).items() if name in described and _portable(v)}
+        for name in plain:
+            v = getattr(group, name, None)
+            if name in _LOCAL_ONLY and v is not None:
+                local = f"triton.knobs.{gname}.{name} is set"
+            elif isinstance(v, _SCALARS):
+                values[name] = v
+        knobs[gname] = values
+    return {"env": {k: os.environ.get(k) for k in keys}, "knobs": knobs}, local
+
+
+def apply_state(state: dict) -> None:
+    """Makes this process's Triton state the caller's (`process_state`): in a
+    compile server's forked child, which serves one job and exits."""
+    env = state["env"]
+    for k in [k for k in os.environ if k.startswith("TRITON_") and k not in env]:
+        del os.environ[k]
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    for gname, described, plain in _knob_layout():
+        values = state["knobs"].get(gname, {})
+        group = getattr(triton.knobs, gname)
+        for name in described:  # set in code there, or read from the variable as there
+            if name in values:
+                group.__dict__[name] = values[name]
+            else:
+                group.__dict__.pop(name, None)
+        for name in plain:
+            if name in values:
+                setattr(group, name, values[name])

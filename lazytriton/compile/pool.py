@@ -1,17 +1,14 @@
-"""Compiling candidate configs in worker processes, so that they compile in parallel.
+"""The caller's handle on the compile server (lazytriton.compile.server).
 
-The caller's side: a handle on the compile server (lazytriton.compile.server),
-started when a kernel is wrapped so that it is warm by the first call that
+Started when a kernel is wrapped, so that it is warm by the first call that
 compiles; a process that never calls a kernel only pays for one idle process.
-Jobs are Futures. A job is a candidate's portable recipe (lazytriton.compile.
-recipe: the kernel's sources and the values they read; the worker runs
-Triton's front end) or, for a kernel that has none, its TTIR text
-(lazytriton.compile.ir_text: the caller runs the front end), so any kernel
-compiles there, wherever it is defined, and no worker imports the user's code.
+A job is a candidate's TTIR text with the caller's Triton state
+(lazytriton.compile.ir_text.front_end); the server forks a child for it at
+once: which job is sent when is decided by the caller (compile.schedule).
 
 A child that dies (a crash in the compiler) is reported for its candidate
-alone, naming the kernel and config; a server that dies fails every pending
-candidate with an error and is restarted on next use: nothing ever hangs.
+alone; a server that dies fails its running jobs and is restarted on next
+use: nothing ever hangs.
 
 Settings: ``LAZYTRITON_COMPILE_WORKERS`` (default: the cores this process may
 use, at most 32; 0 compiles in-process on threads).
@@ -19,7 +16,6 @@ use, at most 32; 0 compiles in-process on threads).
 from __future__ import annotations
 
 import atexit
-import collections
 import itertools
 import logging
 import os
@@ -27,30 +23,25 @@ import pickle
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
 
 from ..settings import compile_workers
-from .recipe import RecipeRefused
-from .server import BOOTSTRAP, PROMOTE, READY, WorkerUnavailable, is_triton_setting, read_frame, shadows, write_frame
+from .server import BOOTSTRAP, READY, WorkerUnavailable, read_frame, shadows, write_frame
 
 log = logging.getLogger("lazytriton.compile.pool")
 
-__all__ = ["CompileFailed", "CompilePool", "JobFuture", "RecipeRefused", "WorkerCrashed", "WorkerUnavailable", "get_pool",
-           "portable_job", "start", "worker_job"]
+__all__ = ["CompileFailed", "CompilePool", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start", "worker_job"]
 
 
 class WorkerCrashed(RuntimeError):
     """The process compiling a candidate died."""
 
 
-class JobFuture(Future):
-    """A job's result; `job_id` names it to the server (CompilePool.promote)."""
-
-    def __init__(self, job_id: int) -> None:
-        super().__init__()
-        self.job_id = job_id
+class CompileFailed(Exception):
+    """triton.compile raised in the worker (the message is its reason)."""
 
 
 def default_workers() -> int:
@@ -64,38 +55,11 @@ def default_workers() -> int:
     return max(1, min(cores, 32))
 
 
-# -- what a job is -------------------------------------------------------------------
+def worker_job(ir: dict, target, nice: bool = False) -> dict:
+    """What a worker needs to compile one candidate (`ir`: compile.ir_text.front_end's
+    output); `nice`: compiled ahead of time, no call waits for it yet."""
+    return {"ir": ir, "target": target, "nice": nice}
 
-def worker_job(ir: dict, target) -> dict | None:
-    """What a worker needs to compile one candidate whose front end ran here
-    (`ir`: compile.ir_text.front_end's output), or None when it does not pickle."""
-    return _job("ir", ir, target)
-
-
-def portable_job(source: dict, target) -> dict | None:
-    """What a worker needs to run one candidate's front end and back end
-    (`source`: compile.recipe.job_source's output), or None when it does not pickle."""
-    return _job("source", source, target)
-
-
-def _job(kind: str, payload: dict, target) -> dict | None:
-    job = {kind: payload, "target": target, "env": _triton_env()}
-    try:
-        pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # an option value that does not pickle
-        log.debug("kernel %s: compiled in-process (%s)", payload.get("name"), exc)
-        return None
-    return job
-
-
-def _triton_env() -> dict:
-    """The caller's Triton settings now (TRITON_*, PTXAS_OPTIONS, ...): a worker
-    compiles under these, not under those the server started with (Triton's
-    compiler reads some knobs itself, e.g. TRITON_INSTRUMENTATION_MODE)."""
-    return {k: v for k, v in os.environ.items() if is_triton_setting(k)}
-
-
-# -- the caller's side -------------------------------------------------------------------
 
 class CompilePool:
     """A handle on the compile server process; jobs return Futures."""
@@ -104,13 +68,13 @@ class CompilePool:
         self.workers = workers
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        # Frames for the running server, written by a thread of their own: a write blocks
-        # while the server's stdin pipe is full, and the server drains it only while its
-        # results are read, so no thread that a result wakes may ever write.
+        # Frames for the running server, written by a thread of their own: a write blocks while
+        # the server's stdin pipe is full, and the server drains it only while its results are
+        # read, so the thread that reads them (which sends the next jobs) must never write.
         self._outbox: queue.SimpleQueue | None = None
         self._pending: dict[int, tuple[subprocess.Popen, Future]] = {}  # job id -> (its server, its future)
         self._ids = itertools.count()
-        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._stderr = None  # the running server's stderr, a file: its tail names a crash
         # The running server's start-up on this process's perf_counter clock: started_at,
         # then from its ready frame imports_done_at, ready_at, waited_for_hash_s.
         self.timeline: dict = {}
@@ -129,16 +93,15 @@ class CompilePool:
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds lazytriton/
         path = [here] + [p for p in sys.path if p and not shadows(p, here)]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(path))
-        proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, cwd=here, close_fds=True, start_new_session=True)
-        self._proc, self.timeline, self._on_ready = proc, {"started_at": time.perf_counter()}, []
+        stderr = tempfile.TemporaryFile()
+        proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=here, close_fds=True,
+                                start_new_session=True)
+        self._proc, self._stderr, self.timeline, self._on_ready = proc, stderr, {"started_at": time.perf_counter()}, []
         self._outbox = queue.SimpleQueue()
         threading.Thread(target=self._write_frames, args=(proc, self._outbox), name="lazytriton-compile-pool-writer",
                          daemon=True).start()
-        threading.Thread(target=self._read_results, args=(proc,), name="lazytriton-compile-pool",
-                         daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(proc,), name="lazytriton-compile-pool-stderr",
+        threading.Thread(target=self._read_results, args=(proc, stderr), name="lazytriton-compile-pool",
                          daemon=True).start()
         log.debug("started the compile server (pid %d, %d workers)", proc.pid, self.workers)
         return proc
@@ -147,6 +110,11 @@ class CompilePool:
         """Whether the server is up and warm (it has sent its ready frame)."""
         with self._lock:
             return self._proc is not None and self._proc.poll() is None and "ready_at" in self.timeline
+
+    def starting(self) -> bool:
+        """Whether a server is running but not ready yet."""
+        with self._lock:
+            return self._proc is not None and self._proc.poll() is None and "ready_at" not in self.timeline
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
         """Starts the server if needed and waits until it is ready (tests, benchmarks)."""
@@ -159,34 +127,30 @@ class CompilePool:
         return True
 
     def when_ready(self, fn) -> None:
-        """Calls fn() once the running server is ready: now if it is, else on the thread
-        that reads its results when its ready frame comes; never if it dies first or
-        none is running."""
+        """Calls fn() once the running server is ready or has died (on the thread
+        that reads its results), now if no server is starting."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                return
-            if "ready_at" not in self.timeline:
+            if self._proc is not None and self._proc.poll() is None and "ready_at" not in self.timeline:
                 self._on_ready.append(fn)
                 return
         fn()
 
-    def submit(self, job: dict, priority: int = 0, cost: float = 0.0) -> JobFuture:
+    def submit(self, job: dict) -> Future:
         """A Future of (CompiledBinary, seconds); its exception is CompileFailed,
-        WorkerUnavailable or WorkerCrashed. Queued jobs start by `priority` (0
-        first), then by `cost` (highest first: schedule.compile_cost), then in
-        the order they were submitted. Never blocks."""
+        WorkerUnavailable or WorkerCrashed. The server forks a child for it at
+        once. Never blocks; raises WorkerUnavailable for a job that does not
+        pickle, OSError when no server can start."""
+        try:
+            data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # an option value that does not pickle
+            raise WorkerUnavailable(f"the job does not pickle ({exc})") from None
         with self._lock:
             proc = self._ensure_started()
-            fut = JobFuture(next(self._ids))
-            self._pending[fut.job_id] = (proc, fut)
-            self._outbox.put((fut.job_id, dict(job, priority=priority, cost=cost)))
+            fut: Future = Future()
+            job_id = next(self._ids)
+            self._pending[job_id] = (proc, fut)
+            self._outbox.put((job_id, data))
         return fut
-
-    def promote(self, fut: JobFuture) -> None:
-        """Starts that job before lower-priority ones still queued (a call now waits for it)."""
-        with self._lock:
-            if fut.job_id in self._pending and self._outbox is not None:
-                self._outbox.put((PROMOTE, [fut.job_id]))
 
     def _write_frames(self, proc: subprocess.Popen, outbox: queue.SimpleQueue) -> None:
         while True:
@@ -196,37 +160,31 @@ class CompilePool:
             try:
                 write_frame(proc.stdin, item)
             except (BrokenPipeError, OSError, ValueError) as exc:
-                if item[0] == PROMOTE:
-                    continue
                 with self._lock:
                     gone = self._pending.pop(item[0], None)
                 if gone is not None:
                     gone[1].set_exception(WorkerCrashed(f"the compile server is gone ({exc}){self._tail()}"))
 
-    def _tail(self) -> str:
-        lines = [ln for ln in self._stderr_tail if ln.strip()]
+    def _tail(self, stderr=None) -> str:
+        f = stderr or self._stderr
+        try:
+            f.seek(0)
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        except (OSError, ValueError, AttributeError):
+            return ""
         return ("; its last output:\n  " + "\n  ".join(lines[-10:])) if lines else ""
 
-    def _read_results(self, proc: subprocess.Popen) -> None:
+    def _read_results(self, proc: subprocess.Popen, stderr) -> None:
         while True:
             try:
                 job_id, status, value, seconds = read_frame(proc.stdout)
             except (EOFError, OSError, pickle.UnpicklingError):
                 break
             if job_id == READY:
-                waiting = []
                 with self._lock:
                     if self._proc is proc:
                         self.timeline.update(value)
-                        waiting, self._on_ready = self._on_ready, []
-                for fn in waiting:
-                    try:
-                        fn()
-                    except Exception:  # noqa: BLE001  (one caller's callback must not stop this thread)
-                        log.exception("lazytriton: a callback waiting for the compile server failed")
-                log.debug("the compile server is ready, %.3fs after it started (%.3fs of it waiting for Triton's "
-                          "installation hash)", value["ready_at"] - self.timeline.get("started_at", 0.0),
-                          value["waited_for_hash_s"])
+                self._fire_ready(proc)
                 continue
             with self._lock:
                 _, fut = self._pending.pop(job_id, (None, None))
@@ -234,34 +192,31 @@ class CompilePool:
                 continue
             if status == "ok":
                 fut.set_result((value, seconds))
-            elif status == "unavailable":
-                fut.set_exception(WorkerUnavailable(value))
-            elif status == "crashed":
-                fut.set_exception(WorkerCrashed(value))
-            elif status == "refused":
-                fut.set_exception(RecipeRefused(value))
             else:
-                fut.set_exception(CompileFailed(value))
+                fut.set_exception({"unavailable": WorkerUnavailable, "crashed": WorkerCrashed}.get(
+                    status, CompileFailed)(value))
         code = proc.wait()
         with self._lock:
             # Only this server's jobs: a restarted server's are not lost with it.
-            mine = [i for i, (p, _) in self._pending.items() if p is proc]
-            pending = [self._pending.pop(i)[1] for i in mine]
+            pending = [self._pending.pop(i)[1] for i, (p, _) in list(self._pending.items()) if p is proc]
             if self._proc is proc:
                 self._proc = None
-                self._on_ready = []
                 self._outbox.put(None)  # its writer stops (a restarted server gets its own)
                 self._outbox = None
+        self._fire_ready(proc)  # those waiting for it go elsewhere
         if pending:
-            why = WorkerCrashed(f"the compile server exited (code {code}) while compiling{self._tail()}")
+            why = WorkerCrashed(f"the compile server exited (code {code}) while compiling{self._tail(stderr)}")
             for f in pending:
                 f.set_exception(why)
 
-    def _read_stderr(self, proc: subprocess.Popen) -> None:
-        for raw in iter(proc.stderr.readline, b""):
-            line = raw.decode(errors="replace").rstrip()
-            self._stderr_tail.append(line)
-            log.debug("compile server: %s", line)
+    def _fire_ready(self, proc) -> None:
+        with self._lock:
+            waiting, self._on_ready = (self._on_ready, []) if self._proc in (proc, None) else ([], self._on_ready)
+        for fn in waiting:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001  (one caller's callback must not stop this thread)
+                log.exception("lazytriton: a callback waiting for the compile server failed")
 
     def close(self) -> None:
         with self._lock:
@@ -275,10 +230,6 @@ class CompilePool:
                 proc.wait(timeout=5)
             except Exception:
                 proc.kill()
-
-
-class CompileFailed(Exception):
-    """triton.compile raised in the worker (the message is its reason)."""
 
 
 _pool: CompilePool | None = None

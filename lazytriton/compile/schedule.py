@@ -1,21 +1,24 @@
-"""The order in which this process's candidates reach the compile server: a
-call that waits for its candidates first, compiles made ahead of time (no call
-waits for them yet) after, each group in the order it was asked for.
+"""The process's one compile queue: which candidate's front end runs next, and
+which back end starts next and where. Every ordering decision is here.
 
-One thread hands every candidate of the process on, one after another: a
-kernel with a portable recipe (compile.recipe) goes to the server at once (its
-front end runs in the worker), one without runs Triton's front end here first,
-which holds the GIL, so more threads would not run those sooner; and one queue
-lets a program's first call jump the compiles made ahead for the call sites
-after it. When a call reaches a candidate that is still compiling ahead of
-time, `promote` moves it to the front, wherever it is: waiting for this
-thread, or for a worker in the compile server (CompilePool.promote). Without
-that, a program whose 16 call sites were all compiled ahead at once would tune
-its first kernel only once the last one had compiled.
+A candidate is a `Ticket`. One thread runs front ends (Triton's, in this
+process: they hold the GIL, so more threads would not run them sooner), a
+call's candidates before those compiled ahead of time (no call waits for them
+yet), each group in the order it was asked for, the costliest candidate of a
+stream first (`compile_cost`). A front end's job (its TTIR text and this
+process's Triton state, compile.ir_text) waits among the ready jobs, a call's
+first, then the costliest; it starts as soon as a slot is free, where it may:
+in the compile server (compile.pool), at most one job per worker, and up to
+twice that for a call's (compiles made ahead run niced there and yield the
+cores); on a thread of this process when there is no server (disabled,
+refused, or not ready yet for a call's candidate; compiles made ahead wait
+for it). A call that reaches a candidate still queued ahead of time
+(`promote`) moves it among the call's.
 """
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import heapq
 import itertools
 import logging
@@ -25,117 +28,212 @@ import threading
 import time
 from typing import Callable
 
+from . import pool as compile_pool
+
 log = logging.getLogger("lazytriton.compile")
 
-__all__ = ["BACKGROUND", "URGENT", "Ticket", "compile_cost", "history", "next_order", "promote", "resubmit",
-           "submit"]
+__all__ = ["BACKGROUND", "URGENT", "Ticket", "compile_cost", "history", "next_order", "promote", "submit"]
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
 
 
-_lock = threading.Lock()  # tickets' priority, state and job; the queue
-
-
 class Ticket:
-    """One candidate's compile on its way. `work(ticket)` runs its front end on
-    the queue's thread and hands the job on with `hand_to`."""
+    """One candidate's compile. `work()` runs its front end (on the queue's
+    thread) and returns the job: compile.ir_text.front_end's output and the
+    target. `future` gets (CompiledBinary, the back end's seconds, "worker" or "thread"), or the error."""
 
-    __slots__ = ("work", "priority", "order", "cost", "state", "job", "pool", "times", "retry")
+    __slots__ = ("work", "priority", "order", "cost", "state", "job", "here", "future", "times")
 
-    def __init__(self, work: Callable[["Ticket"], None], priority: int, label: str = "", order: tuple = (),
-                 cost: float = 0.0) -> None:
+    def __init__(self, work: Callable[[], dict], priority: int, label: str = "", order: tuple = (),
+                 cost: float = 0.0, here: bool = False) -> None:
         self.work = work
         self.priority = priority
         self.order = order  # among tickets of one priority: (its stream's next_order(), its rank there)
-        self.cost = cost  # compile_cost: in the compile server's queue, the costliest of a priority first
-        self.state = "queued"  # then "running", then "done"
-        self.job = None  # the compile server's JobFuture
-        self.pool = None
-        self.retry: Ticket | None = None  # its work queued again (resubmit): promote follows it
-        # When it was queued, promoted, its front end started and ended, its job ended
-        # (time.perf_counter()): where a first step's seconds go (history()).
+        self.cost = cost  # compile_cost
+        self.here = here  # its back end runs in this process (no compile server)
+        self.state = "new"  # then "front", "ready", "running", "done" (or "cancelled")
+        self.job: dict | None = None
+        self.future: cf.Future = cf.Future()
+        # When it was queued, promoted, its front end started and ended, its back end ended
+        # (time.perf_counter()), and the back end's own seconds: where a first step's seconds go.
         self.times = {"label": label, "priority": priority, "queued": time.perf_counter()}
         _history.append(self.times)
 
-    def hand_to(self, pool, job: dict):
-        """Submits the job to the compile pool at this ticket's priority now
-        (a promote that came during the front end counts); its JobFuture."""
-        with _lock:
-            self.pool, self.job = pool, pool.submit(job, priority=self.priority, cost=self.cost)
-        self.job.add_done_callback(self._job_done)
-        return self.job
-
-    def _job_done(self, job) -> None:
-        self.times["job_done"] = time.perf_counter()
-        if not job.cancelled() and job.exception() is None:
-            # The worker's own seconds: the job started about job_done - job_s (the rest since
-            # it was handed on is its wait in the server's queue).
-            self.times["job_s"] = job.result()[1]
+    def cancel(self) -> bool:
+        """Drops it if nothing of it started yet (its stream stopped reading)."""
+        with _cv:
+            if self.state not in ("new", "front"):
+                return False
+            self.state = "cancelled"
+            self.work = None
+        self.future.cancel()
+        return True
 
 
-class _FrontEnds:
-    def __init__(self) -> None:
-        self._cv = threading.Condition(_lock)
-        self._heap: list = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, ticket: Ticket) -> None:
-        with self._cv:
-            heapq.heappush(self._heap, (ticket.priority, ticket.order, next(self._seq), ticket))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lazytriton-front-end", daemon=True)
-                self._thread.start()
-            self._cv.notify()
-
-    def promote(self, ticket: Ticket) -> None:
-        with self._cv:
-            while ticket.retry is not None:
-                ticket = ticket.retry
-            if ticket.priority == URGENT:
-                return
-            ticket.priority = URGENT  # read again when it is handed to the server
-            ticket.times["promoted"] = time.perf_counter()
-            if ticket.state == "queued":  # a second entry, ahead; the first is skipped when popped
-                heapq.heappush(self._heap, (URGENT, ticket.order, next(self._seq), ticket))
-                self._cv.notify()
-                return
-            job, pool = ticket.job, ticket.pool
-        if job is not None and pool is not None:
-            pool.promote(job)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._heap:
-                    self._cv.wait()
-                *_, ticket = heapq.heappop(self._heap)
-                if ticket.state != "queued":
-                    continue
-                ticket.state = "running"
-            ticket.times["front_end"] = time.perf_counter()
-            try:
-                ticket.work(ticket)
-            except BaseException:  # work settles its own future; this thread must go on
-                log.exception("lazytriton: a front-end job failed unexpectedly")
-            finally:
-                ticket.times["front_end_done"] = time.perf_counter()
-                with self._cv:
-                    ticket.state = "done"
-
-    def _after_fork(self) -> None:  # a forked child has no such thread: it starts its own
-        global _lock
-        _lock = threading.Lock()
-        self._cv = threading.Condition(_lock)
-        self._heap = []
-        self._thread = None
-
-
+_cv = threading.Condition()  # every ticket's state and priority, both heaps, the slots
+_fronts: list = []  # (priority, stream order, -cost, rank, seq, ticket): front ends to run
+_ready: list = []  # (priority, -cost, seq, ticket): jobs waiting for a slot
+_seq = itertools.count()
+_running = 0  # back ends under way, in the server and here
+_thread: threading.Thread | None = None
+_threads: cf.ThreadPoolExecutor | None = None  # back ends in this process
+_waiting_for_server = False
 _history: collections.deque = collections.deque(maxlen=4096)
 _orders = itertools.count()
-_queue = _FrontEnds()
-os.register_at_fork(after_in_child=_queue._after_fork)
+
+
+def submit(ticket: Ticket) -> None:
+    """Queues a candidate: its front end, then its back end."""
+    global _thread
+    with _cv:
+        if ticket.state != "new":
+            return
+        ticket.state = "front"
+        _push_front(ticket)
+        if _thread is None:
+            _thread = threading.Thread(target=_front_ends, name="lazytriton-front-end", daemon=True)
+            _thread.start()
+        _cv.notify()
+
+
+def _push_front(t: Ticket) -> None:
+    heapq.heappush(_fronts, (t.priority, t.order[:1], -t.cost, t.order[1:], next(_seq), t))
+
+
+def promote(ticket: Ticket) -> None:
+    """A call now waits for this candidate: what is left of it goes ahead of
+    every compile made ahead of time (a back end already running stays as it is)."""
+    with _cv:
+        if ticket.priority == URGENT:
+            return
+        ticket.priority = URGENT
+        ticket.times["promoted"] = time.perf_counter()
+        if ticket.state == "front":  # a second entry, ahead; the first is skipped when popped
+            _push_front(ticket)
+        elif ticket.state == "ready":
+            heapq.heappush(_ready, (URGENT, -ticket.cost, next(_seq), ticket))
+    _dispatch()
+
+
+def _front_ends() -> None:
+    while True:
+        with _cv:
+            while not _fronts:
+                _cv.wait()
+            prio, *_, ticket = heapq.heappop(_fronts)
+            if ticket.state != "front" or prio != ticket.priority:  # cancelled, or promoted since
+                continue
+            ticket.state, work = "running", ticket.work
+        ticket.times["front_end"] = time.perf_counter()
+        try:
+            job = work()
+        except BaseException as exc:  # noqa: BLE001  (the candidate's error; this thread goes on)
+            ticket.times["front_end_done"] = time.perf_counter()
+            _finish(ticket, exc, None, counted=False)
+            continue
+        finally:
+            work = None  # this thread waits on with nothing of the kernel held
+        ticket.times["front_end_done"] = time.perf_counter()
+        with _cv:
+            ticket.state, ticket.job = "ready", job
+            heapq.heappush(_ready, (ticket.priority, -ticket.cost, next(_seq), ticket))
+        _dispatch()
+
+
+def _dispatch() -> None:
+    """Starts ready jobs while slots are free: the one place back ends start."""
+    global _running, _waiting_for_server
+    pool = compile_pool.get_pool()
+    while True:
+        with _cv:
+            while _ready and (_ready[0][3].state != "ready" or _ready[0][0] != _ready[0][3].priority):
+                heapq.heappop(_ready)  # stale: promoted since
+            if not _ready:
+                return
+            ticket = _ready[0][3]
+            # Here: no server, or a job whose state cannot travel (compile.ir_text.process_state).
+            here = pool is None or ticket.here or bool(ticket.job["ir"].get("local"))
+            server = not here and pool.ready()
+            wait = not here and not server and ticket.priority == BACKGROUND and pool.starting()
+            if wait:  # compiles made ahead wait for the server
+                wait, _waiting_for_server = not _waiting_for_server, True
+                break
+            # A call's jobs start beside compiles made ahead (niced in the server) rather than after them.
+            cap = pool.workers * (2 if ticket.priority == URGENT else 1) if server else (os.cpu_count() or 1)
+            if _running >= cap:
+                return
+            heapq.heappop(_ready)
+            ticket.state = "running"
+            _running += 1
+            job = dict(ticket.job, nice=ticket.priority == BACKGROUND)
+        if server:
+            try:
+                pool.submit(job).add_done_callback(lambda f, t=ticket: _settled(t, f))
+                continue
+            except (compile_pool.WorkerUnavailable, OSError) as exc:
+                log.info("%s: compiling it in this process (%s)", ticket.times["label"], exc)
+        _back_end_here(ticket, job)
+    if wait:
+        pool.when_ready(_server_ready)
+
+
+def _server_ready() -> None:
+    global _waiting_for_server
+    with _cv:
+        _waiting_for_server = False
+    _dispatch()
+
+
+def _back_end_here(ticket: Ticket, job: dict) -> None:
+    global _threads
+    from .ir_text import compile_text
+
+    def run():
+        t0 = time.perf_counter()
+        return compile_text(job["ir"], job["target"]), time.perf_counter() - t0, "thread"
+
+    with _cv:
+        if _threads is None:
+            _threads = cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="lazytriton-compile")
+    ticket.times["here"] = True
+    _threads.submit(run).add_done_callback(lambda f: _settled(ticket, f))
+
+
+def _settled(ticket: Ticket, fut: cf.Future) -> None:
+    exc = fut.exception()
+    if isinstance(exc, compile_pool.WorkerUnavailable):  # the worker could not read it: here, then
+        log.info("%s: %s; compiling it in this process", ticket.times["label"], exc)
+        _back_end_here(ticket, dict(ticket.job))
+        return
+    _finish(ticket, exc, None if exc else (*fut.result()[:2], "thread" if ticket.times.get("here") else "worker"))
+    _dispatch()
+
+
+def _finish(ticket: Ticket, exc: BaseException | None, result, counted: bool = True) -> None:
+    global _running
+    with _cv:
+        if counted:
+            _running -= 1
+        ticket.state, ticket.work, ticket.job = "done", None, None  # what it held of the kernel goes
+    ticket.times["job_done"] = time.perf_counter()
+    if exc is not None:
+        ticket.future.set_exception(exc)
+        return
+    ticket.times["job_s"] = result[1]
+    ticket.future.set_result(result)
+
+
+def _after_fork() -> None:  # a forked child has none of this process's threads: it starts its own
+    global _cv, _thread, _threads, _running, _waiting_for_server
+    _cv = threading.Condition()
+    _fronts.clear()
+    _ready.clear()
+    _thread = _threads = None
+    _running, _waiting_for_server = 0, False
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def compile_cost(constexprs: dict, num_warps: int | None) -> float:
@@ -162,30 +260,9 @@ def next_order() -> int:
     return next(_orders)
 
 
-def submit(ticket: Ticket) -> None:
-    """Queues a candidate's front end (runs `ticket.work` on the front-end thread)."""
-    _queue.submit(ticket)
-
-
-def resubmit(ticket: Ticket) -> Ticket:
-    """Queues a ticket's work again, at its priority now (the compile server
-    refused its job: its front end runs here after all); the new ticket."""
-    with _lock:
-        again = Ticket(ticket.work, ticket.priority, ticket.times.get("label", ""), ticket.order, ticket.cost)
-        ticket.retry = again
-    _queue.submit(again)
-    return again
-
-
-def promote(ticket: Ticket) -> None:
-    """A call now waits for this candidate: its front end and its back end go
-    ahead of every compile made ahead of time."""
-    _queue.promote(ticket)
-
-
 def history() -> list[dict]:
     """The process's last compiles through this queue, each with its label,
     priority and perf_counter times (queued, promoted, front_end,
-    front_end_done, job_done) and the worker's seconds on it (job_s): for
-    benchmarks."""
+    front_end_done, job_done), the back end's own seconds (job_s) and whether
+    it ran here: for benchmarks."""
     return [dict(t) for t in _history]

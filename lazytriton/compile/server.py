@@ -1,45 +1,30 @@
 """The compile server: the process that compiles candidate configs for
-lazytriton.compile.pool, one forked child per candidate.
+lazytriton.compile.pool, one forked child per job.
 
-Triton's front end (the AST walk that emits TTIR) holds the GIL, so candidates
-compiled on threads mostly serialise; as PyTorch Inductor does, lazytriton
-compiles them in processes, front end included. The server imports Triton, computes Triton's
-installation hash and compiles one tiny kernel (the first compile in a process
-pays for backend set-up), then forks a child per candidate, at most one per
-core at a time. When it forks it runs no other thread, so forking it is safe,
-and it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``).
+The server imports Triton, computes Triton's installation hash and compiles
+one tiny kernel (the first compile in a process pays for backend set-up), then
+forks a child for each job as it comes: the caller (compile.schedule) decides
+which job is sent when, so this process keeps no queue. When it forks it runs
+no other thread, so forking it is safe, and it never touches CUDA (it runs
+with ``CUDA_VISIBLE_DEVICES=""``).
 
-A child compiles one candidate with ``triton.compile`` and returns the
-CompiledBinary (Triton's own cache is filled as a side effect), from the
-kernel's portable recipe (``compile.recipe``: the child rebuilds the kernel
-from its sources and runs Triton's front end itself, after checking that
-Triton's hash of what it rebuilt is the caller's) or from its TTIR text
-(``compile.ir_text``: the caller ran the front end). It never imports user
-code: what a candidate costs does not grow with the package its kernel lives
-in.
+A child takes the caller's Triton state (``ir_text.apply_state``: its knobs
+and the environment they read, as they were when the job was made), compiles
+the candidate's TTIR text with ``triton.compile`` (``compile.ir_text``: the
+caller ran the front end) and returns the CompiledBinary (Triton's own cache
+is filled as a side effect). It never imports user code. A job made ahead of
+time (``job["nice"]``) runs niced, so that the cores go first to what a call
+waits for.
 
-Protocol: length-prefixed pickles. The caller writes ``(job id, job)``, or
-``(PROMOTE, [job ids])`` to move queued jobs ahead; the server answers
-``(job id, status, value, seconds)`` with status ``ok`` (value:
-the CompiledBinary), ``unavailable`` (compile it in the caller's process),
-``refused`` (the recipe did not rebuild the kernel exactly: run its front end
-in the caller), ``error`` (Triton refused it: its whole message) or
-``crashed`` (the child died).
-Once warm it sends ``(READY, "ready", {when}, 0.0)``. The server exits when
-its stdin closes, killing its children.
-
-Queued jobs start by ``job["priority"]`` (0 first), then the costliest first
-(``job["cost"]``), then in the order they came: a call that waits for its
-candidates goes ahead of compiles made ahead of time that no call waits for yet
-(the caller promotes those when a call reaches them). A burst of compiles made
-ahead settles for a moment before any of it starts, so that it is sorted too.
-Those run niced, and urgent jobs start even when every worker is busy with
-them: a call does not wait for a free worker behind compiles it does not need.
+Protocol: length-prefixed pickles. The caller writes ``(job id, pickled
+job)``; the server answers ``(job id, status, value, seconds)`` with status
+``ok`` (value: the CompiledBinary), ``unavailable`` (compile it in the
+caller's process), ``error`` (Triton refused it: its whole message) or
+``crashed`` (the child died). Once warm it sends ``(READY, "ready", {when},
+0.0)``. The server exits when its stdin closes, killing its children.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import os
 import pickle
 import selectors
@@ -48,8 +33,6 @@ import struct
 import sys
 import time
 from typing import Any
-
-from .recipe import RecipeRefused
 
 # The server's command line (``python -c BOOTSTRAP N``). Its first act after
 # importing Triton is to fork a child that computes Triton's installation hash
@@ -79,12 +62,6 @@ serve(int(sys.argv[1]), r, pid)
 _HEADER = struct.Struct("<Q")
 READY = -1  # the job id of the frame the server sends once, when it is ready to fork
 _BACKGROUND_NICE = 10
-# Compiles made ahead come in bursts (a program's call sites, one after another): the first of
-# a burst waits until none has come for _SETTLE_S (at most _SETTLE_MAX_S), so that the burst
-# starts costliest first, not in the order it came.
-_SETTLE_S = 0.03
-_SETTLE_MAX_S = 0.25
-PROMOTE = -2  # the caller's frame (PROMOTE, [job ids]): start those jobs before lower-priority ones
 
 
 class WorkerUnavailable(Exception):
@@ -117,12 +94,6 @@ def read_frame(stream) -> Any:
 
 # -- what both sides agree on ----------------------------------------------------------
 
-def is_triton_setting(name: str) -> bool:
-    from ..cache.keys import EXTRA_ENV_VARS
-
-    return name.startswith("TRITON_") or name in EXTRA_ENV_VARS
-
-
 def shadows(entry: str, here: str) -> bool:
     """Whether sys.path entry `entry` holds another lazytriton than the one at `here`."""
     try:
@@ -134,22 +105,17 @@ def shadows(entry: str, here: str) -> bool:
 # -- compiling one job (in a forked child) -----------------------------------------------
 
 def _compile(job: dict):
-    from .ir_text import TextSource, compile_text
+    from .ir_text import TextSource, apply_state, compile_text
 
-    env = job.get("env")
-    if env is not None:  # this forked child serves this job alone: take the caller's Triton settings
-        for k in [k for k in os.environ if is_triton_setting(k) and k not in env]:
-            del os.environ[k]
-        os.environ.update(env)
-    if "source" in job:  # a portable recipe: the front end runs here too
-        from .recipe import compile_portable
-
-        return compile_portable(job["source"], job["target"])
     try:
+        if "unreadable" in job:
+            raise ValueError(job["unreadable"])
         TextSource(job["ir"])
+        state = job["ir"]["state"]
         job["ir"]["options"]
     except Exception as exc:  # a job this lazytriton cannot read: the caller compiles it itself
         raise WorkerUnavailable(f"unreadable job: {type(exc).__name__}: {exc}") from None
+    apply_state(state)  # this forked child serves this job alone
     return compile_text(job["ir"], job["target"])
 
 
@@ -160,13 +126,17 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _child(job: dict, wfd: int) -> None:
-    """Runs in a forked child: compile, write one frame to wfd, exit."""
+def _child(data: bytes, wfd: int) -> None:
+    """Runs in a forked child: read the job, compile, write one frame to wfd, exit."""
     code = 0
     t0 = time.perf_counter()
+    try:
+        job = pickle.loads(data)
+    except Exception as exc:  # unpickled here, not in the server: a bad job fails alone
+        job = {"unreadable": f"{type(exc).__name__}: {exc}"}
     if job.get("crash_for_test"):  # tests: a worker that dies as a compiler crash would kill it
         os.kill(os.getpid(), signal.SIGKILL)
-    if job.get("priority", 0) > 0:  # compiled ahead of time: the cores go first to what a call waits for
+    if job.get("nice"):  # compiled ahead of time: the cores go first to what a call waits for
         try:
             os.nice(_BACKGROUND_NICE)
         except OSError:
@@ -176,8 +146,6 @@ def _child(job: dict, wfd: int) -> None:
             result = ("ok", _compile(job))
         except WorkerUnavailable as exc:
             result = ("unavailable", str(exc))
-        except RecipeRefused as exc:
-            result = ("refused", str(exc))
         except Exception as exc:  # OutOfResources, PTXASError, CompilationError, ...
             result = ("error", reason(exc))
         with os.fdopen(wfd, "wb") as out:
@@ -199,7 +167,7 @@ def _warm_up() -> None:
     from triton.runtime import cache as triton_cache
 
     from .. import cache  # noqa: F401  (what the children use)
-    from . import ir_text, recipe, targets  # noqa: F401
+    from . import ir_text, targets  # noqa: F401
 
     @triton.jit
     def _lt_warm_up(x, n, B: tl.constexpr):
@@ -250,52 +218,10 @@ def _take_installation_hash(key_fd: int, pid: int | None) -> None:
         triton_cache.triton_key()
 
 
-class _Queue:
-    """Jobs waiting for a worker: by priority, then the costliest first (job["cost"],
-    compile.schedule.compile_cost: the longest compiles start first, so that the last
-    one ends soonest), then in the order they came."""
-
-    def __init__(self) -> None:
-        self._heap: list = []
-        self._entries: dict[int, list] = {}  # job id -> its live heap entry
-        self._seq = itertools.count()
-
-    def __bool__(self) -> bool:
-        return bool(self._entries)
-
-    def push(self, job_id: int, job: dict, priority: int | None = None) -> None:
-        entry = [job.get("priority", 0) if priority is None else priority, -job.get("cost", 0), next(self._seq),
-                 job_id, job]
-        self._entries[job_id] = entry
-        heapq.heappush(self._heap, entry)
-
-    def promote(self, job_ids) -> None:
-        for job_id in job_ids:
-            entry = self._entries.get(job_id)
-            if entry is not None and entry[0] > 0:
-                job, entry[4] = entry[4], None  # the stale entry is skipped when popped
-                self.push(job_id, dict(job, priority=0), 0)
-
-    def head_priority(self) -> int:
-        while self._heap[0][4] is None:  # stale entries of promoted jobs
-            heapq.heappop(self._heap)
-        return self._heap[0][0]
-
-    def pop(self) -> tuple[int, dict]:
-        while True:
-            *_, job_id, job = heapq.heappop(self._heap)
-            if job is not None:
-                del self._entries[job_id]
-                return job_id, job
-
-    def clear(self) -> None:
-        self._heap.clear()
-        self._entries.clear()
-
-
 def serve(workers: int, key_fd: int, key_pid: int) -> None:
     """The server's loop; `key_fd` reads Triton's installation hash from the
-    child BOOTSTRAP forked to compute it (`key_pid`)."""
+    child BOOTSTRAP forked to compute it (`key_pid`). `workers` is the caller's
+    bound on jobs at once (compile.schedule keeps to it)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
     t0 = time.perf_counter()
@@ -315,35 +241,11 @@ def serve(workers: int, key_fd: int, key_pid: int) -> None:
                                           "waited_for_hash_s": waited_s}, 0.0))
     sel = selectors.DefaultSelector()
     sel.register(stdin, selectors.EVENT_READ, None)
-    queue = _Queue()
     running: dict[int, tuple[int, int, bytearray]] = {}  # read fd -> (job id, pid, data)
     stdin_open = True
     inbox = bytearray()
-
-    def reply(job_id, status, value, seconds):
-        write_frame(stdout, (job_id, status, value, seconds))
-
-    burst_from = settle_until = 0.0  # a burst of compiles made ahead: when it began, when it may start
-
-    while stdin_open or queue or running:
-        # A call waits for urgent jobs (priority 0): they start even when every worker is
-        # busy with jobs compiled ahead of time, which run niced (_child) and so yield the
-        # cores to them instead of making them wait for a free worker.
-        now = time.perf_counter()
-        while queue and (len(running) < workers or (len(running) < 2 * workers and queue.head_priority() == 0)):
-            if queue.head_priority() > 0 and now < settle_until:
-                break
-            job_id, job = queue.pop()
-            rfd, wfd = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.close(rfd)
-                _child(job, wfd)
-            os.close(wfd)
-            running[rfd] = (job_id, pid, bytearray())
-            sel.register(rfd, selectors.EVENT_READ, rfd)
-        settling = bool(queue) and len(running) < workers and now < settle_until
-        for ready, _ in sel.select(settle_until - now if settling else None):
+    while stdin_open or running:
+        for ready, _ in sel.select():
             if ready.data is None:  # jobs from the caller (unbuffered: a read may hold several frames)
                 chunk = os.read(stdin.fileno(), 1 << 20)
                 if not chunk:  # the caller is gone: stop
@@ -351,24 +253,22 @@ def serve(workers: int, key_fd: int, key_pid: int) -> None:
                     sel.unregister(stdin)
                     for _, pid, _ in running.values():
                         os.kill(pid, signal.SIGKILL)
-                    queue.clear()
                     continue
                 inbox += chunk
                 while len(inbox) >= _HEADER.size:
                     (n,) = _HEADER.unpack(bytes(inbox[:_HEADER.size]))
                     if len(inbox) < _HEADER.size + n:
                         break
-                    job_id, job = pickle.loads(bytes(inbox[_HEADER.size:_HEADER.size + n]))
-                    if job_id == PROMOTE:
-                        queue.promote(job)
-                    else:
-                        queue.push(job_id, job)
-                        if job.get("priority", 0) > 0:
-                            now = time.perf_counter()
-                            if now >= settle_until:
-                                burst_from = now
-                            settle_until = min(now + _SETTLE_S, burst_from + _SETTLE_MAX_S)
+                    job_id, data = pickle.loads(bytes(inbox[_HEADER.size:_HEADER.size + n]))
                     del inbox[:_HEADER.size + n]
+                    rfd, wfd = os.pipe()
+                    pid = os.fork()
+                    if pid == 0:
+                        os.close(rfd)
+                        _child(data, wfd)
+                    os.close(wfd)
+                    running[rfd] = (job_id, pid, bytearray())
+                    sel.register(rfd, selectors.EVENT_READ, rfd)
                 continue
             rfd = ready.data
             job_id, pid, data = running[rfd]
@@ -391,5 +291,4 @@ def serve(workers: int, key_fd: int, key_pid: int) -> None:
                 else:
                     how = f"exited with code {os.waitstatus_to_exitcode(status)}"
                 result = ("crashed", f"the compile worker process {how} (a crash in Triton's compiler?)", 0.0)
-            reply(job_id, *result)
-
+            write_frame(stdout, (job_id, *result))
