@@ -7,6 +7,9 @@
 """
 from __future__ import annotations
 
+import os as _os
+import sys as _sys
+
 try:
     from importlib.metadata import version as _version
 
@@ -14,10 +17,57 @@ try:
 except Exception:  # running from a source tree
     __version__ = "0+unknown"
 
+
+
+def _installed_elsewhere() -> str | None:
+    """The directory of another lazytriton on sys.path with its C++ core built. From a clone's
+    root, `python -m lazytriton` and `python -c "import lazytriton"` find the source tree first
+    (the current directory leads sys.path), which has no core: the installed package has it."""
+    import importlib.machinery
+
+    here = _os.path.realpath(_os.path.dirname(__file__))
+    for entry in _sys.path:
+        there = _os.path.join(entry or _os.getcwd(), "lazytriton")
+        if (_os.path.isfile(_os.path.join(there, "__init__.py")) and _os.path.realpath(there) != here
+                and importlib.machinery.PathFinder.find_spec("lazytriton._core", [there]) is not None):
+            return there
+    return None
+
+
 try:
     from . import _core
-except ImportError as exc:  # pragma: no cover - only from an unbuilt source tree
-    raise ImportError("lazytriton's C++ core is not built; install the package with `pip install .`") from exc
+except ImportError as exc:
+    _there = _installed_elsewhere()
+    if _there is None:
+        raise ImportError("lazytriton's C++ core is not built; install the package with `pip install .`") from exc
+    # Hand over to the installed package: its modules, core and files are the ones imported from now on
+    # (this __init__ is the clone's, the one README's `pip install .` installed there).
+    __path__[:] = [_there]
+    __file__ = _os.path.join(_there, "__init__.py")
+    from . import _core
+
+
+def _one_line_if_uncaught(error: BaseException) -> None:
+    # A bad setting stops the program with its one line (the message names the variable, its value
+    # and what it takes), not a traceback through the imports; a caller may still catch it.
+    previous = _sys.excepthook
+
+    def hook(kind, value, tb):
+        if value is error:
+            print(f"error: {value}", file=_sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    _sys.excepthook = hook
+
+
+from .settings import SettingError, check_environment  # noqa: E402
+
+try:
+    check_environment()
+except SettingError as _bad:
+    _one_line_if_uncaught(_bad)
+    raise
 
 from .runtime.kernel import LazyKernel, kernel, stats, stream_handle  # noqa: E402
 from .model.tensor_desc import TensorDescriptor  # noqa: E402
@@ -41,19 +91,15 @@ def _connect_the_remote_cache() -> None:
     # With LAZYTRITON_REMOTE_CACHE set, the client is imported and connected now, on a thread:
     # importing Redis' client takes 0.2-0.4 s, which a first call found in Redis would
     # otherwise wait for (a program imports lazytriton well before its first call).
-    from .settings import SettingError, remote_cache_url
+    from .settings import remote_cache_url
 
-    try:
-        if remote_cache_url() is None:
-            return
+    if remote_cache_url() is not None:  # checked above, with every setting
         from .cache import get_cache
 
         get_cache().warm_up()
-    except SettingError:
-        pass  # said, naming the setting, by the first call that reads it
 
 
 _connect_the_remote_cache()
 
 __all__ = ["LazyKernel", "kernel", "stats", "stream_handle", "TensorDescriptor", "TuneOptions", "RuntimeFailure",
-           "gpu_available", "__version__"]
+           "gpu_available", "SettingError", "__version__"]

@@ -61,13 +61,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
-from .settings import env_flag, env_seconds
+from . import settings
 
 log = logging.getLogger("lazytriton.distributed")
 
-AGREE_ENV = "LAZYTRITON_AGREE"
 TIMEOUT_ENV = "LAZYTRITON_AGREE_TIMEOUT"
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = settings.DEFAULT_AGREE_TIMEOUT_S
 PROGRESS_S = 30.0  # a waiter blocks in slices this long and logs between them
 TAKEOVERS = 2  # rounds in which one waiter resolves for a claimant that did not publish
 MAX_BINARY = 1 << 20  # a larger winner binary is not sent: the waiters compile it (gRPC caps messages at 4 MiB)
@@ -349,7 +348,7 @@ def use(store: Optional[Store], *, rank: int = 0, processes: int = 2, timeout_s:
         _explicit = None
         return
     _explicit = Agreement(store, rank, processes,
-                          timeout_s=env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S) if timeout_s is None else timeout_s)
+                          timeout_s=settings.agree_timeout() if timeout_s is None else timeout_s)
 
 
 def _jax_state():
@@ -367,7 +366,7 @@ def agreement() -> Optional[Agreement]:
     """The agreement the runtime uses now, or None: LAZYTRITON_AGREE=0, or a
     single process (no store given to use(), jax.distributed not initialized
     or running one process)."""
-    if not env_flag(AGREE_ENV, True):
+    if not settings.agree():
         return None
     if _explicit is not None:
         return _explicit
@@ -380,7 +379,7 @@ def agreement() -> Optional[Agreement]:
     if store is None or store.client is not client:
         store = _jax_stores[id(client)] = JaxStore(client)
     return Agreement(store, int(state.process_id or 0), int(processes),
-                     timeout_s=env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+                     timeout_s=settings.agree_timeout())
 
 
 def provenance(record: dict, origin: dict, compile_key: str) -> dict:

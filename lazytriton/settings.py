@@ -1,10 +1,15 @@
-"""User settings: every LAZYTRITON_* environment variable is read and checked
-here, at call time (not cached).  A bad value is a SettingError naming the
-variable, its value and what it takes; an unset or empty one is the default."""
+"""User settings: every LAZYTRITON_* environment variable is read here, and nowhere
+else.  `import lazytriton` checks them all once (check_environment): a bad value
+is a SettingError naming the variable, its value and what it takes; an unset or
+empty one is the default; an unknown name close to a setting's is said once.
+The accessors read the environment at each use (not cached), so that a value
+set later (tests, the harness) is the one used, checked again."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import re
 import os
 from pathlib import Path
@@ -143,9 +148,13 @@ def stub_build_sync() -> bool:
 
 def flush_l2() -> Optional[bool]:
     """LAZYTRITON_FLUSH_L2=0/1 forces flushing L2 between tuning trials; None (auto): when the buffers fit in L2."""
-    if env_choice("LAZYTRITON_FLUSH_L2", ("auto", *_TRUE, *_FALSE), "auto") == "auto":
-        return None
-    return env_flag("LAZYTRITON_FLUSH_L2", False)
+    raw = _raw("LAZYTRITON_FLUSH_L2")
+    value = raw.strip().lower() if raw is not None else "auto"
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    if value != "auto":
+        raise SettingError("LAZYTRITON_FLUSH_L2", str(raw), f"'auto' or {_FLAG}")
+    return None
 
 
 def prebuilt_handler() -> bool:
@@ -232,3 +241,119 @@ def remote_cache_max_entry() -> int:
     value = env_int("LAZYTRITON_REMOTE_CACHE_MAX_ENTRY", DEFAULT_REMOTE_MAX_ENTRY_BYTES, minimum=1)
     assert value is not None
     return value
+
+
+# -- the cache's locks, agreement between processes, the driver (read by the C++ core too) ----------
+
+DEFAULT_LOCK_TIMEOUT_S = 600.0
+DEFAULT_AGREE_TIMEOUT_S = 600.0
+
+
+def cache_locks() -> bool:
+    """LAZYTRITON_CACHE_LOCKS=0: no flock around a first call's tuning (one process tunes each key
+    otherwise; a filesystem without flock works either way)."""
+    return env_flag("LAZYTRITON_CACHE_LOCKS", True)
+
+
+def cache_lock_timeout() -> float:
+    """LAZYTRITON_CACHE_LOCK_TIMEOUT: seconds a first call waits for another process's lock on its
+    key (default 600) before tuning without it."""
+    return env_seconds("LAZYTRITON_CACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S)
+
+
+def agree() -> bool:
+    """LAZYTRITON_AGREE=0: processes of one job do not agree on one winner (lazytriton.distributed)."""
+    return env_flag("LAZYTRITON_AGREE", True)
+
+
+def agree_timeout() -> float:
+    """LAZYTRITON_AGREE_TIMEOUT: seconds a process waits for another's winner (default 600)."""
+    return env_seconds("LAZYTRITON_AGREE_TIMEOUT", DEFAULT_AGREE_TIMEOUT_S)
+
+
+def used_keys_dir() -> Optional[str]:
+    """LAZYTRITON_USED_KEYS: where `lazytriton pretune` has a program note the tuning records it used
+    (set by the CLI for its child, not by users)."""
+    return _raw("LAZYTRITON_USED_KEYS")
+
+
+def driver() -> Optional[str]:
+    """LAZYTRITON_DRIVER=cuda|hip: only that driver is loaded (C++ core, csrc/core/driver.cc)."""
+    raw = _raw("LAZYTRITON_DRIVER")
+    if raw is not None and raw not in ("cuda", "hip"):  # the C++ core takes exactly these words
+        raise SettingError("LAZYTRITON_DRIVER", raw, "'cuda' or 'hip'")
+    return raw
+
+
+def device() -> Optional[int]:
+    """LAZYTRITON_DEVICE: the device a thread with no current context uses (C++ core); None: device 0."""
+    return env_int("LAZYTRITON_DEVICE", None)
+
+
+def file_in_the_way(path: Path) -> Optional[Path]:
+    """The file at `path` or above it that keeps `path` from being a directory, or None."""
+    above = next((p for p in (path, *path.parents) if p.exists()), None)
+    return above if above is not None and not above.is_dir() else None
+
+
+def cache_dir() -> Path:
+    """default_cache_dir(), refused where it cannot be a directory (a file there or above it)."""
+    path = default_cache_dir()
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise SettingError("LAZYTRITON_CACHE_DIR", str(_raw("LAZYTRITON_CACHE_DIR") or path),
+                           f"a directory ({blocker} is a file)")
+    return path
+
+
+# -- every setting, checked at once (import lazytriton) --------------------------------------------
+
+# Read by the C++ side only (a path each, nothing to check here): named so that a typo is caught.
+_CPP_ONLY = ("LAZYTRITON_BUNDLE", "LAZYTRITON_PYTHON", "LAZYTRITON_LIBHIP")
+# The harness's and the tests' own variables: not settings, never a typo.
+_NOT_SETTINGS = ("LAZYTRITON_USED_KEYS", "LAZYTRITON_BENCH_WORK", "LAZYTRITON_BENCH_WORKLOADS",
+                 "LAZYTRITON_BENCH_WRAP_GAP_S", "LAZYTRITON_TRITON_VENVS", "LAZYTRITON_FULL_MATRIX",
+                 "LAZYTRITON_MATRIX_REPORT", "LAZYTRITON_TEST_TIMELINE", "LAZYTRITON_DIFFERENTIAL_CALLS",
+                 "LAZYTRITON_DIFFERENTIAL_SEED", "LAZYTRITON_FIELD_STEPS", "LAZYTRITON_FIELD_SEED",
+                 "LAZYTRITON_FIELD_PARTS", "LAZYTRITON_FIELD_QUICK", "LAZYTRITON_FIELD_COUNTS",
+                 "LAZYTRITON_FIELD_TE_DIR")
+
+CHECKS = {  # every setting and the accessor that reads and checks it
+    "LAZYTRITON_CACHE_DIR": cache_dir,
+    "LAZYTRITON_CACHE": settings,
+    "LAZYTRITON_RETUNE": settings,
+    "LAZYTRITON_TUNING": settings,
+    "LAZYTRITON_CACHE_LOCKS": cache_locks,
+    "LAZYTRITON_CACHE_LOCK_TIMEOUT": cache_lock_timeout,
+    "LAZYTRITON_COMPILE_WORKERS": compile_workers,
+    "LAZYTRITON_COMPILE_AHEAD": compile_ahead,
+    "LAZYTRITON_STUB_BUILD": stub_build,
+    "LAZYTRITON_FLUSH_L2": flush_l2,
+    "LAZYTRITON_PREBUILT_HANDLER": prebuilt_handler,
+    "LAZYTRITON_CAPTURE_FALLBACK": capture_fallback,
+    "LAZYTRITON_DEFAULT_ARCH": lambda: default_arch(90),
+    "LAZYTRITON_AGREE": agree,
+    "LAZYTRITON_AGREE_TIMEOUT": agree_timeout,
+    "LAZYTRITON_DRIVER": driver,
+    "LAZYTRITON_DEVICE": device,
+    "LAZYTRITON_REMOTE_CACHE": remote_cache_url,
+    "LAZYTRITON_REMOTE_CACHE_TIMEOUT": remote_cache_timeout,
+    "LAZYTRITON_REMOTE_CACHE_RETRY_AFTER": remote_cache_retry_after,
+    "LAZYTRITON_REMOTE_CACHE_TTL": remote_cache_ttl,
+    "LAZYTRITON_REMOTE_CACHE_MAX_ENTRY": remote_cache_max_entry,
+}
+
+
+def check_environment() -> None:
+    """Check every LAZYTRITON_* variable set now: the first bad value raises its SettingError; an
+    unknown name close to a setting's is said (a warning, once: this runs once, at import)."""
+    for name, read in CHECKS.items():
+        if _raw(name) is not None:
+            read()
+    known = (*CHECKS, *_CPP_ONLY)
+    for name in sorted(os.environ):
+        if name.startswith("LAZYTRITON_") and name not in known and name not in _NOT_SETTINGS:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close:
+                logging.getLogger("lazytriton").warning("%s is not a lazytriton setting (ignored): did you mean %s?",
+                                                        name, close[0])

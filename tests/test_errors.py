@@ -191,7 +191,7 @@ def test_tune_options_checked_where_given(cache_dir):
     with pytest.raises(TypeError, match=r"kernel add_kernel: tune_options takes a lazytriton.TuneOptions "
                                         r".*got dict \{'warmup': 1\}"):
         lazytriton.kernel(basic.add_kernel, tune_options={"warmup": 1})
-    with pytest.raises(TypeError, match=r"TuneOptions: target_ms='fast': target_ms takes a number >= 0"):
+    with pytest.raises(TypeError, match=r"TuneOptions: target_ms='fast': target_ms takes a number > 0"):
         lazytriton.TuneOptions(target_ms="fast")
     with pytest.raises(ValueError, match=r"TuneOptions: min_reps=10 is more than max_reps=5"):
         lazytriton.TuneOptions(min_reps=10, max_reps=5)

@@ -130,8 +130,10 @@ def test_arrays_on_the_other_gpu_are_refused_and_the_context_survives(tmp_path, 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     env = dict(os.environ, LAZYTRITON_CACHE_DIR=str(tmp_path / "lazytriton"), LAZYTRITON_STUB_BUILD=stubs)
+    # cwd: not the clone's root, whose source tree (first on a `-c` child's sys.path) would shadow the
+    # installed package
     r = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=str(HERE))], env=env, capture_output=True,
-                       text=True, timeout=900)
+                       text=True, timeout=900, cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-6000:]
 
 

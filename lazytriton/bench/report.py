@@ -35,9 +35,12 @@ def process_range(row: dict) -> str:
 
 
 def _g(v: float) -> str:
+    """Three significant digits in plain notation (1590, 12.3, 0.0123): never 1.59e+03."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "?"
-    return f"{v:.3g}"
+    if v == 0:
+        return "0"
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"
 
 
 def ceilings(results: dict) -> dict:
@@ -284,7 +287,7 @@ def bars_figure(sec: dict):
         ax.axvline(m, color=COLORS["floor"], ls="--", lw=0.8)
     for i, m in enumerate(meds):
         if math.isfinite(m):  # past the whisker's end, which would strike it through
-            ax.text(m + hi[i], i, f" {m:.3g}", va="center", fontsize=6)
+            ax.text(m + hi[i], i, f" {_g(m)}", va="center", fontsize=6)
     ax.set_xlabel(f"{sec.get('unit', '')}: median; whiskers 10th-90th percentile"
                   + ("; gray and dashed: floors" if floors else ""))
     ax.invert_yaxis()
@@ -311,7 +314,7 @@ def _grouped(sec: dict, path: Path) -> str:
                 vals.append(median_process(r))
         ax.barh(ys, vals, height=h, label=s, color=palette[j % len(palette)])
         for y, v in zip(ys, vals):
-            ax.text(v, y, f" {v:.3g}", va="center", fontsize=6)
+            ax.text(v, y, f" {_g(v)}", va="center", fontsize=6)
     ax.set_yticks([i + h * (len(systems) - 1) / 2 for i in range(len(workloads))], workloads, fontsize=7)
     ax.invert_yaxis()
     ax.legend(fontsize=7)

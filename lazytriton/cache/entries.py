@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import struct
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from .keys import FORMAT_VERSION, lazytriton_version
 
@@ -140,6 +140,9 @@ class TuningRecord:
     created: str = dataclasses.field(default_factory=now_iso)
     tune_key_values: list = dataclasses.field(default_factory=list)
     extra: dict = dataclasses.field(default_factory=dict)
+    # Where the record was read from, for the line a first call that uses it logs (never stored;
+    # Cache sets it on a record the remote tier gave).
+    origin: ClassVar[str] = "the cache"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -35,14 +35,13 @@ from typing import Any, Iterator, Optional
 
 from .keys import FORMAT_VERSION
 from . import archive, files, measurements
-from ..settings import env_flag, env_seconds, remote_cache_url, settings
+from ..settings import cache_lock_timeout, cache_locks, file_in_the_way, remote_cache_url, settings, used_keys_dir
 from .entries import (KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, CompiledBinary, EntryInfo,
                       TuningRecord, check_key, decode, decode_record, encode_binary, encode_record, peek_binary_head)
 from .remote import RemoteCache, from_settings as remote_from_settings
 
 log = logging.getLogger("lazytriton.cache")
 
-DEFAULT_LOCK_TIMEOUT_S = 600.0
 
 
 # --------------------------------------------------------------------------
@@ -91,7 +90,7 @@ def note_used_record(key: str) -> None:
     this process loads or stores to a file of its own there, written at once
     (line-buffered): a process that ends in os._exit has still said what it used."""
     global _used_file
-    where = os.environ.get(USED_KEYS_ENV)
+    where = used_keys_dir()
     if not where:
         return
     with _used_guard:
@@ -144,6 +143,22 @@ class Cache:
         # The fleet's server behind this cache (LAZYTRITON_REMOTE_CACHE), or None: asked on a
         # local miss, published to after a tune (lazytriton.cache.remote).
         self.remote: Optional[RemoteCache] = remote_from_settings()
+
+    @classmethod
+    def given(cls, cache: Any, what: str) -> Optional["Cache"]:
+        """What a kernel's `cache=` names: a Cache, or a directory (str or path: a Cache there, one per
+        directory in the process); None: the default cache. Checked when the kernel is wrapped."""
+        if cache is None or isinstance(cache, cls):
+            return cache
+        if not isinstance(cache, (str, os.PathLike)):
+            raise TypeError(f"{what}: cache takes a lazytriton.cache.Cache or a directory (str or path), "
+                            f"got {type(cache).__name__} {cache!r}")
+        root = Path(cache).expanduser().absolute()
+        blocker = file_in_the_way(root)
+        if blocker is not None:
+            raise ValueError(f"{what}: cache={str(cache)!r} is not a directory ({blocker} is a file)")
+        with _default_guard:
+            return _by_dir.setdefault(root, cls(root))
 
     def warm_up(self) -> None:
         """Connect to the remote tier in the background (a kernel is wrapped: its first call follows)."""
@@ -292,6 +307,8 @@ class Cache:
         if data is None:
             return None
         obj = decode(kind, key, data)
+        if isinstance(obj, TuningRecord) and self.remote is not None:
+            obj.origin = f"the remote cache {self.remote.shown}"
         self._mem[(kind, key)] = data
         self._mem_mtime[(kind, key)] = time.time()
         if self._disk:
@@ -328,14 +345,14 @@ class Cache:
                     klock.fd = -1
 
     def _open_lock_file(self, path: Path, key: str) -> int:
-        if not (self._disk and self._ensure_dirs()) or not env_flag("LAZYTRITON_CACHE_LOCKS", True):
+        if not (self._disk and self._ensure_dirs()) or not cache_locks():
             return -1  # memory mode or locks off: the in-process RLock is all there is
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
             self._degrade(exc)
             return -1
-        timeout = env_seconds("LAZYTRITON_CACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S)
+        timeout = cache_lock_timeout()
         files.flock_bounded(fd, key[:16], timeout)
         return fd
 
@@ -572,6 +589,7 @@ def _finish_writes() -> None:
 
 _default: Optional[Cache] = None
 _default_guard = threading.Lock()
+_by_dir: dict[Path, Cache] = {}  # the caches kernels named by directory (Cache.given)
 
 
 def get_cache() -> Cache:

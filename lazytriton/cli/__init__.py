@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -12,10 +13,13 @@ from .. import paths
 def _demo(args) -> int:
     """Run an autotuned matmul lazily; without a GPU, compile its candidates for a default target."""
     import lazytriton
+    from .cache import config_text
     from .. import _core
     from lazytriton.demo_kernels import DEMO_CONFIGS, demo_matmul
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    # The demo lists every config itself, once: the compiler's line per config would repeat them.
+    logging.getLogger("lazytriton.compile").setLevel(logging.WARNING)
     ok, why = lazytriton.gpu_available()
     if not ok:
         return _demo_without_gpu(why, demo_matmul, DEMO_CONFIGS)
@@ -52,13 +56,14 @@ def _demo(args) -> int:
     if rec:
         for i, cand in enumerate(rec.candidates):
             t = f"{cand['time_ms']:.4f} ms" if cand["time_ms"] else (cand["error"] or "not timed")
-            print(f"  config {i} {cand['config']}: {t}{'   <- winner' if i == rec.winner_index else ''}")
+            print(f"  config {i} {config_text(cand['config'])}: {t}{'   <- winner' if i == rec.winner_index else ''}")
     print(f"steady state: {ms * 1e3:.1f} us per call, {2 * M * N * K / ms / 1e9:.1f} TFLOP/s")
     print(f"stats: {lazytriton.stats()}")
     return 0 if err < 1e-2 else 1
 
 
 def _demo_without_gpu(why: str, kernel, configs) -> int:
+    from .cache import config_text
     from lazytriton.model.arrays import PointerArg
     from lazytriton.compile.compiler import Binder, Candidate, compile_all
     from lazytriton.compile.targets import default_target, target_label
@@ -80,10 +85,10 @@ def _demo_without_gpu(why: str, kernel, configs) -> int:
     for c in cands:
         if c.binary:
             md = c.binary.metadata
-            print(f"  config {c.index} {c.config}: {binary} {len(c.binary.cubin)} B, shared {md.get('shared')} B, "
+            print(f"  config {c.index} {config_text(c.config)}: {binary} {len(c.binary.cubin)} B, shared {md.get('shared')} B, "
                   f"num_warps {md.get('num_warps')}")
         else:
-            print(f"  config {c.index} {c.config}: failed: {c.error}")
+            print(f"  config {c.index} {config_text(c.config)}: failed: {c.error}")
     if not any(c.binary for c in cands):
         print(f"None of the {len(cands)} candidates compiled for {target_label(target)}: the demo failed (the errors "
               "are above; LAZYTRITON_DEFAULT_ARCH names the target).", file=sys.stderr)
@@ -160,10 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     from ..settings import SettingError
 
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return rc
     except SettingError as exc:  # a LAZYTRITON_* variable of the environment, named: no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, a shell's status for a command a pipe cut short
+
+
+def _quiet_stdout() -> None:
+    # Python flushes stdout at exit and would fail again on the closed pipe: point it at /dev/null.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

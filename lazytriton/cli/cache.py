@@ -15,19 +15,19 @@ from typing import Any, Optional
 
 from ..cache import USED_KEYS_ENV, Cache, encode_record
 from ..cache.remote import RemoteCache, RemoteError
-from ..settings import env_flag
+from ..settings import env_flag, file_in_the_way
 
 
 def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `cache` command group to an argparse subparsers object."""
     cache_p = subparsers.add_parser("cache", help="inspect and manage the lazytriton cache")
-    cache_p.add_argument("--cache-dir", default=None,
+    cache_p.add_argument("--cache-dir", default=None, type=_cache_dir,
                          help="cache root (default: $LAZYTRITON_CACHE_DIR or ~/.cache/lazytriton)")
     cache_p.set_defaults(func=lambda args: _usage(cache_p))
     # --cache-dir is taken after the subcommand too (SUPPRESS: an absent one
     # leaves the value given before it).
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--cache-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--cache-dir", default=argparse.SUPPRESS, type=_cache_dir, help=argparse.SUPPRESS)
     sub = cache_p.add_subparsers(dest="cache_command", metavar="COMMAND")
     _add = sub.add_parser
     sub.add_parser = lambda *a, **k: _add(*a, parents=[common], **k)  # type: ignore[method-assign]
@@ -67,6 +67,13 @@ def add_cache_commands(subparsers: Any) -> argparse.ArgumentParser:
     return cache_p
 
 
+def _cache_dir(value: str) -> str:
+    blocker = file_in_the_way(Path(value).expanduser())
+    if blocker is not None:  # a file is no cache: refused here, not listed as an empty one
+        raise argparse.ArgumentTypeError(f"{value!r} is not a directory ({blocker} is a file)")
+    return value
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2
@@ -90,10 +97,11 @@ def _fmt_time(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
 
 
-def _fmt_config(config: Optional[dict]) -> str:
-    if not config:
-        return ""
-    return ", ".join(f"{k}={v}" for k, v in config.items())
+def config_text(config: Any) -> str:
+    """A config (a dict, or Triton's Config) as its values (BM=128, num_warps=4), the options left
+    unset (None) left out."""
+    values = config.all_kwargs() if hasattr(config, "all_kwargs") else dict(config or {})
+    return ", ".join(f"{k}={v}" for k, v in values.items() if v is not None)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -147,13 +155,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     on_remote = _on_remote(args, lambda remote: _print_listing(
         args, f"remote cache: {remote.shown}", remote.entries(),
         lambda e: [e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), e.device_name or "",
-                   _fmt_config(e.winner_config)], ["KIND", "KEY", "KERNEL", "SIZE", "DEVICE", "WINNER"]))
+                   config_text(e.winner_config)], ["KIND", "KEY", "KERNEL", "SIZE", "DEVICE", "WINNER"]))
     if on_remote is not None:
         return on_remote
     cache = _open_cache(args)
     _print_listing(args, f"cache: {cache.dir}", cache.entries(),
                    lambda e: [e.kind, e.key[:16], e.kernel_name, _fmt_size(e.size), _fmt_time(e.mtime),
-                              e.device_name or "", _fmt_config(e.winner_config)],
+                              e.device_name or "", config_text(e.winner_config)],
                    ["KIND", "KEY", "KERNEL", "SIZE", "MODIFIED", "DEVICE", "WINNER"])
     if not args.json:
         _remote_summary(cache)
@@ -167,7 +175,7 @@ def _print_record(rec: dict) -> None:
     rows = []
     for i, cand in enumerate(rec.get("candidates") or []):
         time_ms = cand.get("time_ms")
-        rows.append(["*" if i == rec.get("winner_index") else "", str(i), _fmt_config(cand.get("config")),
+        rows.append(["*" if i == rec.get("winner_index") else "", str(i), config_text(cand.get("config")),
                      f"{time_ms:.4f}" if isinstance(time_ms, (int, float)) else "-",
                      (cand.get("compile_key") or "")[:16], str(cand.get("error") or "")])
     if rows:

@@ -270,10 +270,25 @@ void {function}(lt::Stream stream, const lt::GridFn& grid{plist}) {{
     return f"{function}.h", header, source
 
 
+def _check_kernel_name(kernel: str) -> None:
+    """A module name as Python imports it (importlib's own words for a path are about packages)."""
+    module = kernel.partition(":")[0]
+    if module and not all(part.isidentifier() for part in module.split(".")):
+        where, stem = os.path.split(module[:-3] if module.endswith(".py") else module)
+        hint = (f": to import {stem} from {where}, give `--path {where} {stem}:{kernel.partition(':')[2]}`"
+                if where and stem.isidentifier() else "")
+        raise ValueError(f"kernel {kernel!r}: {module!r} is not a module name (module:function, as in "
+                         f"my_kernels:add_kernel){hint}")
+
+
 def export(kernel: str, signature: str, constexprs: dict | None = None, out_dir: str | Path = ".",
            function: str | None = None, python_path: list[str] | tuple = ()) -> list[Path]:
     """Writes <function>.h and <function>.cc for `kernel` ("module:function")
     into out_dir; returns their paths."""
+    _check_kernel_name(kernel)
+    for p in python_path:
+        if not os.path.isdir(p):
+            raise ValueError(f"--path {p}: no such directory")
     for p in reversed(list(python_path)):
         if p not in sys.path:
             sys.path.insert(0, p)

@@ -236,9 +236,13 @@ def _build(name: str, source: Callable[[], str], so: Path, what: str, extra_flag
                     raise RuntimeError(f"{what}: not built, the process is exiting")
                 work.mkdir()
                 # A session of its own: stopping the build stops the compiler's children too.
-                _in_flight[str(tmp)] = proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                                               stderr=subprocess.PIPE, text=True,
-                                                               start_new_session=True, env=env)
+                try:
+                    _in_flight[str(tmp)] = proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                                                   stderr=subprocess.PIPE, text=True,
+                                                                   start_new_session=True, env=env)
+                except OSError as exc:  # no compiler there: the reason in one line, not a traceback
+                    raise RuntimeError(f"building {what} failed: cannot run the C++ compiler {cmd[0]!r} "
+                                       f"($CXX, else c++): {exc.strerror or exc}") from None
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise RuntimeError(f"building {what} failed:\n{' '.join(cmd)}\n{err[-4000:]}")

@@ -74,9 +74,12 @@ class TuneOptions:
             elif f.name in _INT_FIELDS:
                 ok = isinstance(v, int) and not isinstance(v, bool) and v >= _INT_FIELDS[f.name]
                 takes = f"an int >= {_INT_FIELDS[f.name]}"
-            else:
-                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v
-                takes = "a number >= 0" + (" (milliseconds)" if f.name.endswith("_ms") else "")
+            elif f.name.endswith("_ms"):  # no time to time in is no timing
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v != float("inf")
+                takes = "a number > 0 (milliseconds)"
+            else:  # retime_within: a fraction of the best time
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+                takes = "a fraction from 0 to 1 (0.15: within 15% of the best)"
             if not ok:
                 raise (TypeError if not isinstance(v, (int, float)) or isinstance(v, bool) else ValueError)(
                     f"{what}: {f.name}={v!r}: {f.name} takes {takes}")

@@ -6,8 +6,8 @@ behind every host's local cache.
 - tier.py: keys, envelopes and checks, fault handling, publishing, management.
 """
 
-from .backend import Backend, Refused, RemoteError, Unavailable, open_backend, redact
+from .backend import Backend, Misconfigured, Refused, RemoteError, Unavailable, open_backend, redact
 from .tier import NAMESPACE, Foreign, RemoteCache, RemoteEntry, from_settings
 
-__all__ = ["Backend", "Refused", "RemoteError", "Unavailable", "open_backend", "redact", "NAMESPACE", "Foreign",
+__all__ = ["Backend", "Misconfigured", "Refused", "RemoteError", "Unavailable", "open_backend", "redact", "NAMESPACE", "Foreign",
            "RemoteCache", "RemoteEntry", "from_settings"]

@@ -24,9 +24,14 @@ class Refused(RemoteError):
     """The server answered but refuses the write (full under maxmemory with noeviction, read-only)."""
 
 
+class Misconfigured(RemoteError):
+    """The server answered but refuses this client as LAZYTRITON_REMOTE_CACHE sets it up (no or a wrong
+    password, a database index it does not have): no retry mends that, the process leaves the tier alone."""
+
+
 class Backend(abc.ABC):
     """A remote key-value store. Keys are short ASCII strings; values are bytes.
-    Every method raises Unavailable or Refused for a failed request, nothing else."""
+    Every method raises Unavailable, Refused or Misconfigured for a failed request, nothing else."""
 
     url: str  # for messages: the URL without its password
 

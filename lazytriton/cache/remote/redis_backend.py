@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator, Optional
 
-from .backend import Backend, RemoteError, Refused, Unavailable, redact
+from .backend import Backend, Misconfigured, RemoteError, Refused, Unavailable, redact
 
 _SCAN_BATCH = 500
 
@@ -37,6 +37,10 @@ class RedisBackend(Backend):
 
     def _fail(self, exc: Exception) -> RemoteError:
         r = self._redis
+        # NOAUTH / WRONGPASS (a ConnectionError to the client) and SELECT's "DB index is out of range"
+        # (the URL's /db): the setting's fault, not the server's reach.
+        if isinstance(exc, r.AuthenticationError) or (isinstance(exc, r.ResponseError) and "DB index" in str(exc)):
+            return Misconfigured(f"{type(exc).__name__}: {exc}")
         if isinstance(exc, r.ResponseError):
             text = str(exc)
             # The client maps OOM / READONLY replies to these classes (and strips the prefix).

@@ -39,9 +39,13 @@ from typing import Any, Callable, Optional
 from ... import settings
 from ..entries import BadEntry, CompiledBinary, TuningRecord, decode_binary, decode_record, encode_binary
 from ..keys import FORMAT_VERSION, lazytriton_version, triton_version
-from .backend import Backend, RemoteError, Refused, open_backend, redact
+from .backend import Backend, Misconfigured, RemoteError, Refused, open_backend, redact
 
 log = logging.getLogger("lazytriton.cache")
+
+# What was said, per server and kind of fault: once per process, however many tiers (caches) it has.
+_said: set[tuple[str, str]] = set()
+_said_guard = threading.Lock()
 
 NAMESPACE = f"lazytriton:v{FORMAT_VERSION}:"
 KINDS = ("rec", "bin", "blob", "meas")
@@ -113,7 +117,6 @@ class RemoteCache:
         self._disabled = False
         self._down_until = 0.0
         self._was_down = False
-        self._warned: set[str] = set()
         self._guard = threading.Lock()
         self._opening = threading.Lock()
         self._warming: Optional[threading.Thread] = None
@@ -126,9 +129,9 @@ class RemoteCache:
     # -- plumbing ----------------------------------------------------------------------------
 
     def _say_once(self, what: str, message: str, *args: Any) -> None:
-        with self._guard:
-            first = what not in self._warned
-            self._warned.add(what)
+        with _said_guard:
+            first = (self.url, what) not in _said
+            _said.add((self.url, what))
         (log.warning if first else log.info)(message, *args)
 
     def backend(self) -> Backend:
@@ -144,9 +147,15 @@ class RemoteCache:
         with self._guard:
             if self._warming is not None:
                 return
-            self._warming = threading.Thread(target=self._request, args=("connecting", lambda b: b.ping(), True),
-                                             name="lazytriton-remote-cache-connect", daemon=True)
+            self._warming = threading.Thread(target=self._connect, name="lazytriton-remote-cache-connect",
+                                             daemon=True)
         self._warming.start()
+
+    def _connect(self) -> None:
+        try:
+            self._request("connecting", lambda b: b.ping(), True)
+        except Exception as exc:  # noqa: BLE001  (a thread's fault is no traceback: the process may be exiting)
+            log.debug("lazytriton remote cache %s: connecting in the background failed: %s", self.shown, exc)
 
     def _count(self, name: str, n: float = 1) -> None:
         with self._guard:
@@ -166,6 +175,13 @@ class RemoteCache:
             return False, None
         try:
             result = fn(backend)
+        except Misconfigured as exc:
+            self._count("failures")
+            self._disabled = True
+            self._say_once("misconfigured", "lazytriton remote cache %s refuses this client (%s, while %s): "
+                           "check LAZYTRITON_REMOTE_CACHE's password and database index; using the local cache "
+                           "only", self.shown, exc, what)
+            return False, None
         except Refused as exc:
             self._count("failures")
             self._say_once("refused", "lazytriton remote cache %s refuses writes (%s, while %s): what is not "
