@@ -301,3 +301,28 @@ def test_a_remote_winner_says_where_it_came_from(tmp_path, fake_driver):
     assert second["record_hits"] == 1 and second["tunes"] == 0, second
     err = (tmp_path / "b.stderr").read_text()
     assert f"using the tuned winner (config {second['winner']}) from the remote cache {srv.url}: " in err, err
+
+
+BROKEN = """import triton
+import triton.language as tl
+
+
+@triton.autotune(configs=[triton.Config({"B": 64}), triton.Config({"B": 128})], key=["n"])
+@triton.jit
+def k(x, n, B: tl.constexpr):
+    tl.store(x + tl.arange(0, B), no_such_name)
+"""
+
+
+def test_compile_ahead_of_a_kernel_whose_every_config_fails_raises(tmp_path, cache_dir, monkeypatch):
+    from lazytriton.compile.compiler import AllCandidatesFailed
+    from lazytriton.compile.targets import target_for
+
+    (tmp_path / "broken_kernel.py").write_text(BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import broken_kernel
+
+    k = lazytriton.kernel(broken_kernel.k)
+    x = DeviceArray(0x7F0000000000, "fp32", 4096, (1024,))
+    with pytest.raises(AllCandidatesFailed, match=r"kernel k: every candidate config \(2\) failed"):
+        k.compile_ahead(x, 1024, target=target_for("sm_90")).result(timeout=300)

@@ -8,6 +8,7 @@ through the stub straight to cuLaunchKernelEx.
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import sys
@@ -66,7 +67,7 @@ class LazyKernel(_core.LaunchBase):
     def __init__(self, kernel: Any, *, cache: Cache | None = None, tune_options: TuneOptions | None = None):
         self.spec: KernelSpec = kernel_spec(kernel)
         self.name = self.spec.name
-        self._cache = cache
+        self._cache = Cache.given(cache, f"kernel {self.name}")  # a directory: a Cache there
         self.tune_options = TuneOptions.given(tune_options, f"kernel {self.name}")
         supplied = {k for c in self.spec.configs for k in c.kwargs} | self.spec.heuristic_names()
         self._supplied = supplied
@@ -277,6 +278,12 @@ class LazyKernel(_core.LaunchBase):
             self._plans[(len(args), *names)] = plan
         return out
 
+    def _unexpected(self, key: str) -> str:
+        """Python's words for a keyword no parameter takes, with the parameter it is likely a typo of."""
+        close = difflib.get_close_matches(key, [p.name for p in self.call_params if p.name != key], n=1, cutoff=0.6)
+        return f"kernel {self.name}: unexpected keyword argument {key!r}" + (f" (did you mean {close[0]!r}?)"
+                                                                             if close else "")
+
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
         """Full positional call tuple: call parameters, then option kwargs and
         Python-evaluated heuristics as trailing pseudo-arguments."""
@@ -289,8 +296,11 @@ class LazyKernel(_core.LaunchBase):
                 values.append(kwargs.pop(p.name))
             elif p.default is not _EMPTY:
                 values.append(p.default)
-            else:
-                raise TypeError(f"kernel {self.name}: missing argument {p.name!r}")
+            else:  # a keyword no parameter takes is likelier the cause (BLOK=256 for BLOCK)
+                stray = [k for k in kwargs if k not in OPTION_NAMES and k not in self._config_sets
+                         and k not in self._overwritten and all(k != q.name for q in self.call_params)]
+                raise TypeError(self._unexpected(stray[0]) if stray else f"kernel {self.name}: missing argument "
+                                f"{p.name!r}")
         for k in list(kwargs):
             if k in self._config_sets:
                 raise TypeError(f"kernel {self.name}: {self._config_sets[k]}; do not pass it (Triton refuses it too: "
@@ -300,7 +310,7 @@ class LazyKernel(_core.LaunchBase):
                     del kwargs[k]  # overwritten by its heuristic, which does not read it
                 continue
             if k not in OPTION_NAMES:
-                raise TypeError(f"kernel {self.name}: unexpected keyword argument {k!r}")
+                raise TypeError(self._unexpected(k))
             specialize.check_option(k, kwargs[k], f"kernel {self.name}")
         extra = ()
         # Compile options, and the values of keywords a heuristic overwrites (it reads them): one
@@ -556,8 +566,8 @@ def kernel(fn: Any = None, *, cache: Cache | None = None, tune_options: TuneOpti
     specialization compiles the candidate configs and tunes them on that call's arguments.
     Usable as a decorator too, above @triton.autotune: `@lazytriton.kernel()` or with the
     keywords below.
-    cache: the lazytriton.cache.Cache winners are kept in (default: the one of
-    $LAZYTRITON_CACHE_DIR, ~/.cache/lazytriton).
+    cache: the lazytriton.cache.Cache winners are kept in, or its directory (default: the one
+    of $LAZYTRITON_CACHE_DIR, ~/.cache/lazytriton).
     tune_options: a lazytriton.TuneOptions, how candidates are timed (its docstring).
     """
     kw = {"cache": cache, "tune_options": tune_options}

@@ -265,8 +265,8 @@ class Resolution:
         if binary is None:
             return None
         _stats["record_hits"] += 1
-        log.info("kernel %s: using the tuned winner (config %d) from the cache: no compile, no tuning",
-                 self.k.name, rec.winner_index)
+        log.info("kernel %s: using the tuned winner (config %d) from %s: no compile, no tuning",
+                 self.k.name, rec.winner_index, rec.origin)
         self.k.records.append(rec)
         self.record = rec
         return self._make_entry(rec.winner, binary, launch["is_param"], launch["meta"])
@@ -310,7 +310,10 @@ class Resolution:
         # No first call waits on these: they wait for the compile server rather than
         # compiling on threads of this process beside the program's own work.
         _, ready = self._compile_stream(self.k.cache, cands, background=True, order=order)
-        return sum(1 for c in ready if c.binary is not None)
+        done = list(ready)
+        if done and all(c.binary is None for c in done):  # result() raises, naming each error, as a call would
+            raise AllCandidatesFailed(self.k.name, done)
+        return sum(1 for c in done if c.binary is not None)
 
     def _tune(self, cache: Cache, tkey: str, cands: list[Candidate], tuning: bool, agreed=None) -> Candidate:
         k = self.k
