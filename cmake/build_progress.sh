@@ -1,0 +1,13 @@
+#!/bin/sh
+# The compiler launcher of a pip install (CMAKE_CXX_COMPILER_LAUNCHER): pip hides the build's output
+# unless -v, so each step is said on the terminal itself, one line, when there is one (not in CI).
+# $1: the file counting the steps done, $2: the steps in all; then the compiler's command line.
+count=$1 total=$2
+shift 2
+for a in "$@"; do case $a in *.cc) src=$a ;; esac; done
+if [ -n "${src:-}" ] && { : > /dev/tty; } 2>/dev/null; then
+  echo >> "$count"
+  printf '\r  lazytriton: compiling the C++ core [%s/%s] %s\n' "$(wc -l < "$count" | tr -d ' ')" "$total" \
+    "${src##*/csrc/}" > /dev/tty 2>/dev/null
+fi
+exec "$@"
