@@ -14,7 +14,7 @@ times from the data being ready (the package already imported) to the result
 being ready.
 
 Rows (one matmul of the package, 8 configs, standalone face):
-  lazytriton                (compile server: front end and back end in workers)
+  lazytriton                (compile server: front ends here, back ends in its workers)
   in-process threads        (LAZYTRITON_COMPILE_WORKERS=0)
   Triton's autotuner        (the kernel called directly, as the package would)
   warm start, new process   (0 compiles, 0 tunes)
