@@ -34,7 +34,7 @@ CC = shutil.which("cc") or shutil.which("gcc")
 CALLS = int(os.environ.get("LAZYTRITON_DIFFERENTIAL_CALLS", "300"))
 SEED = int(os.environ.get("LAZYTRITON_DIFFERENTIAL_SEED", "0"))
 KERNELS = {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int", "heuristic_over_tuned",
-           "tuple_args", "desc_scale"}
+           "tuple_args", "desc_scale", "option_params_tuned", "option_params"}
 JAX_KERNELS = {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int", "heuristic_over_tuned"}
 AUTOTUNED = {"tuned_heuristics", "heuristic_over_tuned"}
 

@@ -41,6 +41,9 @@ GROUPS = {
     # The stubs' reads of torch tensors (the torch reader, torch's getters) and CuPy arrays: views at
     # offsets, dtypes, parameters and subclasses in one process.
     "array_reads": ["test_gpu_array_reads.py"],
+    # Issue 46: torch's streams, torch.cuda.graph capture and replay, option-named parameters (not
+    # torch.compile's reduce-overhead test: Inductor's compile under the sanitizer takes minutes).
+    "torch_streams": ["test_gpu_torch_streams.py", "-k", "not reduce_overhead"],
 }
 
 

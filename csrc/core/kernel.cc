@@ -49,17 +49,32 @@ struct ScratchLayout {
   }
 };
 
-// cuMemAlloc in `ctx`, allowed while this thread's stream is being captured:
-// an allocation is no stream operation, but a capture in global or
-// thread-local mode refuses it unless the mode is relaxed around it.
+// This thread's capture mode relaxed for the guard's life: allocating and loading a
+// module are no stream operations, but a capture in global or thread-local mode
+// (torch.cuda.graph's default, XLA's) refuses them, and is invalidated, unless relaxed.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const std::string& what) {
+    check(driver().cuThreadExchangeStreamCaptureMode(&mode_), what + ": cuThreadExchangeStreamCaptureMode");
+  }
+  ~RelaxedCapture() { driver().cuThreadExchangeStreamCaptureMode(&mode_); }  // restores the caller's mode
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  int mode_ = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
+// cuMemAlloc in `ctx`, allowed while this thread's stream is being captured.
 cu::CUdeviceptr alloc_outside_stream_order(cu::CUcontext ctx, uint64_t bytes, const std::string& what) {
   const Driver& d = driver();
   ContextGuard guard(ctx);
-  int mode = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
-  check(d.cuThreadExchangeStreamCaptureMode(&mode), what + ": cuThreadExchangeStreamCaptureMode");
   cu::CUdeviceptr p = 0;
-  cu::CUresult r = d.cuMemAlloc(&p, bytes);
-  d.cuThreadExchangeStreamCaptureMode(&mode);  // restores the caller's mode
+  cu::CUresult r;
+  {
+    RelaxedCapture relaxed(what);
+    r = d.cuMemAlloc(&p, bytes);
+  }
   check(r, what + ": cuMemAlloc of " + std::to_string(bytes) + " bytes of scratch");
   counters().scratch_allocs++;
   return p;
@@ -308,6 +323,7 @@ cu::CUfunction Kernel::load(cu::CUcontext ctx) {
   if (!why.empty()) throw Error(kname(m) + " " + why);
 
   cu::CUmodule mod;
+  RelaxedCapture relaxed(kname(m) + ": loading");  // a persisted winner's first launch may be under capture
   check(d.cuModuleLoadData(&mod, image_->cubin.data()), kname(m) + ": cuModuleLoadData");
   cu::CUfunction fn;
   cu::CUresult r = d.cuModuleGetFunction(&fn, mod, m.name.c_str());

@@ -326,4 +326,7 @@ void bind_launcher(pybind11::module_& m) {
   m.attr("LaunchBase") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchBaseType));
   m.attr("Launch") = pybind11::handle(reinterpret_cast<PyObject*>(&LaunchType));
   m.attr("register_stream_handle") = pybind11::reinterpret_steal<pybind11::object>(reg);
+  PyObject* dflt = default_stream_function();
+  if (!dflt) throw pybind11::error_already_set();
+  m.attr("default_stream") = pybind11::reinterpret_steal<pybind11::object>(dflt);
 }

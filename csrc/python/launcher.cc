@@ -22,7 +22,8 @@ namespace lt::launcher {
 namespace {
 
 // Interned names and lazily imported modules, kept for the life of the process.
-PyObject *s_stream, *s_run, *s_first_call, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
+PyObject *s_stream, *s_run, *s_first_call, *s_fast_plan, *s_modules, *s_cupy, *s_torch, *s_raw_stream, *s_get_device, *s_stream_handle,
+    *s_get;
 PyObject* g_sys;
 PyObject* g_runtime;        // lazytriton.runtime.kernel
 PyObject* g_stream_handle;  // lazytriton.runtime.kernel.stream_handle as defined there
@@ -35,52 +36,139 @@ inline bool is_stream(PyObject* name) {
 
 // -- stream= ----------------------------------------------------------------------------
 
-// sys.modules.get("cupy") is not None: 1, 0, or -1 with an error set.
-int cupy_imported() {
+// sys.modules.get(name) (borrowed), nullptr if absent or None; nullptr with an error set on failure.
+PyObject* imported(PyObject* name) {
   PyObject* modules = PyObject_GetAttr(g_sys, s_modules);
-  if (!modules) return -1;
-  int found;
+  if (!modules) return nullptr;
+  PyObject* m;
   if (PyDict_CheckExact(modules)) {
-    PyObject* m = PyDict_GetItemWithError(modules, s_cupy);  // borrowed
-    found = m ? m != Py_None : PyErr_Occurred() ? -1 : 0;
+    m = PyDict_GetItemWithError(modules, name);  // borrowed; sys.modules keeps it
   } else {
-    PyObject* m = PyObject_CallMethodOneArg(modules, s_get, s_cupy);
-    found = m ? m != Py_None : -1;
-    Py_XDECREF(m);
+    m = PyObject_CallMethodOneArg(modules, s_get, name);
+    Py_XDECREF(m);  // still held by sys.modules
   }
   Py_DECREF(modules);
-  return found;
+  return m == Py_None ? nullptr : m;
 }
 
-// The CUstream of stream= (`stream`, borrowed; nullptr when not passed): an
-// int as it is, else stream_handle(stream), exactly as LazyKernel._run
-// computes it. False with an error set.
-bool stream_of(PyObject* stream, cu::CUstream* out) {
-  PyObject* s = nullptr;
-  if (stream && PyLong_CheckExact(stream)) {
-    s = Py_NewRef(stream);
-  } else {
-    if (!g_runtime && !(g_runtime = PyImport_ImportModule(seam::kKernelModule))) return false;
-    PyObject* fn = PyObject_GetAttr(g_runtime, s_stream_handle);  // looked up per call, as Python does
-    if (!fn) return false;
-    if (!stream) stream = Py_None;
-    if (stream == Py_None && fn == g_stream_handle) {
-      // stream_handle(None) is CuPy's current stream if CuPy is imported, else 0:
-      // the common case needs no Python call.
-      int cupy = cupy_imported();
-      if (cupy <= 0) {
-        Py_DECREF(fn);
-        *out = nullptr;
-        return cupy == 0;
-      }
-    }
-    s = PyObject_CallOneArg(fn, stream);
-    Py_DECREF(fn);
-    if (!s) return false;
+// torch's pieces the stream rule reads, found once torch is imported (torch is never
+// unloaded); tensor is null until then. Its stream getters are looked up on torch._C at
+// each use, as Triton's driver reads them from torch (a replacement is seen).
+struct Torch {
+  PyObject* tensor = nullptr;  // torch.Tensor
+  PyObject* c = nullptr;       // torch._C
+};
+
+const Torch& torch_state() {
+  static Torch t;
+  if (t.tensor) return t;
+  PyObject* torch = imported(s_torch);
+  PyObject* c = torch ? PyObject_GetAttrString(torch, "_C") : nullptr;
+  PyObject* tensor = torch ? PyObject_GetAttrString(torch, "Tensor") : nullptr;
+  if (c && tensor && PyType_Check(tensor)) {
+    t = Torch{tensor, c};
+  } else {  // not imported (yet), or being imported: asked again next time
+    Py_XDECREF(c);
+    Py_XDECREF(tensor);
   }
-  *out = static_cast<cu::CUstream>(PyLong_AsVoidPtr(s));
-  Py_DECREF(s);
+  PyErr_Clear();
+  return t;
+}
+
+// Whether a torch tensor is among the call's arguments (tuples searched too).
+bool has_tensor(PyObject* const* args, Py_ssize_t n, PyTypeObject* tensor, int depth = 0) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* a = args[i];
+    if (PyObject_TypeCheck(a, tensor)) return true;
+    if (PyTuple_Check(a) && depth < 8 && has_tensor(&PyTuple_GET_ITEM(a, 0), PyTuple_GET_SIZE(a), tensor, depth + 1))
+      return true;
+  }
+  return false;
+}
+
+// A stream handle from a Python int result (a new reference consumed). False with an error set.
+bool stream_from(PyObject* v, cu::CUstream* out) {
+  if (!v) return false;
+  *out = static_cast<cu::CUstream>(PyLong_AsVoidPtr(v));
+  Py_DECREF(v);
   return !PyErr_Occurred();
+}
+
+// torch's current stream of the launch device (the current context's; torch's current
+// device when no context is current): what Triton's launcher asks torch for. A torch
+// built without CUDA has no such getter: its tensors are on no GPU, and 0 is as good.
+bool torch_stream(const Torch& t, cu::CUstream* out) {
+  PyObject* getter = PyObject_GetAttr(t.c, s_raw_stream);
+  if (!getter) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return false;
+    PyErr_Clear();
+    *out = nullptr;
+    return true;
+  }
+  int device = -1;
+  pyargs::launch_context(&device);
+  PyObject* d = nullptr;
+  if (device >= 0) {
+    d = PyLong_FromLong(device);
+  } else if (PyObject* current = PyObject_GetAttr(t.c, s_get_device)) {
+    d = PyObject_CallNoArgs(current);
+    Py_DECREF(current);
+  }
+  PyObject* s = d ? PyObject_CallOneArg(getter, d) : nullptr;
+  Py_XDECREF(d);
+  Py_DECREF(getter);
+  return stream_from(s, out);
+}
+
+// CuPy's current stream (cupy.cuda.get_current_stream().ptr), looked up per call as Python would.
+bool cupy_stream(PyObject* cupy, cu::CUstream* out) {
+  PyObject* cuda = PyObject_GetAttrString(cupy, "cuda");
+  PyObject* s = cuda ? PyObject_CallMethod(cuda, "get_current_stream", nullptr) : nullptr;
+  Py_XDECREF(cuda);
+  PyObject* ptr = s ? PyObject_GetAttrString(s, "ptr") : nullptr;
+  Py_XDECREF(s);
+  return stream_from(ptr, out);
+}
+
+}  // namespace
+
+// The stream of a call that names none (stream= absent or None), the one rule of every face
+// that launches from Python: a call with a torch tensor among its arguments goes to torch's
+// current stream of the launch device, as Triton's launcher does (so `with torch.cuda.stream`,
+// torch.cuda.graph and torch.compile's CUDA graphs direct it); else, with CuPy imported, to
+// CuPy's current stream; else to torch's current stream where torch is imported (Triton's
+// rule for any call); else to the legacy default stream 0. False with an error set.
+bool default_stream(PyObject* const* args, Py_ssize_t n, cu::CUstream* out) {
+  *out = nullptr;
+  const Torch& t = torch_state();
+  if (t.tensor && has_tensor(args, n, reinterpret_cast<PyTypeObject*>(t.tensor))) return torch_stream(t, out);
+  PyObject* cupy = imported(s_cupy);
+  if (cupy) return cupy_stream(cupy, out);
+  if (PyErr_Occurred()) return false;
+  return t.tensor ? torch_stream(t, out) : true;
+}
+
+namespace {
+
+// The CUstream of stream= (`stream`, borrowed; nullptr when not passed) for a call
+// of these arguments: an int as it is, else stream_handle(stream), exactly as
+// LazyKernel._run computes it (no stream: default_stream). False with an error set.
+bool stream_of(PyObject* stream, PyObject* const* args, Py_ssize_t n, cu::CUstream* out) {
+  if (stream && PyLong_CheckExact(stream)) {
+    *out = static_cast<cu::CUstream>(PyLong_AsVoidPtr(stream));
+    return !PyErr_Occurred();
+  }
+  if (!g_runtime && !(g_runtime = PyImport_ImportModule(seam::kKernelModule))) return false;
+  PyObject* fn = PyObject_GetAttr(g_runtime, s_stream_handle);  // looked up per call, as Python does
+  if (!fn) return false;
+  if (!stream) stream = Py_None;
+  if (stream == Py_None && fn == g_stream_handle) {  // not replaced: the rule needs no Python frame
+    Py_DECREF(fn);
+    return default_stream(args, n, out);
+  }
+  PyObject* s = PyObject_CallOneArg(fn, stream);
+  Py_DECREF(fn);
+  return stream_from(s, out);
 }
 
 // A bad stream= (stream_handle's TypeError): the same error, naming the kernel as
@@ -382,7 +470,7 @@ PyObject* launch_vectorcall(PyObject* callable, PyObject* const* args, size_t na
     stream = args[nargs];
   }
   cu::CUstream s;
-  if (!stream_of(stream, &s)) {
+  if (!stream_of(stream, call, n, &s)) {
     name_stream_error(self->kernel);
     return nullptr;
   }
@@ -470,13 +558,34 @@ bool init_names() {
   s_fast_plan = PyUnicode_InternFromString(seam::kFastPlan);
   s_modules = PyUnicode_InternFromString("modules");
   s_cupy = PyUnicode_InternFromString("cupy");
+  s_torch = PyUnicode_InternFromString("torch");
+  s_raw_stream = PyUnicode_InternFromString("_cuda_getCurrentRawStream");
+  s_get_device = PyUnicode_InternFromString("_cuda_getDevice");
   s_stream_handle = PyUnicode_InternFromString(seam::kStreamHandle);
   s_get = PyUnicode_InternFromString("get");
   g_sys = PyImport_ImportModule("sys");
-  return s_stream && s_run && s_first_call && s_fast_plan && s_modules && s_cupy && s_stream_handle && s_get && g_sys;
+  return s_stream && s_run && s_first_call && s_fast_plan && s_modules && s_cupy && s_torch && s_raw_stream && s_get_device &&
+         s_stream_handle && s_get && g_sys;
 }
 
 PyObject* register_stream_handle_function() { return PyCFunction_New(&register_def, nullptr); }
+
+namespace {
+// _core.default_stream(args) -> int: default_stream for Python's callers (LazyKernel.resolve, _run).
+PyObject* default_stream_py(PyObject*, PyObject* args) {
+  if (!PyTuple_Check(args)) {
+    PyErr_SetString(PyExc_TypeError, "default_stream(args): args must be the call tuple");
+    return nullptr;
+  }
+  cu::CUstream s;
+  if (!default_stream(&PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args), &s)) return nullptr;
+  return PyLong_FromVoidPtr(s);
+}
+PyMethodDef default_stream_def = {"default_stream", default_stream_py, METH_O,
+                                  "The CUstream a call of these arguments launches on when it names none."};
+}  // namespace
+
+PyObject* default_stream_function() { return PyCFunction_New(&default_stream_def, nullptr); }
 
 bool ready_launch_type() {
   PyTypeObject* l = &LaunchType;

@@ -91,6 +91,9 @@ extern PyTypeObject LaunchType;
 bool ready_launch_type();
 bool init_names();
 PyObject* register_stream_handle_function();  // _core.register_stream_handle
+PyObject* default_stream_function();          // _core.default_stream
+// The stream of a call of these arguments that names none (launcher.cc says the rule).
+bool default_stream(PyObject* const* args, Py_ssize_t n, cu::CUstream* out);
 Launch* new_launch(PyObject* kernel, PyObject* grid);
 PyObject* launch_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames);
 PyObject* tuple_of(PyObject* const* items, Py_ssize_t n);

@@ -173,7 +173,10 @@ class Binder:
         fields = vars(self.backend.parse_options({}))
         self._knob_options = tuple(n for n in _KNOB_OPTIONS if n in fields and hasattr(triton.knobs.compilation, n))
 
-    def bind(self, args: tuple, kwargs: dict) -> Bound:
+    def bind(self, args: tuple, kwargs: dict, positional: frozenset = frozenset()) -> Bound:
+        """Triton's binding of a call; `positional`: names in kwargs the call passed
+        positionally (or left to their defaults): a parameter named like a launch
+        option (num_warps) is then no launch option, as in Triton."""
         kwargs = dict(kwargs)
         # As JITFunction.run does before binding.
         kwargs["debug"] = kwargs.get("debug", self.spec.fn.debug) or triton.knobs.runtime.debug
@@ -190,7 +193,8 @@ class Binder:
                                "specialize pointer arguments (buffer ops), and torch is not installed: install "
                                "torch, or set AMDGCN_USE_BUFFER_OPS=0 (no buffer-op addressing)") from None
         options, signature, constexprs, attrs = self.spec.fn._pack_args(
-            self.backend, kwargs, bound_args, specialization, options)
+            self.backend, {k: v for k, v in kwargs.items() if k not in positional}, bound_args, specialization,
+            options)
         for p in self.spec.params:  # a float type given by lazytriton, not by the source (JAX's fp64 rule)
             if p.annotation == WIDE_FLOAT and signature.get(p.name) == "fp32":
                 signature[p.name] = p.annotation

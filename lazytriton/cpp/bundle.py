@@ -87,7 +87,7 @@ def load_source(source: str) -> Any:
 
 
 def _supplied(spec: KernelSpec) -> set[str]:
-    return {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
+    return spec.supplied_names()
 
 
 def _heuristic_reads(spec: KernelSpec, call_params: list) -> set[str] | None:

@@ -182,7 +182,7 @@ def _bind(kernel, label: str, args: list, kwargs: dict, out_types: list, aliases
     (operands), other keywords are meta-parameters; the outputs not aliased to
     an input fill the parameters left unbound, in order."""
     spec = kernel_spec(kernel)
-    supplied = {k for c in spec.configs for k in c.kwargs} | spec.heuristic_names()
+    supplied = spec.supplied_names()
     params = [p for p in spec.params if p.name not in supplied]
     by_name = {p.name: p for p in params}
     operand_kw = {k: v for k, v in kwargs.items() if k in by_name and not by_name[k].is_constexpr}

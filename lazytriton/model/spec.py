@@ -123,6 +123,12 @@ class KernelSpec:
     def heuristic_names(self) -> set[str]:
         return {k for layer in self.heuristics for k in layer.values}
 
+    def supplied_names(self) -> set[str]:
+        """The names a call does not pass: what the autotune configs set (their meta-parameters and
+        the launch options of Config.all_kwargs(), which Triton's binder binds to a parameter of that
+        name: `num_warps: tl.constexpr`) and what the heuristics set."""
+        return {k for c in self.configs for k in c.all_kwargs()} | self.heuristic_names()
+
     def heuristics_may_read(self, names: set[str]) -> set[str]:
         """Of `names`, those a heuristic's code might read from its argument dict: whose
         string appears in the code of the heuristic functions or of the functions they

@@ -23,7 +23,7 @@ from ..compile.compiler import Binder
 from . import resolve, stubgen, torch_reader
 from ..model import specialize, tensor_desc, tuples
 from ..model.arrays import ANY_DEVICE, array_device, array_info, is_array
-from .resolve import Resolution, Resolved
+from .resolve import CAPTURE_REMEDY_CALL, CAPTURE_REMEDY_JAX, Resolution, Resolved
 from ..model.spec import KernelSpec, ReadRecorder, kernel_spec
 from ..model.specialize import OPTION_NAMES, Shape, Slot
 from .tuner import TuneOptions
@@ -38,11 +38,13 @@ def stats() -> dict:
 
 
 def stream_handle(stream: Any) -> int:
-    """An int CUstream from None (CuPy's current stream if CuPy is in use), an int,
-    or a stream object (CuPy .ptr, PyTorch .cuda_stream)."""
+    """An int CUstream from an int, a stream object (CuPy .ptr, PyTorch
+    .cuda_stream), or None: the stream a call that names none launches on, as
+    Triton's launcher picks it (_core.default_stream: torch's current stream of
+    the launch device when a torch tensor is among the call's arguments; else
+    CuPy's current stream if CuPy is imported; else torch's if torch is; else 0)."""
     if stream is None:
-        cupy = sys.modules.get("cupy")
-        return cupy.cuda.get_current_stream().ptr if cupy is not None else 0
+        return _core.default_stream(())
     if isinstance(stream, int):
         return stream
     for attr in ("ptr", "cuda_stream", "handle"):
@@ -57,6 +59,7 @@ def stream_handle(stream: Any) -> int:
 # calls the stubs in C, and hands anything else to LazyKernel._run, the one slow path.
 _Launch = _core.Launch
 _core.register_stream_handle(stream_handle)
+_stream_rule = stream_handle  # a replacement (tests, users) is called as the C launcher calls it
 
 
 class LazyKernel(_core.LaunchBase):
@@ -69,7 +72,7 @@ class LazyKernel(_core.LaunchBase):
         self.name = self.spec.name
         self._cache = Cache.given(cache, f"kernel {self.name}")  # a directory: a Cache there
         self.tune_options = TuneOptions.given(tune_options, f"kernel {self.name}")
-        supplied = {k for c in self.spec.configs for k in c.kwargs} | self.spec.heuristic_names()
+        supplied = self.spec.supplied_names()
         self._supplied = supplied
         self.call_params = [p for p in self.spec.params if p.name not in supplied]
         # Keywords a call may not pass: as Triton's Autotuner.run, which refuses a keyword a config
@@ -85,6 +88,9 @@ class LazyKernel(_core.LaunchBase):
         self._kept_keywords: set[str] = self.spec.heuristics_may_read(self._overwritten)
         self._refusal = _every_call_refusal(self.spec, self._config_sets)
         self._n_call = len(self.call_params)
+        # Call parameters named like a launch option (`num_warps: tl.constexpr`): a keyword of that
+        # name binds the parameter and is the launch option too, as in Triton (bound in Python).
+        self._option_params = frozenset(p.name for p in self.call_params if p.name in OPTION_NAMES)
         # The resolve-once table the stubs look winners up in; _first_call resolves its keys.
         self._core = _core.ResolveTable(self.name)
         compiler.warm_up()  # the compile server and Triton's specializer, ready by the first call that compiles
@@ -134,7 +140,7 @@ class LazyKernel(_core.LaunchBase):
         its default. None: not yet (the call goes to _run); False: never."""
         tail = self.call_params[nargs:]
         dropped = set(names) - {p.name for p in tail}  # keywords no parameter takes: the plan leaves them out
-        if nargs > self._n_call or not dropped <= self._overwritten:
+        if nargs > self._n_call or not dropped <= self._overwritten or self._option_params.intersection(names):
             return False
         if self._python_heuristics or self._needs_probe:
             return None
@@ -160,7 +166,7 @@ class LazyKernel(_core.LaunchBase):
         mode: "tune"; "record" (a cached winner or CaptureError: nothing may
         run on the stream); "first" (no tuning: the first config, not persisted)."""
         args, shape, key = self._keyed_call(args, kwargs)
-        s = stream if type(stream) is int else self._stream(stream)
+        s = stream if type(stream) is int else self._stream(stream, args)
         # No table here: these callers de-duplicate first calls in their own
         # (the JAX call site's, the bundle's). A tuned winner also serves k[grid].
         entry = self._resolution(key, args, s, grid, shape, mode)
@@ -223,8 +229,10 @@ class LazyKernel(_core.LaunchBase):
             return plan(args, kwargs) if plan is not None else self._bind_slow(args, kwargs)
         return args
 
-    def _stream(self, stream: Any) -> int:
+    def _stream(self, stream: Any, args: tuple) -> int:
         try:
+            if stream is None and stream_handle is _stream_rule:  # the rule reads the call's arguments
+                return _core.default_stream(tuple(args))
             return stream_handle(stream)
         except TypeError as exc:
             raise TypeError(f"kernel {self.name}: {exc}") from None
@@ -232,7 +240,8 @@ class LazyKernel(_core.LaunchBase):
     def _run(self, grid: Any, stream: Any, args: tuple, kwargs: dict) -> tuple:
         """For the C launcher: the call tuple and the stream (an int) of a call it
         cannot bind itself; it then launches the call through the stubs."""
-        return self._bind_call(args, kwargs), stream if type(stream) is int else self._stream(stream)
+        call = self._bind_call(args, kwargs)
+        return call, stream if type(stream) is int else self._stream(stream, call)
 
     def _first_call(self, stub: Any, key: tuple | None, args: tuple, stream: int, grid: Any) -> None:
         """For the C launcher: the one call into Python of a call it cannot launch yet.
@@ -267,7 +276,8 @@ class LazyKernel(_core.LaunchBase):
         names = tuple(kwargs)
         out = self._bind(args, dict(kwargs))
         tail = [p.name for p in self.call_params[len(args):]]
-        if not self._python_heuristics and set(names) - set(tail) <= self._overwritten - self._kept_keywords:
+        if (not self._python_heuristics and set(names) - set(tail) <= self._overwritten - self._kept_keywords
+                and not self._option_params.intersection(names)):
             # Parameters after the positional ones: from kwargs, else their defaults.
             picks = tuple((n, n in kwargs, self.spec.param(n).default) for n in tail)
             if len(picks) == 1 and picks[0][1]:
@@ -291,9 +301,12 @@ class LazyKernel(_core.LaunchBase):
             raise TypeError(f"kernel {self.name}: takes {self._n_call} arguments "
                             f"({', '.join(p.name for p in self.call_params)}), got {len(args)}")
         values = list(args)
+        options = {}
         for p in self.call_params[len(args):]:
             if p.name in kwargs:
                 values.append(kwargs.pop(p.name))
+                if p.name in self._option_params:
+                    options[p.name] = values[-1]
             elif p.default is not _EMPTY:
                 values.append(p.default)
             else:  # a keyword no parameter takes is likelier the cause (BLOK=256 for BLOCK)
@@ -302,6 +315,8 @@ class LazyKernel(_core.LaunchBase):
                 raise TypeError(self._unexpected(stray[0]) if stray else f"kernel {self.name}: missing argument "
                                 f"{p.name!r}")
         for k in list(kwargs):
+            if k in self._option_params:  # a call parameter, passed positionally already
+                raise TypeError(f"kernel {self.name}: got multiple values for argument {k!r}")
             if k in self._config_sets:
                 raise TypeError(f"kernel {self.name}: {self._config_sets[k]}; do not pass it (Triton refuses it too: "
                                 "Conflicting meta-parameters)")
@@ -312,6 +327,9 @@ class LazyKernel(_core.LaunchBase):
             if k not in OPTION_NAMES:
                 raise TypeError(self._unexpected(k))
             specialize.check_option(k, kwargs[k], f"kernel {self.name}")
+        for k, v in options.items():
+            specialize.check_option(k, v, f"kernel {self.name}")
+        kwargs.update(options)
         extra = ()
         # Compile options, and the values of keywords a heuristic overwrites (it reads them): one
         # interned token, so the stub keys it by identity; meta_kwargs gives them to the heuristics.
@@ -495,11 +513,25 @@ class LazyKernel(_core.LaunchBase):
         """The winner of a new call key (once per key: see _first_call), with
         ctx = (call tuple, stream, grid, the stub that keyed it)."""
         args, stream, grid, stub = ctx
-        return self._resolution(key, args, stream, grid, self._shapes[stub], "tune")
-
-    def _resolution(self, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape, mode: str):
         try:
-            return Resolution(self, key, args, stream, grid, shape, mode).run()
+            capturing = _core.is_capturing(stream)
+        except _core.RuntimeFailure as exc:  # no driver, a stream of another context: the call's error
+            raise _core.RuntimeFailure(f"kernel {self.name}: {exc}") from None
+        if not capturing:
+            return self._resolution(key, args, stream, grid, self._shapes[stub], "tune")
+        # Under capture (torch.cuda.graph, torch.compile's CUDA graphs): a persisted winner is loaded
+        # and launched, which capture allows; anything else is refused before any work that would
+        # invalidate the capture. The load is host work, relaxed for a capture in global mode.
+        previous = _core.exchange_capture_mode(_core.CAPTURE_MODE_RELAXED)
+        try:
+            return self._resolution(key, args, stream, grid, self._shapes[stub], "record", CAPTURE_REMEDY_CALL)
+        finally:
+            _core.exchange_capture_mode(previous)
+
+    def _resolution(self, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape, mode: str,
+                    capture_remedy: str = CAPTURE_REMEDY_JAX):
+        try:
+            return Resolution(self, key, args, stream, grid, shape, mode, capture_remedy).run()
         except Exception as exc:
             if str(exc).startswith(f"kernel {self.name}"):
                 raise

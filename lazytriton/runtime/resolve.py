@@ -78,6 +78,15 @@ class CaptureError(RuntimeError):
     being captured into a CUDA graph."""
 
 
+# What a capture that meets a kernel with no winner should do instead, per face.
+CAPTURE_REMEDY_JAX = ("Run the function once with command buffers off (XLA_FLAGS=--xla_gpu_enable_command_buffer=) "
+                      "or with jax >= 0.10.2, which executes once before capturing; or set "
+                      "LAZYTRITON_CAPTURE_FALLBACK=first_config to launch the first config untuned")
+CAPTURE_REMEDY_CALL = ("Call the kernel once with these arguments before capturing (PyTorch's documented warm-up "
+                       "before torch.cuda.graph), or use a cache that holds its winner; the capture was left "
+                       "as it was")
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A call's winner, resolved but not launched."""
@@ -103,8 +112,9 @@ class Resolution:
     """Resolving one call key: cached winner, else compile + tune on these args."""
 
     def __init__(self, k: Resolvable, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
-                 mode: str = "tune"):
+                 mode: str = "tune", capture_remedy: str = CAPTURE_REMEDY_JAX):
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
+        self.capture_remedy = capture_remedy
         self.spec = k.spec
         self.device = None  # run() asks the driver
         self.dev: dict | None = None  # and its description (name, capability, driver version)
@@ -197,11 +207,9 @@ class Resolution:
                 return hit
             if self.mode == "record":
                 raise CaptureError(
-                    f"kernel {k.name}: its first execution is being captured into a CUDA graph (an XLA command "
-                    "buffer), and lazytriton never compiles or tunes under capture. Run the function once with "
-                    "command buffers off (XLA_FLAGS=--xla_gpu_enable_command_buffer=) or with jax >= 0.10.2, which "
-                    "executes once before capturing; or set LAZYTRITON_CAPTURE_FALLBACK=first_config to launch "
-                    "the first config untuned")
+                    f"kernel {k.name}: its first call for these arguments is being captured into a CUDA graph (its "
+                    "stream is capturing) and no winner is persisted for it, and lazytriton never compiles or tunes "
+                    f"under capture. {self.capture_remedy}")
             if self.mode == "first":
                 return self._entry(self._first(self._candidates()))
             return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
@@ -221,8 +229,11 @@ class Resolution:
             blocks = self._hook_blocks(i, cfg, meta)
             for name, block in blocks.items():  # the config's block shapes are the descriptors' types
                 values[name] = tensor_desc.bind_value(self.descs[name], block)
-            c = Candidate(i, cfg, binder.bind((), {**values, **meta}))
-            c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES}
+            # A call parameter named like a launch option is one only when the call passed it by keyword.
+            positional = frozenset(n for n in self.names if n in OPTION_NAMES and n not in meta)
+            c = Candidate(i, cfg, binder.bind((), {**values, **meta}, positional))
+            # The grid's meta: Triton's bound arguments, where a parameter may be named like an option.
+            c.extra["meta"] = {kk: vv for kk, vv in meta.items() if kk not in OPTION_NAMES or kk in self.spec.arg_names}
             if blocks:
                 c.extra["desc_blocks"] = {n: list(b) for n, b in blocks.items()}
             cands.append(c)

@@ -37,8 +37,10 @@ C_TO_PYTHON = (
              "csrc/python/launcher.cc make_plan"),
     Crossing(KERNEL, "name", None, "str: the kernel's name, in error messages", "csrc/python/launcher.cc, launch_base.cc"),
     Crossing("lazytriton.runtime.kernel", "stream_handle", ("stream",),
-             "int: the CUstream of stream= (registered once through _core.register_stream_handle, so that a "
-             "replacement is noticed and called)", "csrc/python/launcher.cc stream_of"),
+             "int: the CUstream of a stream= that is not an int; None: the stream rule's answer for a call "
+             "with no arrays (registered once through _core.register_stream_handle, so that a replacement is "
+             "noticed and called, with None too)",
+             "csrc/python/launcher.cc stream_of"),
     Crossing(ARRAYS, "pointer_strategy", ("obj",), "int: how to read the device pointer of objects of this type",
              "csrc/python/array_reads.h"),
     Crossing(ARRAYS, "dtype_id", ("dtype",), "int: the dtype id (model/arrays.py DTYPE_IDS), -1 for none",
@@ -97,6 +99,9 @@ PYTHON_TO_C = (
     Crossing(CORE, "_readers", None, "PyCapsule (stub_protocol.h kReadersCapsule) the stubs read arrays through",
              "generated stubs, _generic_stub"),
     Crossing(CORE, "register_stream_handle", ("fn",), "None", "runtime.kernel"),
+    Crossing(CORE, "default_stream", ("args",), "int: the CUstream a call of these arguments launches on when it "
+             "names none (torch's current stream, CuPy's, or 0: csrc/python/launcher.cc default_stream)",
+             "runtime.kernel"),
     Crossing(CORE, "Kernel", ("cubin", "metadata"), "a loaded-on-use kernel: .name .metadata .cubin .load()",
              "runtime, jax, cpp"),
     Crossing(CORE, "Entry", ("kernel", "is_param", "meta", "grid", "sources", "zero"),

@@ -115,11 +115,33 @@ class FakeDeviceDriver:
         pass
 
     def get_current_stream(self, device=None):
-        return 0
+        return current_stream()
 
     def get_current_target(self):
         return TARGET
 
+
+
+# The stream a call that names none launches on. Triton's driver asks torch for its current stream;
+# here torch's getters answer a side stream, as under `with torch.cuda.stream(s)`, and lazytriton's
+# calls name no stream: it must pick the same one (its rule reads torch._C's getters per call).
+SIDE_STREAM = 0x5E1DE0
+_side_stream = False
+
+
+def use_side_stream() -> None:
+    global _side_stream
+    try:
+        import torch
+    except ImportError:  # no torch: both sides launch on stream 0
+        return
+    torch._C._cuda_getCurrentRawStream = lambda device: SIDE_STREAM
+    torch._C._cuda_getDevice = lambda: 0
+    _side_stream = True
+
+
+def current_stream() -> int:
+    return SIDE_STREAM if _side_stream else 0
 
 
 def records() -> list[dict]:
@@ -291,13 +313,27 @@ def desc_scale(c: Calls):
     return (d_in, d_out, c.pick([0.5, 2, -1.0])), {"BM": bm, "BN": bn}, (triton.cdiv(M, bm), triton.cdiv(N, bn))
 
 
+def option_params_tuned(c: Calls):
+    return (c.buf(("fp32", "fp16")), c.buf(("fp32",)), c.pick([16, 64, 100, 256, 1000])), {}, grid_1d
+
+
+def option_params(c: Calls):
+    x, out, n, block = c.buf(("fp32", "fp16")), c.buf(("fp32",)), c.pick([16, 64, 100, 1000]), c.pick([64, 128])
+    how = c.pick(["keyword", "positional", "default"])
+    if how == "positional":  # then no launch option: Triton launches with its default num_warps
+        return (x, out, n, block, c.pick([2, 8])), {}, grid_1d
+    return (x, out, n), {"BLOCK": block, **({"num_warps": c.pick([2, 8])} if how == "keyword" else {})}, grid_1d
+
+
 CASES = {"optional_inputs": (dk.optional_inputs, optional_inputs),
          "int_kinds": (dk.int_kinds, int_kinds),
          "tuned_heuristics": (dk.tuned_heuristics, tuned_heuristics),
          "heuristic_on_int": (dk.heuristic_on_int, heuristic_on_int),
          "heuristic_over_tuned": (dk.heuristic_over_tuned, heuristic_over_tuned),
          "tuple_args": (dk.tuple_args, tuple_args),
-         "desc_scale": (dk.desc_scale, desc_scale)}
+         "desc_scale": (dk.desc_scale, desc_scale),
+         "option_params_tuned": (dk.option_params_tuned, option_params_tuned),
+         "option_params": (dk.option_params, option_params)}
 
 
 # -- keywords beside the arguments ------------------------------------------------------------------
@@ -318,6 +354,15 @@ def set_by(fn) -> tuple[set, set]:
     return heur, cfg
 
 
+def config_options(fn) -> set:
+    """The launch options an autotuned kernel's configs set (Config.all_kwargs())."""
+    while not isinstance(fn, triton.runtime.JITFunction):
+        if isinstance(fn, Autotuner):
+            return {k for c in fn.configs for k in c.all_kwargs() if k in LAUNCH_OPTIONS}
+        fn = fn.fn
+    return set()
+
+
 def keywords(fn, c: Calls) -> dict:
     """Keywords a call passes beside its arguments, as library code does: launch options
     (Triton merges them with an autotuned kernel's configs, and refuses those a config
@@ -327,8 +372,11 @@ def keywords(fn, c: Calls) -> dict:
     r = c.r
     heur, cfg = set_by(fn)
     out = {}
+    # An autotuned kernel with option-named parameters: the options its configs set (refused each time)
+    # only in the sweep, so that most of its calls launch.
+    options = sorted(set(LAUNCH_OPTIONS) - (config_options(fn) if set(fn.arg_names) & set(LAUNCH_OPTIONS) else set()))
     if r.random() < (0.2 if cfg else 0.35):
-        for name in r.sample(sorted(LAUNCH_OPTIONS), r.choice([1, 1, 2])):
+        for name in r.sample(options, r.choice([1, 1, 2])):
             out[name] = r.choice(LAUNCH_OPTIONS[name])
     for name in sorted(heur):
         if r.random() < 0.3:
@@ -354,8 +402,10 @@ def for_lazytriton(v):
     return v
 
 
-def same(a: dict, b: dict) -> bool:
-    return all(a[k] == b[k] for k in ("image", "grid", "block", "shared", "attrs", "params"))
+def same(a: dict, b: dict, stream: bool = False) -> bool:
+    """The same launch; `stream`: on the same stream too (a call that named none)."""
+    return all(a[k] == b[k] for k in ("image", "grid", "block", "shared", "attrs", "params")) and (
+        not stream or a["stream"] == b["stream"])
 
 
 def short(v) -> str:
@@ -374,8 +424,10 @@ class Face:
         self.k = lazytriton.kernel(fn)
         self.chosen: dict = {}  # Triton's specialization (sans config) -> config image lazytriton launched
 
+    NAMES_NO_STREAM = True  # its calls name no stream: they must go to Triton's
+
     def call(self, args, kwargs, grid) -> list[dict]:
-        self.k[grid](*args, stream=0, **kwargs)
+        self.k[grid](*args, **kwargs)
         return records()
 
     def adapt(self, args: tuple) -> tuple:
@@ -419,7 +471,7 @@ def check_call(face: Face, i: int, args, kwargs, grid, report: dict) -> None:
         report["failures"].append(f"{label}: lazytriton launched nothing")
         return
     for got in ours:
-        if not any(same(got, rec) for rec, _ in theirs):
+        if not any(same(got, rec, face.NAMES_NO_STREAM) for rec, _ in theirs):
             t = [dict(rec, spec=spec) for rec, spec in theirs]
             report["failures"].append(f"{label}: lazytriton launched {got}\n  Triton's launches (per config): {t}")
             return
@@ -499,6 +551,7 @@ def jax_call(face: Face, args, kwargs, grid, out_index: int) -> list[dict]:
 
 
 class JaxFace(Face):
+    NAMES_NO_STREAM = False  # XLA's stream, given
     OUT = {"optional_inputs": 2, "int_kinds": 0, "tuned_heuristics": 2, "heuristic_on_int": 1, "heuristic_over_tuned": 1}
 
     def call(self, args, kwargs, grid):
@@ -654,6 +707,7 @@ def bundle_face(calls: int, seed: int, templates: int, kernels, exe: str, report
 def run(calls: int, seed: int, faces: list[str], kernels: list[str] | None, templates: int = 16) -> dict:
     knobs.runtime.launch_enter_hook = None
     triton.runtime.driver.set_active(FakeDeviceDriver())
+    use_side_stream()
     out = {"triton": triton.__version__, "seed": seed, "faces": {}, "failures": []}
     for face_name in [f for f in faces if f != "bundle"]:
         os.environ["LAZYTRITON_STUB_BUILD"] = "off" if face_name == "generic" else "sync"

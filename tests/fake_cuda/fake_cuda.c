@@ -302,7 +302,7 @@ static int param_sizes(const char* name, int* sizes, int max) {
 }
 
 static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
-                       unsigned nattrs, void* f, void** params) {
+                       unsigned nattrs, CUstream stream, void* f, void** params) {
   static int discard = -1;  // read once: getenv per launch would dominate a timed loop
   if (discard < 0) discard = getenv("FAKE_CUDA_LOG") && strcmp(getenv("FAKE_CUDA_LOG"), "discard") == 0;
   if (discard) OK;
@@ -317,8 +317,9 @@ static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, u
   FILE* out = fopen(path, "a");
   if (!out) return 1;
   fprintf(out, "{\"via\": \"%s\", \"kernel\": \"%s\", \"image\": \"%016llx\", \"grid\": [%u, %u, %u], "
-               "\"block\": %u, \"shared\": %u, \"attrs\": %u, \"device\": %d, \"params\": [",
-          how, name, (unsigned long long)fn->image_hash, gx, gy, gz, bx, shared, nattrs, current_device());
+               "\"block\": %u, \"shared\": %u, \"attrs\": %u, \"device\": %d, \"stream\": %llu, \"params\": [",
+          how, name, (unsigned long long)fn->image_hash, gx, gy, gz, bx, shared, nattrs, current_device(),
+          (unsigned long long)(uintptr_t)stream);
   for (int i = 0; i < n; ++i) {
     fprintf(out, "%s\"", i ? ", " : "");
     const unsigned char* b = (const unsigned char*)params[i];
@@ -332,12 +333,13 @@ static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, u
 
 CUresult cuLaunchKernelEx(const FakeLaunchConfig* c, void* f, void** params, void** extra) {
   (void)extra;
-  return record("ex", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->sharedMemBytes, c->numAttrs, f, params);
+  return record("ex", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->sharedMemBytes, c->numAttrs, c->hStream,
+                f, params);
 }
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, CUstream s, void** params, void** extra) {
-  (void)by, (void)bz, (void)s, (void)extra;
-  return record("plain", gx, gy, gz, bx, shared, 0, f, params);
+  (void)by, (void)bz, (void)extra;
+  return record("plain", gx, gy, gz, bx, shared, 0, s, f, params);
 }
 
 // cuGetProcAddress: lazytriton resolves every entry point through it.

@@ -122,3 +122,21 @@ def double_tail(x, n, BLOCK: tl.constexpr):
     # types n i64 and the offsets are int64.
     offs = n - (tl.program_id(0) + 1) * BLOCK + tl.arange(0, BLOCK)
     tl.store(x + offs, tl.load(x + offs) * 2)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2, num_stages=2),
+                          triton.Config({"BLOCK": 128}, num_warps=4, num_stages=3)], key=["n"])
+@triton.jit
+def option_params_tuned(x, out, n, BLOCK: tl.constexpr, num_warps: tl.constexpr, num_stages: tl.constexpr):
+    # Parameters named like launch options: Triton binds the config's values to them (and launches with them).
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * num_warps + num_stages, mask=m)
+
+
+@triton.jit
+def option_params(x, out, n, BLOCK: tl.constexpr, num_warps: tl.constexpr = 4):
+    # A plain kernel's num_warps parameter: a call's keyword is the parameter's value and the launch option.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * num_warps, mask=m)
