@@ -196,3 +196,25 @@ def test_plain_option_parameter_binds_as_in_triton(cache_dir, how):
     streams.option_params[grid](*[ref if a is None else a for a in args], **kw)
     torch.cuda.synchronize()
     assert torch.equal(out, ref) and not torch.isnan(out).any()
+
+
+def test_option_parameters_on_the_jax_face(cache_dir):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+
+    from lazytriton import jax as ltj
+
+    n = 1 << 16
+    g = lambda m: (triton.cdiv(n, m["BLOCK"]),)  # noqa: E731
+    x = jnp.asarray(np.random.default_rng().standard_normal(n).astype(np.float32))
+    tuned = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params_tuned, out_shape=a, grid=g, n=n))(x)
+    k = lazytriton.kernel(streams.option_params_tuned)  # the winner the JAX face persisted, read back
+    ref = torch.full((n,), float("nan"), device="cuda")
+    k[g](torch.from_dlpack(x), ref, n)
+    torch.cuda.synchronize()
+    assert k.records[-1].winner_index is not None
+    np.testing.assert_array_equal(np.asarray(tuned), ref.cpu().numpy())
+    plain = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params, out_shape=a, grid=g, n=n, BLOCK=256,
+                                              num_warps=8))(x)
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(x) * 8)

@@ -64,8 +64,7 @@ def timings() -> list[dict]:
     end in this process, summed over candidates), compile_s (every
     candidate's front end and back end, summed: CPU seconds, about), in_threads (candidates
     compiled on threads here: the compile server was not ready), front_ends_here
-    (candidates whose front end ran in this process: no portable recipe, or
-    compiled on threads), tuned_s
+    (candidates whose front end ran in this process: all of them, since issue 47), tuned_s
     (compile and tune, overlapped), tune_s (the tune alone: seconds in trials, re-timing
     and the last restore, whether or not compiles ran between them), at
     (time.perf_counter() when it ended).
