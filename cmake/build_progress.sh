@@ -5,7 +5,9 @@
 count=$1 total=$2
 shift 2
 for a in "$@"; do case $a in *.cc) src=$a ;; esac; done
-if [ -n "${src:-}" ] && { : > /dev/tty; } 2>/dev/null; then
+# Opening /dev/tty is tried in a subshell: with no terminal (CI, a device without one) a failed
+# redirection of a special built-in would end this shell itself (POSIX), and the compile with it.
+if [ -n "${src:-}" ] && (true > /dev/tty) 2>/dev/null; then
   echo >> "$count"
   printf '\r  lazytriton: compiling the C++ core [%s/%s] %s\n' "$(wc -l < "$count" | tr -d ' ')" "$total" \
     "${src##*/csrc/}" > /dev/tty 2>/dev/null
