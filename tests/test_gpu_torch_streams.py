@@ -55,7 +55,7 @@ def test_side_stream_with_a_slow_producer(cache_dir, first):
             slow_producer(x, src)
             k[grid](x, out, N)  # a cold first call tunes on s too, after the producer
             after = out * 1.0  # a consumer on s
-            assert lazytriton.stream_handle(None) == s.cuda_stream
+            assert lazytriton._core.default_stream((x, out, N)) == s.cuda_stream  # the rule k[grid] read
         torch.cuda.synchronize()
         assert torch.equal(after, src * 2 + 1)
 
@@ -208,13 +208,13 @@ def test_option_parameters_on_the_jax_face(cache_dir):
     n = 1 << 16
     g = lambda m: (triton.cdiv(n, m["BLOCK"]),)  # noqa: E731
     x = jnp.asarray(np.random.default_rng().standard_normal(n).astype(np.float32))
-    tuned = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params_tuned, out_shape=a, grid=g, n=n))(x)
+    tuned = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params_tuned, out_type=a, grid=g, n=n))(x)
     k = lazytriton.kernel(streams.option_params_tuned)  # the winner the JAX face persisted, read back
     ref = torch.full((n,), float("nan"), device="cuda")
     k[g](torch.from_dlpack(x), ref, n)
     torch.cuda.synchronize()
     assert k.records[-1].winner_index is not None
     np.testing.assert_array_equal(np.asarray(tuned), ref.cpu().numpy())
-    plain = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params, out_shape=a, grid=g, n=n, BLOCK=256,
+    plain = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params, out_type=a, grid=g, n=n, BLOCK=256,
                                               num_warps=8))(x)
     np.testing.assert_array_equal(np.asarray(plain), np.asarray(x) * 8)

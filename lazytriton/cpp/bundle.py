@@ -438,7 +438,8 @@ class Bundle:
         lk = kernel if isinstance(kernel, LazyKernel) else LazyKernel(kernel)
         desc = describe(lk, source)
         values, options = bind(desc, args, kwargs)
-        resolved = lk.resolve(*values, grid=grid, stream=stream, **options)
+        pos, kw = lk.as_call(values, options)
+        resolved = lk.resolve(*pos, grid=grid, stream=stream, **kw)
         variant, cubin = make_variant(desc, lk, resolved, values, options)
         return write_variant(self.path, desc, variant, cubin)
 

@@ -76,7 +76,8 @@ def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, str
     if layouts:
         leaves = iter(args)
         args = [tuples.nest(layout, leaves) for layout in layouts]
-    resolved = lk.resolve(*args, grid=grid, stream=stream, **options)
+    pos, kw = lk.as_call(args, options)
+    resolved = lk.resolve(*pos, grid=grid, stream=stream, **kw)
     desc = bundle.describe(lk, source)
     variant, cubin = bundle.make_variant(desc, lk, resolved, args, options)
     try:

@@ -217,7 +217,8 @@ def compile_ahead(payload: str, nbytes: list[int]) -> None:
             if site is None:
                 site = _sites.setdefault(payload, Site(json.loads(payload)))
             buffers = tuple((_AHEAD_BASE + i * _AHEAD_STRIDE, n) for i, n in enumerate(nbytes))
-            site.lazy.compile_ahead(*site.call_args(buffers), **site.options)
+            pos, kw = site.lazy.as_call(site.call_args(buffers), site.options)
+            site.lazy.compile_ahead(*pos, **kw)
         except Exception as exc:  # noqa: BLE001  (the first execution resolves again and raises)
             log.debug("%s: compiling ahead failed: %s", payload[:80], exc)
 
@@ -289,6 +290,7 @@ class Site:
         d = self.d
         leaves = self.call_leaves(buffers)
         args = self.call_args(buffers, leaves)
+        pos, kw = self.lazy.as_call(args, self.options)
         mode = "tune"
         if capturing:
             mode = "first" if settings.capture_fallback() == "first_config" else "record"
@@ -299,11 +301,11 @@ class Site:
             # capture in thread-local mode (XLA's) refuses them unless relaxed.
             previous = _core.exchange_capture_mode(_core.CAPTURE_MODE_RELAXED)
             try:
-                res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **self.options)
+                res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, **kw)
             finally:
                 _core.exchange_capture_mode(previous)
         else:
-            res = self.lazy.resolve(*args, grid=self._grid, stream=stream, mode=mode, **self.options)
+            res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, **kw)
         if len(res.types) != len(d["args"]):
             raise RuntimeError(f"{self.name}: internal error: the kernel was resolved for {len(res.types)} "
                                f"arguments but the call site has {len(d['args'])}")

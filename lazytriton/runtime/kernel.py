@@ -120,6 +120,15 @@ class LazyKernel(_core.LaunchBase):
         """How many arguments a call passes (the parameters the configs and heuristics do not set)."""
         return self._n_call
 
+    def as_call(self, values: list, options: dict) -> tuple[list, dict]:
+        """(positional, keywords) of a call made from every call parameter's value and the
+        call's launch options, for faces that hold both (the JAX call site, C++ bundles): a
+        parameter named like a launch option (`num_warps: tl.constexpr`), and those after it,
+        go by keyword, so that its value is the launch option too, as a Triton call's keyword is."""
+        names = [p.name for p in self.call_params]
+        cut = next((i for i, n in enumerate(names) if n in self._option_params), len(values))
+        return list(values[:cut]), {**options, **dict(zip(names[cut:], values[cut:]))}
+
     @property
     def heuristics_in_python(self) -> bool:
         """Whether the heuristics read arrays, so that they run in Python on every call."""
