@@ -124,10 +124,12 @@ class LazyKernel(_core.LaunchBase):
         """(positional, keywords) of a call made from every call parameter's value and the
         call's launch options, for faces that hold both (the JAX call site, C++ bundles): a
         parameter named like a launch option (`num_warps: tl.constexpr`), and those after it,
-        go by keyword, so that its value is the launch option too, as a Triton call's keyword is."""
+        go by keyword, so that its value is the launch option too, as a Triton call's keyword is
+        (an option the call gives sets such a parameter)."""
         names = [p.name for p in self.call_params]
         cut = next((i for i, n in enumerate(names) if n in self._option_params), len(values))
-        return list(values[:cut]), {**options, **dict(zip(names[cut:], values[cut:]))}
+        # A launch option the call gives (triton_call's num_warps=8) is that parameter's value too.
+        return list(values[:cut]), {**dict(zip(names[cut:], values[cut:])), **options}
 
     @property
     def heuristics_in_python(self) -> bool:
