@@ -619,22 +619,23 @@ def test_the_stream_of_a_call_that_names_none(monkeypatch, no_cupy):
     k = kernel_with(stub)
     k._run = Spy(k)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7000 + device, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)  # no context here: torch's device
+    # The launch device: the current context's (device 0 where a GPU test made one), else torch's.
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     t = torch.zeros(4)
 
     def stream_of(*args, **kw):
         k[GRID](*args, **kw)
         return stub.calls[-1][2]
 
-    assert stream_of(X, Y, OUT, 16, 1024) == 7003  # torch imported: Triton's rule for any call
-    assert stream_of(t, Y, OUT, 16, 1024) == 7003 and stream_of(X, Y, OUT, 16, 1024, stream=5) == 5
+    assert stream_of(X, Y, OUT, 16, 1024) == 7000  # torch imported: Triton's rule for any call
+    assert stream_of(t, Y, OUT, 16, 1024) == 7000 and stream_of(X, Y, OUT, 16, 1024, stream=5) == 5
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
         get_current_stream=lambda: types.SimpleNamespace(ptr=4242)))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     assert stream_of(X, Y, OUT, 16, 1024) == 4242  # CuPy's arrays: CuPy's stream
-    assert stream_of(t, Y, OUT, 16, 1024) == 7003  # a torch tensor among them: torch's
-    assert stream_of((X, t), Y, OUT, 16, 1024) == 7003  # inside a tuple too
+    assert stream_of(t, Y, OUT, 16, 1024) == 7000  # a torch tensor among them: torch's
+    assert stream_of((X, t), Y, OUT, 16, 1024) == 7000  # inside a tuple too
     assert k._run.calls == []
     # Python's callers (resolve, _run's calls) read the same rule.
-    assert lazytriton._core.default_stream((t, 1)) == 7003 and lazytriton._core.default_stream((X,)) == 4242
-    assert k._run(GRID, None, (t, Y, OUT, 16), {"BLOCK": 1024})[1] == 7003
+    assert lazytriton._core.default_stream((t, 1)) == 7000 and lazytriton._core.default_stream((X,)) == 4242
+    assert k._run(GRID, None, (t, Y, OUT, 16), {"BLOCK": 1024})[1] == 7000

@@ -127,7 +127,9 @@ class KernelSpec:
         """The names a call does not pass: what the autotune configs set (their meta-parameters and
         the launch options of Config.all_kwargs(), which Triton's binder binds to a parameter of that
         name: `num_warps: tl.constexpr`) and what the heuristics set."""
-        return {k for c in self.configs for k in c.all_kwargs()} | self.heuristic_names()
+        params = set(self.arg_names)
+        return ({k for c in self.configs for k in c.kwargs} | self.heuristic_names()
+                | {k for c in self.configs for k in c.all_kwargs() if k in params})
 
     def heuristics_may_read(self, names: set[str]) -> set[str]:
         """Of `names`, those a heuristic's code might read from its argument dict: whose
