@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 
 import lazytriton  # noqa: E402
-from kernels import streams  # noqa: E402
+from kernels import differential_kernels as dk, streams  # noqa: E402
 from lazytriton.runtime.resolve import CaptureError  # noqa: E402
 
 N = 1 << 20
@@ -170,30 +170,30 @@ def test_a_new_process_captures_its_persisted_winner_on_its_first_call(tmp_path)
 
 
 def test_autotuned_option_parameters_get_the_configs_values(cache_dir):
-    k = lazytriton.kernel(streams.option_params_tuned)
+    k = lazytriton.kernel(dk.option_params_tuned)
     for _ in range(2):
         x, out = torch.randn(N, device="cuda"), poisoned()
         k[grid](x, out, N)
         torch.cuda.synchronize()
-        cfg = streams.option_params_tuned.configs[k.records[-1].winner_index]
+        cfg = dk.option_params_tuned.configs[k.records[-1].winner_index]
         assert torch.equal(out, x * cfg.num_warps + cfg.num_stages)
         # Triton's own launch of that config binds the same values and launches with them.
         ref = poisoned()
-        streams.option_params_tuned.fn[grid](x, ref, N, **cfg.all_kwargs())
+        dk.option_params_tuned.fn[grid](x, ref, N, **cfg.all_kwargs())
         torch.cuda.synchronize()
         assert torch.equal(out, ref)
 
 
 @pytest.mark.parametrize("how", ["keyword", "positional", "default"])
 def test_plain_option_parameter_binds_as_in_triton(cache_dir, how):
-    k = lazytriton.kernel(streams.option_params)
+    k = lazytriton.kernel(dk.option_params)
     x = torch.randn(N, device="cuda")
     args, kw = {"keyword": ((x, None, N), {"BLOCK": 256, "num_warps": 8}),
                 "positional": ((x, None, N, 256, 8), {}),
                 "default": ((x, None, N), {"BLOCK": 256})}[how]
     out, ref = poisoned(), poisoned()
     k[grid](*[out if a is None else a for a in args], **kw)
-    streams.option_params[grid](*[ref if a is None else a for a in args], **kw)
+    dk.option_params[grid](*[ref if a is None else a for a in args], **kw)
     torch.cuda.synchronize()
     assert torch.equal(out, ref) and not torch.isnan(out).any()
 
@@ -208,13 +208,13 @@ def test_option_parameters_on_the_jax_face(cache_dir):
     n = 1 << 16
     g = lambda m: (triton.cdiv(n, m["BLOCK"]),)  # noqa: E731
     x = jnp.asarray(np.random.default_rng().standard_normal(n).astype(np.float32))
-    tuned = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params_tuned, out_type=a, grid=g, n=n))(x)
-    k = lazytriton.kernel(streams.option_params_tuned)  # the winner the JAX face persisted, read back
+    tuned = jax.jit(lambda a: ltj.triton_call(a, kernel=dk.option_params_tuned, out_type=a, grid=g, n=n))(x)
+    k = lazytriton.kernel(dk.option_params_tuned)  # the winner the JAX face persisted, read back
     ref = torch.full((n,), float("nan"), device="cuda")
     k[g](torch.from_dlpack(x), ref, n)
     torch.cuda.synchronize()
     assert k.records[-1].winner_index is not None
     np.testing.assert_array_equal(np.asarray(tuned), ref.cpu().numpy())
-    plain = jax.jit(lambda a: ltj.triton_call(a, kernel=streams.option_params, out_type=a, grid=g, n=n, BLOCK=256,
+    plain = jax.jit(lambda a: ltj.triton_call(a, kernel=dk.option_params, out_type=a, grid=g, n=n, BLOCK=256,
                                               num_warps=8))(x)
     np.testing.assert_array_equal(np.asarray(plain), np.asarray(x) * 8)
