@@ -72,6 +72,7 @@ except SettingError as _bad:
 from .runtime.kernel import LazyKernel, kernel, stats, stream_handle  # noqa: E402
 from .model.tensor_desc import TensorDescriptor  # noqa: E402
 from .runtime.tuner import TuneOptions  # noqa: E402
+from .runtime.resolve import CaptureError  # noqa: E402
 
 RuntimeFailure = _core.RuntimeFailure
 RuntimeFailure.__doc__ = """An error of lazytriton's C++ runtime (a RuntimeError): no usable CUDA (or HIP)
@@ -102,4 +103,4 @@ def _connect_the_remote_cache() -> None:
 _connect_the_remote_cache()
 
 __all__ = ["LazyKernel", "kernel", "stats", "stream_handle", "TensorDescriptor", "TuneOptions", "RuntimeFailure",
-           "gpu_available", "SettingError", "__version__"]
+           "CaptureError", "gpu_available", "SettingError", "__version__"]
