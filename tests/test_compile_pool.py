@@ -24,7 +24,20 @@ TARGET = GPUTarget("cuda", 90, 32)
 P = DeviceArray(0x7F0000000000, "fp16", 1 << 24)
 
 
-def demo_candidates(configs=DEMO_CONFIGS, kernel=demo_matmul):
+@triton.jit
+def tile_matmul(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # One K block of the demo's matmul, no loop: its TTIR reads back as printed, so its back end
+    # runs in a worker (a loop's, whose induction variable's name the printer leaves out, runs here).
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    x = tl.load(a + rm[:, None] * sam + rk[None, :] * sak)
+    y = tl.load(b + rk[:, None] * sbk + rn[None, :] * sbn)
+    tl.store(c + rm[:, None] * scm + rn[None, :] * scn, tl.dot(x, y).to(tl.float16))
+
+
+def demo_candidates(configs=DEMO_CONFIGS, kernel=tile_matmul):
     spec = kernel_spec(kernel)
     binder = Binder(spec, TARGET)
     args = (P, P, P, 2048, 2048, 2048, 2048, 1, 2048, 1, 2048, 1)

@@ -218,3 +218,26 @@ def test_dropped_kernels_are_not_kept_alive(server):
     registry = getattr(triton.runtime.jit, "_triton_jit_function_registry", {})
     kept = [r() for r in alive if r() is not None]
     assert [k for k in kept if all(k is not v for v in registry.values())] == [] and len(kept) <= 1
+
+
+@triton.jit
+def looped(x, y, n, B: tl.constexpr):
+    # A loop: the names of its induction variable and iteration arguments are locations (NameLoc)
+    # that MLIR's printer leaves out, so its TTIR text does not read back as printed.
+    acc = tl.zeros([B], dtype=tl.float32)
+    for k in tl.range(0, n, B):
+        acc += tl.load(x + k + tl.arange(0, B), mask=k + tl.arange(0, B) < n, other=0.0)
+    tl.store(y + tl.arange(0, B), acc)
+
+
+def test_a_module_whose_text_does_not_read_back_compiles_here_from_memory(server, tmp_path):
+    """Its back end runs in this process on the front end's own module (Triton 3.7 built another
+    cubin for a warp-specialized loop from the text: tests/triton_versions' warp_specialized_matmul);
+    remove the check (ir_text._reads_back answering True) and this compiles in a worker."""
+    spec = kernel_spec(looped)
+    c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": 128}))
+    (c,) = compile_stream(spec, TARGET, [c])
+    assert c.error is None and c.extra["compiled_in"] == "thread", (c.error, c.extra)
+    ck = reference(looped, c, tmp_path / "reference")
+    assert c.binary.ttir == ck.asm["ttir"]
+    assert same_bytes(c.binary.cubin) == same_bytes(ck.asm["cubin"])

@@ -37,7 +37,7 @@ from triton.compiler import ASTSource, make_backend
 
 from .targets import ast_source
 
-__all__ = ["TextSource", "apply_state", "compile_text", "front_end", "process_state"]
+__all__ = ["InCaller", "TextSource", "apply_state", "compile_text", "front_end", "process_state"]
 
 
 def _make_ir(src: ASTSource, target, options, context):
@@ -68,10 +68,49 @@ def front_end(fn, target, signature: dict, constexprs: dict, attrs: dict, option
     module = _make_ir(src, target, backend.parse_options(merged), context)
     text = module.str()
     state, local = process_state()
+    if local is None and not _reads_back(text, context):
+        local = "its TTIR text does not read back as printed (a name location the printer leaves out)"
     key = hashlib.sha256(f"{src.hash()}\n{text}\n{sorted(state['env'].items(), key=str)}\n".encode())
     key.update(repr(sorted((g, sorted(v.items(), key=str)) for g, v in state["knobs"].items())).encode())
     return {"text": text, "hash": key.hexdigest(), "name": src.name, "language": src.language, "ext": src.ext,
-            "options": merged, "state": state, "local": local}
+            "options": merged, "state": state, "local": local, "in_caller": InCaller(module)}
+
+
+def _reads_back(text: str, context) -> bool:
+    """Whether the text, parsed, prints as itself: then a worker that parses it compiles what the
+    front end made. MLIR's printers leave some locations out (the name of a loop's induction
+    variable and iteration arguments, from Triton's NameLoc), which some back ends read (Triton
+    3.7's warp specialization: another cubin); such a module compiles here, from memory."""
+    from triton._C.libtriton import ir
+
+    return _parse(text, context, ir).str() == text
+
+
+def _parse(text: str, context, ir):
+    fd, path = tempfile.mkstemp(suffix=".mlir", prefix="lt-ir-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return ir.parse_mlir_module(path, context)
+    finally:
+        os.unlink(path)
+
+
+class InCaller:
+    """The front end's module itself, for a back end in this process (which compiles it from
+    memory, not from its text); it never travels: a worker gets an empty one."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module=None) -> None:
+        self.module = module
+
+    def __reduce__(self):
+        return InCaller, ()
+
+    def take(self):
+        module, self.module = self.module, None
+        return module
 
 
 class TextSource(ASTSource):
@@ -83,6 +122,7 @@ class TextSource(ASTSource):
         self.name, self.language, self.ext = ir["name"], ir["language"], ir["ext"]
         self.signature, self.constants, self.attrs = {}, {}, {}
         self._hash, self._text = ir["hash"], ir["text"]
+        self._in_caller, self._local = ir.get("in_caller"), ir.get("local")
 
     def hash(self) -> str:
         return self._hash
@@ -93,14 +133,14 @@ class TextSource(ASTSource):
     def make_ir(self, *args: Any):
         from triton._C.libtriton import ir
 
+        module = self._in_caller.take() if self._in_caller is not None else None
+        if module is not None:  # in the caller: the front end's own module, in its own context
+            return module
+        if self._local:  # compiled once already, or a worker given a job that must not travel
+            raise RuntimeError(f"lazytriton: internal error: {self.name}'s front end must be compiled in the "
+                               f"process that ran it ({self._local})")
         context = args[-1]
-        fd, path = tempfile.mkstemp(suffix=".mlir", prefix="lt-ir-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self._text)
-            module = ir.parse_mlir_module(path, context)
-        finally:
-            os.unlink(path)
+        module = _parse(self._text, context, ir)
         module.context = context  # as the code generator leaves it: the passes read it
         return module
 

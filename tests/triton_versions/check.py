@@ -565,6 +565,21 @@ def _short(args, kwargs) -> str:
     return "(" + ", ".join([s(a) for a in args] + [f"{kk}={s(v)}" for kk, v in kwargs.items()]) + ")"
 
 
+def _varies(src, options: dict, cubin: bytes) -> bool:
+    """Whether Triton, compiling `src` again (its cache bypassed), builds another cubin."""
+    import os
+
+    old = os.environ.get("TRITON_ALWAYS_COMPILE")
+    os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+    try:
+        return triton.compile(src, target=TARGET, options=_options(options)).asm["cubin"] != cubin
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_ALWAYS_COMPILE")
+        else:
+            os.environ["TRITON_ALWAYS_COMPILE"] = old
+
+
 def _compile_and_compare(case, fn, k, cands, theirs, our_sizes, t_sizes, label, rep, info) -> None:
     compile_all(k.spec, TARGET, cands)  # the compile server's workers (a Gluon kernel: Gluon's source)
     for c, t in zip(cands, theirs):
@@ -584,7 +599,12 @@ def _compile_and_compare(case, fn, k, cands, theirs, our_sizes, t_sizes, label, 
         info["compiled"] += 1
         info.setdefault("plans", []).append({kk: v for kk, v in lazytriton_launch_plan(c.binary).items()
                                              if kk != "name"})
-        rep.expect(c.binary.cubin == theirs_ck.asm["cubin"], f"{where}: lazytriton's cubin is not Triton's")
+        if c.binary.cubin != theirs_ck.asm["cubin"] and _varies(src, t["options"], theirs_ck.asm["cubin"]):
+            # Triton's own compiles of this kernel differ from run to run (warp specialization in
+            # 3.5 and 3.9): no one cubin to compare with; the launch metadata below still is.
+            info["varies"] = "Triton's own cubin differs between two compiles of this kernel"
+        else:
+            rep.expect(c.binary.cubin == theirs_ck.asm["cubin"], f"{where}: lazytriton's cubin is not Triton's")
         for why in metadata_differences(theirs_ck.metadata._asdict(),
                                         _core.Kernel(c.binary.cubin, c.binary.metadata).metadata):
             rep.expect(False, f"{where}: Triton's metadata: {why}")
