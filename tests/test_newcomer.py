@@ -326,3 +326,26 @@ def test_compile_ahead_of_a_kernel_whose_every_config_fails_raises(tmp_path, cac
     x = DeviceArray(0x7F0000000000, "fp32", 4096, (1024,))
     with pytest.raises(AllCandidatesFailed, match=r"kernel k: every candidate config \(2\) failed"):
         k.compile_ahead(x, 1024, target=target_for("sm_90")).result(timeout=300)
+
+
+def test_a_compile_error_is_printed_once(tmp_path, cache_dir, monkeypatch, caplog):
+    """Each failing config says one line; Triton's whole message (its source line and caret) is the
+    error's, raised when every config fails, not printed as a warning first."""
+    import logging
+
+    from lazytriton.compile.compiler import AllCandidatesFailed
+    from lazytriton.compile.targets import target_for
+
+    (tmp_path / "broken_once.py").write_text(BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import broken_once
+
+    k = lazytriton.kernel(broken_once.k)
+    x = DeviceArray(0x7F0000000000, "fp32", 4096, (1024,))
+    with caplog.at_level(logging.WARNING, logger="lazytriton"):
+        with pytest.raises(AllCandidatesFailed) as err:
+            k.compile_ahead(x, 1024, target=target_for("sm_90")).result(timeout=300)
+    whole = str(err.value)
+    assert "no_such_name" in whole and "^" in whole  # Triton's message, with its caret
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "skipped" in warned and "^" not in warned, warned

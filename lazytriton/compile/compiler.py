@@ -392,11 +392,16 @@ def _settle(c: Candidate, fut: cf.Future) -> None:
 
 def _report(spec: KernelSpec, c: Candidate, store, seen: dict) -> None:
     if c.error:
-        # Triton's whole message, once: candidates that fail alike point at the first.
+        # One line per config (candidates that fail alike point at the first): Triton's whole
+        # message is the error's own when every config fails (AllCandidatesFailed), else at debug level.
         short = f"config {c.index}" if c.config is not None else "the default config"
         first = seen.setdefault(c.error, short)
         if first is short:
-            log.warning("kernel %s: %s skipped: %s", spec.name, c.label, c.error)
+            head = c.error.strip().splitlines()[0]
+            more = " (the whole message: at debug level, or in the error if every config fails)" \
+                if c.error.strip() != head else ""
+            log.warning("kernel %s: %s skipped: %s%s", spec.name, c.label, head, more)
+            log.debug("kernel %s: %s: %s", spec.name, c.label, c.error)
         else:
             log.warning("kernel %s: %s skipped: the same error as %s", spec.name, c.label, first)
         return
