@@ -37,7 +37,7 @@ from triton.compiler import ASTSource, make_backend
 
 from .targets import ast_source
 
-__all__ = ["InCaller", "TextSource", "apply_state", "compile_text", "front_end", "process_state"]
+__all__ = ["InCaller", "TextSource", "apply_state", "compile_text", "front_end", "process_state", "release"]
 
 
 def _make_ir(src: ASTSource, target, options, context):
@@ -150,7 +150,17 @@ def compile_text(ir: dict, target):
     compile (a compile server's worker, or a thread of the caller)."""
     from ..cache import CompiledBinary
 
-    return CompiledBinary.from_triton(triton.compile(TextSource(ir), target=target, options=ir["options"]))
+    try:
+        return CompiledBinary.from_triton(triton.compile(TextSource(ir), target=target, options=ir["options"]))
+    finally:
+        release(ir)
+
+
+def release(ir: dict) -> None:
+    """Drops the front end's module (a hit in Triton's cache never asked for it; a job sent to a
+    worker does not need it): MLIR objects left alive at exit are reported as leaks."""
+    if ir.get("in_caller") is not None:
+        ir["in_caller"].take()
 
 
 # -- what the back end reads from the process ------------------------------------------

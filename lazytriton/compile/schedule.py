@@ -29,6 +29,7 @@ import time
 from typing import Callable
 
 from . import pool as compile_pool
+from .ir_text import release
 
 log = logging.getLogger("lazytriton.compile")
 
@@ -170,6 +171,7 @@ def _dispatch() -> None:
         if server:
             try:
                 pool.submit(job).add_done_callback(lambda f, t=ticket: _settled(t, f))
+                release(job["ir"])  # its text reads back as printed: a back end here, if any, parses it
                 continue
             except (compile_pool.WorkerUnavailable, OSError) as exc:
                 log.info("%s: compiling it in this process (%s)", ticket.times["label"], exc)
