@@ -351,8 +351,13 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                 c.extra["ready_s"] = time.perf_counter() - t0
                 yield c
     finally:
-        for c in sorted(failed, key=lambda c: c.index):
-            _report(spec, c, None, seen)
+        # When every candidate failed, the caller raises AllCandidatesFailed with Triton's whole
+        # message: said here too, it would be printed twice.
+        if failed and len(failed) == len(candidates):
+            log.debug("kernel %s: every candidate failed: %s", spec.name, "; ".join(c.error for c in failed))
+        else:
+            for c in sorted(failed, key=lambda c: c.index):
+                _report(spec, c, None, seen)
         # Stopped early: what no other stream waits for is dropped.
         with _inflight_lock:
             drop = [(k, t) for k, t in mine if id(t) not in _inflight_joined and not t.future.done()]
@@ -392,16 +397,11 @@ def _settle(c: Candidate, fut: cf.Future) -> None:
 
 def _report(spec: KernelSpec, c: Candidate, store, seen: dict) -> None:
     if c.error:
-        # One line per config (candidates that fail alike point at the first): Triton's whole
-        # message is the error's own when every config fails (AllCandidatesFailed), else at debug level.
+        # Triton's whole message, once: candidates that fail alike point at the first.
         short = f"config {c.index}" if c.config is not None else "the default config"
         first = seen.setdefault(c.error, short)
         if first is short:
-            head = c.error.strip().splitlines()[0]
-            more = " (the whole message: at debug level, or in the error if every config fails)" \
-                if c.error.strip() != head else ""
-            log.warning("kernel %s: %s skipped: %s%s", spec.name, c.label, head, more)
-            log.debug("kernel %s: %s: %s", spec.name, c.label, c.error)
+            log.warning("kernel %s: %s skipped: %s", spec.name, c.label, c.error)
         else:
             log.warning("kernel %s: %s skipped: the same error as %s", spec.name, c.label, first)
         return
