@@ -22,8 +22,8 @@ namespace lt::launcher {
 namespace {
 
 // Interned names and lazily imported modules, kept for the life of the process.
-PyObject *s_stream, *s_run, *s_first_call, *s_fast_plan, *s_modules, *s_cupy, *s_torch, *s_raw_stream, *s_get_device, *s_stream_handle,
-    *s_get;
+PyObject *s_stream, *s_run, *s_first_call, *s_fast_plan, *s_modules, *s_cupy, *s_stream_handle, *s_get;
+PyObject *s_torch, *s_raw_stream, *s_get_device;  // the stream rule's names on torch
 PyObject* g_sys;
 PyObject* g_runtime;        // lazytriton.runtime.kernel
 PyObject* g_stream_handle;  // lazytriton.runtime.kernel.stream_handle as defined there
@@ -564,8 +564,8 @@ bool init_names() {
   s_stream_handle = PyUnicode_InternFromString(seam::kStreamHandle);
   s_get = PyUnicode_InternFromString("get");
   g_sys = PyImport_ImportModule("sys");
-  return s_stream && s_run && s_first_call && s_fast_plan && s_modules && s_cupy && s_torch && s_raw_stream && s_get_device &&
-         s_stream_handle && s_get && g_sys;
+  return s_stream && s_run && s_first_call && s_fast_plan && s_modules && s_cupy && s_torch && s_raw_stream &&
+         s_get_device && s_stream_handle && s_get && g_sys;
 }
 
 PyObject* register_stream_handle_function() { return PyCFunction_New(&register_def, nullptr); }
