@@ -752,3 +752,17 @@ def test_cpp_fp16_overflow_names_kernel_and_argument(annotated_output, i):
 ])
 def test_cpp_annotated_scalar_checks(annotated_output, label, message):
     assert annotated_output[label] == message
+
+
+def test_a_parameter_named_like_a_launch_option_is_refused_by_name():
+    """C++ calls pass constexprs and launch options in one map: a call parameter named num_warps
+    is refused, naming it; one the configs set (the autotuned kernel's) is no call parameter."""
+    from kernels import differential_kernels as dk
+    from lazytriton.model.spec import KernelSpecError
+
+    with pytest.raises(KernelSpecError, match=r"kernel option_params: C\+\+ bundles do not take a parameter named "
+                                              r"like a launch option \(num_warps\)"):
+        bundle.describe(dk.option_params)
+    tuned = bundle.describe(dk.option_params_tuned)
+    assert {"num_warps", "num_stages"} <= set(tuned["supplied"]) and [p["name"] for p in tuned["params"]] == [
+        "x", "out", "n"]

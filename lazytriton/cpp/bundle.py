@@ -38,7 +38,7 @@ from ..model import specialize, tuples
 from ..model import tensor_desc
 from ..model.arrays import DeviceArray, is_array
 from ..cache import atomic_write
-from ..model.spec import KernelSpec, ReadRecorder
+from ..model.spec import KernelSpec, KernelSpecError, ReadRecorder
 from ..model.spec import kernel_spec
 from ..model.contract import BUNDLE_VERSION
 from ..model.specialize import BUNDLE_OPTION_NAMES, check_option
@@ -137,6 +137,14 @@ def describe(kernel: Any, source: str | None = None) -> dict:
     spec = _spec_of(kernel)
     supplied = _supplied(spec)
     call_params = [p for p in spec.params if p.name not in supplied]
+    # A C++ call names launch options and constexprs in one map (Bundle::kernel), so a call
+    # parameter named like an option (num_warps: tl.constexpr) would be read as both; refused
+    # until C++ calls can say which (one set by the configs or heuristics is no call parameter).
+    clash = [p.name for p in call_params if p.name in BUNDLE_OPTION_NAMES]
+    if clash:
+        raise KernelSpecError(f"kernel {spec.name}: C++ bundles do not take a parameter named like a launch "
+                              f"option ({', '.join(clash)}) that a call passes; call it from Python or JAX, "
+                              "or rename the parameter")
     reads = _heuristic_reads(spec, call_params)
     params = []
     for p in call_params:
