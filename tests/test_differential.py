@@ -34,7 +34,8 @@ CC = shutil.which("cc") or shutil.which("gcc")
 CALLS = int(os.environ.get("LAZYTRITON_DIFFERENTIAL_CALLS", "300"))
 SEED = int(os.environ.get("LAZYTRITON_DIFFERENTIAL_SEED", "0"))
 KERNELS = {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int", "heuristic_over_tuned",
-           "tuple_args", "desc_scale", "option_params_tuned", "option_params"}
+           "tuple_args", "desc_scale", "option_params_tuned", "option_params",
+           "option_params_heuristic"}
 JAX_KERNELS = {"optional_inputs", "int_kinds", "tuned_heuristics", "heuristic_on_int", "heuristic_over_tuned"}
 AUTOTUNED = {"tuned_heuristics", "heuristic_over_tuned"}
 

@@ -325,6 +325,11 @@ def option_params(c: Calls):
     return (x, out, n), {"BLOCK": block, **({"num_warps": c.pick([2, 8])} if how == "keyword" else {})}, grid_1d
 
 
+def option_params_heuristic(c: Calls):
+    return (c.buf(("fp32", "fp16")), c.buf(("fp32",)), c.pick([16, 64, 100, 256, 1000, 4096])), \
+        {"BLOCK": c.pick([64, 128])}, grid_1d
+
+
 CASES = {"optional_inputs": (dk.optional_inputs, optional_inputs),
          "int_kinds": (dk.int_kinds, int_kinds),
          "tuned_heuristics": (dk.tuned_heuristics, tuned_heuristics),
@@ -333,7 +338,8 @@ CASES = {"optional_inputs": (dk.optional_inputs, optional_inputs),
          "tuple_args": (dk.tuple_args, tuple_args),
          "desc_scale": (dk.desc_scale, desc_scale),
          "option_params_tuned": (dk.option_params_tuned, option_params_tuned),
-         "option_params": (dk.option_params, option_params)}
+         "option_params": (dk.option_params, option_params),
+         "option_params_heuristic": (dk.option_params_heuristic, option_params_heuristic)}
 
 
 # -- keywords beside the arguments ------------------------------------------------------------------

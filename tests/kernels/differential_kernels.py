@@ -140,3 +140,12 @@ def option_params(x, out, n, BLOCK: tl.constexpr, num_warps: tl.constexpr = 4):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     tl.store(out + offs, tl.load(x + offs, mask=m) * num_warps, mask=m)
+
+
+@triton.heuristics({"num_warps": lambda a: 2 if a["n"] <= 256 else 8})
+@triton.jit
+def option_params_heuristic(x, out, n, BLOCK: tl.constexpr, num_warps: tl.constexpr):
+    # A heuristic sets a parameter named like a launch option: Triton binds it and launches with it.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=m) * num_warps, mask=m)
