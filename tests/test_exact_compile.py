@@ -222,20 +222,56 @@ def test_dropped_kernels_are_not_kept_alive(server):
 
 @triton.jit
 def looped(x, y, n, B: tl.constexpr):
-    # A loop: the names of its induction variable and iteration arguments are locations (NameLoc)
-    # that MLIR's printer leaves out, so its TTIR text does not read back as printed.
+    # A loop: the locations of its induction variable and iteration arguments (Triton names
+    # them, NameLoc) are left out of the TTIR text by MLIR's printer.
     acc = tl.zeros([B], dtype=tl.float32)
     for k in tl.range(0, n, B):
         acc += tl.load(x + k + tl.arange(0, B), mask=k + tl.arange(0, B) < n, other=0.0)
     tl.store(y + tl.arange(0, B), acc)
 
 
-def test_a_module_whose_text_does_not_read_back_compiles_here_from_memory(server, tmp_path):
-    """Its back end runs in this process on the front end's own module (Triton 3.7 built another
-    cubin for a warp-specialized loop from the text: tests/triton_versions' warp_specialized_matmul);
-    remove the check (ir_text._reads_back answering True) and this compiles in a worker."""
+def test_a_loop_compiles_in_a_worker_with_its_block_arguments_locations(server, tmp_path):
+    """The job carries every block argument's location beside the text (ir_text._arg_locs) and
+    the worker restores them (ir_text._read): the same TTIR and cubin as Triton's in the caller
+    (Triton 3.7 built another cubin for a warp-specialized loop from the text alone:
+    tests/triton_versions' warp_specialized_matmul)."""
     spec = kernel_spec(looped)
     c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": 128}))
+    (c,) = compile_stream(spec, TARGET, [c])
+    assert c.error is None and c.extra["compiled_in"] == "worker", (c.error, c.extra)
+    ck = reference(looped, c, tmp_path / "reference")
+    assert c.binary.ttir == ck.asm["ttir"]
+    assert same_bytes(c.binary.cubin) == same_bytes(ck.asm["cubin"])
+
+
+def test_without_the_locations_a_loop_does_not_read_back(monkeypatch):
+    """What the locations restore: the text alone reads back with other block arguments (the
+    check fails, so such a module would compile here, from memory)."""
+    from triton._C.libtriton import ir
+    from triton.compiler import make_backend
+
+    spec = kernel_spec(looped)
+    b = Binder(spec, TARGET).bind((X, X, 1000), {"B": 128})
+    job = ir_text.front_end(looped, TARGET, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+    try:
+        assert job["local"] is None and "k" in job["locs"]
+        context = ir.context()
+        ir.load_dialects(context)
+        make_backend(TARGET).load_dialects(context)
+        assert ir_text._reads_back(job["text"], job["locs"], context)
+        monkeypatch.setattr(ir_text, "_block_args", lambda module: [])  # no location restored or compared
+        empty = ir_text._arg_locs(ir_text._parse(job["text"], context, ir), context)
+        assert not ir_text._reads_back(job["text"], empty, context)
+    finally:
+        ir_text.release(job)
+
+
+def test_a_module_whose_text_does_not_read_back_compiles_here_from_memory(server, tmp_path, monkeypatch):
+    """Its back end runs in this process on the front end's own module; remove the route (the
+    job sent to a worker anyway) and the worker refuses it."""
+    monkeypatch.setattr(ir_text, "_reads_back", lambda *a: False)
+    spec = kernel_spec(looped)
+    c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": 64}))
     (c,) = compile_stream(spec, TARGET, [c])
     assert c.error is None and c.extra["compiled_in"] == "thread", (c.error, c.extra)
     ck = reference(looped, c, tmp_path / "reference")

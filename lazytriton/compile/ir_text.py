@@ -66,24 +66,75 @@ def front_end(fn, target, signature: dict, constexprs: dict, attrs: dict, option
     ir.load_dialects(context)
     backend.load_dialects(context)
     module = _make_ir(src, target, backend.parse_options(merged), context)
-    text = module.str()
+    text, locs = module.str(), _arg_locs(module, context)
     state, local = process_state()
-    if local is None and not _reads_back(text, context):
-        local = "its TTIR text does not read back as printed (a name location the printer leaves out)"
-    key = hashlib.sha256(f"{src.hash()}\n{text}\n{sorted(state['env'].items(), key=str)}\n".encode())
+    if local is None and not _reads_back(text, locs, context):
+        local = "its TTIR text does not read back as printed"
+    key = hashlib.sha256(f"{src.hash()}\n{text}\n{locs}\n{sorted(state['env'].items(), key=str)}\n".encode())
     key.update(repr(sorted((g, sorted(v.items(), key=str)) for g, v in state["knobs"].items())).encode())
-    return {"text": text, "hash": key.hexdigest(), "name": src.name, "language": src.language, "ext": src.ext,
-            "options": merged, "state": state, "local": local, "in_caller": InCaller(module)}
+    return {"text": text, "locs": locs, "hash": key.hexdigest(), "name": src.name, "language": src.language,
+            "ext": src.ext, "options": merged, "state": state, "local": local, "in_caller": InCaller(module)}
 
 
-def _reads_back(text: str, context) -> bool:
-    """Whether the text, parsed, prints as itself: then a worker that parses it compiles what the
-    front end made. MLIR's printers leave some locations out (the name of a loop's induction
-    variable and iteration arguments, from Triton's NameLoc), which some back ends read (Triton
-    3.7's warp specialization: another cubin); such a module compiles here, from memory."""
+def _reads_back(text: str, locs: str, context) -> bool:
+    """Whether the text and the block arguments' locations, read back (`_read`), print as
+    themselves: then a worker that reads them compiles what the front end made."""
     from triton._C.libtriton import ir
 
-    return _parse(text, context, ir).str() == text
+    module = _read(text, locs, context, ir)
+    return module.str() == text and _arg_locs(module, context) == locs
+
+
+def _read(text: str, locs: str, context, ir):
+    """The module of `front_end`'s text, its block arguments' locations restored from `locs`:
+    MLIR's printer leaves out those of a loop's induction variable and iteration arguments
+    (Triton names them, NameLoc), which later stages read (Triton 3.7's warp specialization
+    built another cubin without them)."""
+    module = _parse(text, context, ir)
+    named = _parse(locs, context, ir)
+    found: list = []
+    named.walk(lambda op: found.append(op.get_result(0).get_loc()) if op.get_name() == "arith.constant" else None)
+    args = _block_args(module)
+    if len(args) != len(found):
+        raise RuntimeError(f"lazytriton: internal error: {len(found)} block argument locations for {len(args)} "
+                           "block arguments")
+    for arg, loc in zip(args, found):
+        arg.set_loc(loc)
+    return module
+
+
+def _block_args(module) -> list:
+    """Every block's arguments, in the order of a walk of the module (the same in any process
+    for the same text)."""
+    seen: set = set()
+    args: list = []
+
+    def visit(op) -> None:
+        block = op.get_block()
+        if block is not None and block.id() not in seen:
+            seen.add(block.id())
+            args.extend(block.arg(i) for i in range(block.get_num_arguments()))
+
+    module.walk(visit)
+    return args
+
+
+def _arg_locs(module, context) -> str:
+    """Every block argument's location, whole, as text the parser reads: one constant per
+    argument, at that location, in a function of a module of its own."""
+    from triton._C.libtriton import ir
+
+    builder = ir.builder(context)
+    holder = builder.create_module()
+    fn = builder.get_or_insert_function(holder, "block_argument_locations", builder.get_function_ty([], []),
+                                        "public", False)
+    holder.push_back(fn)
+    builder.set_insertion_point_to_start(fn.add_entry_block())
+    for arg in _block_args(module):
+        # On the op itself: the builder's own location is unknown while line info is disabled.
+        builder.get_int32(0).set_loc(arg.get_loc())
+    builder.ret([])
+    return holder.str()
 
 
 def _parse(text: str, context, ir):
@@ -121,7 +172,7 @@ class TextSource(ASTSource):
         self.fn = None
         self.name, self.language, self.ext = ir["name"], ir["language"], ir["ext"]
         self.signature, self.constants, self.attrs = {}, {}, {}
-        self._hash, self._text = ir["hash"], ir["text"]
+        self._hash, self._text, self._locs = ir["hash"], ir["text"], ir["locs"]
         self._in_caller, self._local = ir.get("in_caller"), ir.get("local")
 
     def hash(self) -> str:
@@ -140,7 +191,7 @@ class TextSource(ASTSource):
             raise RuntimeError(f"lazytriton: internal error: {self.name}'s front end must be compiled in the "
                                f"process that ran it ({self._local})")
         context = args[-1]
-        module = _parse(self._text, context, ir)
+        module = _read(self._text, self._locs, context, ir)
         module.context = context  # as the code generator leaves it: the passes read it
         return module
 
