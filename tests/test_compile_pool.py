@@ -288,7 +288,7 @@ def test_many_large_jobs_from_many_threads_do_not_deadlock(fresh_triton_cache):
         spec, cands = demo_candidates(DEMO_CONFIGS[:1])
         job = first_job(spec, cands[0].bound)
         pad = "\n".join(f"// padding line {i} to make the job larger than a pipe's buffer" for i in range(40000))
-        big = dict(job, ir=dict(job["ir"], text=job["ir"]["text"] + "\n" + pad))
+        big = dict(job, ir=dict(job["ir"], padding=pad))  # the text itself must read back as printed
 
         def submit_over_time(i):  # jobs keep arriving while results come back
             time.sleep(0.05 * i)

@@ -13,7 +13,9 @@ PTX/AMDGCN, ptxas/lld) under the caller's knobs and Triton environment
 builds in the caller.
 
 The worker compiles with ``triton.compile`` on a `TextSource`: an ASTSource
-whose ``make_ir`` parses the text instead of walking the AST, so Triton runs
+whose ``make_ir`` parses the text (and restores the block arguments' locations
+MLIR's printer leaves out, which the job carries beside it) instead of walking
+the AST, and refuses a module that does not read back exactly, so Triton runs
 exactly the stages it runs for the kernel itself (an IR file would skip the
 first stage's passes). Its ``hash()``, which keys Triton's cache, covers the
 text and the state beside Triton's hash of the source: Triton memoises a
@@ -37,7 +39,7 @@ from triton.compiler import ASTSource, make_backend
 
 from .targets import ast_source
 
-__all__ = ["InCaller", "TextSource", "apply_state", "compile_text", "front_end", "process_state", "release"]
+__all__ = ["DoesNotReadBack", "InCaller", "TextSource", "apply_state", "compile_text", "front_end", "process_state", "release"]
 
 
 def _make_ir(src: ASTSource, target, options, context):
@@ -68,21 +70,35 @@ def front_end(fn, target, signature: dict, constexprs: dict, attrs: dict, option
     module = _make_ir(src, target, backend.parse_options(merged), context)
     text, locs = module.str(), _arg_locs(module, context)
     state, local = process_state()
-    if local is None and not _reads_back(text, locs, context):
-        local = "its TTIR text does not read back as printed"
     key = hashlib.sha256(f"{src.hash()}\n{text}\n{locs}\n{sorted(state['env'].items(), key=str)}\n".encode())
     key.update(repr(sorted((g, sorted(v.items(), key=str)) for g, v in state["knobs"].items())).encode())
     return {"text": text, "locs": locs, "hash": key.hexdigest(), "name": src.name, "language": src.language,
             "ext": src.ext, "options": merged, "state": state, "local": local, "in_caller": InCaller(module)}
 
 
+class DoesNotReadBack(Exception):
+    """The text and locations, read back, do not print as themselves: a worker does not compile
+    them (the caller compiles the front end's own module instead)."""
+
+
 def _reads_back(text: str, locs: str, context) -> bool:
-    """Whether the text and the block arguments' locations, read back (`_read`), print as
-    themselves: then a worker that reads them compiles what the front end made."""
+    try:
+        _read_exactly(text, locs, context)
+        return True
+    except DoesNotReadBack:
+        return False
+
+
+def _read_exactly(text: str, locs: str, context):
+    """`_read`, checked: the module prints as the text and its block arguments' locations as
+    `locs`, so what compiles is what the front end made. Checked where it is read (a worker),
+    not in the caller, whose GIL the front ends share."""
     from triton._C.libtriton import ir
 
     module = _read(text, locs, context, ir)
-    return module.str() == text and _arg_locs(module, context) == locs
+    if module.str() != text or _arg_locs(module, context) != locs:
+        raise DoesNotReadBack("its TTIR text does not read back as printed")
+    return module
 
 
 def _read(text: str, locs: str, context, ir):
@@ -96,8 +112,7 @@ def _read(text: str, locs: str, context, ir):
     named.walk(lambda op: found.append(op.get_result(0).get_loc()) if op.get_name() == "arith.constant" else None)
     args = _block_args(module)
     if len(args) != len(found):
-        raise RuntimeError(f"lazytriton: internal error: {len(found)} block argument locations for {len(args)} "
-                           "block arguments")
+        raise DoesNotReadBack(f"{len(found)} block argument locations for {len(args)} block arguments")
     for arg, loc in zip(args, found):
         arg.set_loc(loc)
     return module
@@ -182,8 +197,6 @@ class TextSource(ASTSource):
         return {}
 
     def make_ir(self, *args: Any):
-        from triton._C.libtriton import ir
-
         module = self._in_caller.take() if self._in_caller is not None else None
         if module is not None:  # in the caller: the front end's own module, in its own context
             return module
@@ -191,7 +204,7 @@ class TextSource(ASTSource):
             raise RuntimeError(f"lazytriton: internal error: {self.name}'s front end must be compiled in the "
                                f"process that ran it ({self._local})")
         context = args[-1]
-        module = _read(self._text, self._locs, context, ir)
+        module = _read_exactly(self._text, self._locs, context)
         module.context = context  # as the code generator leaves it: the passes read it
         return module
 

@@ -170,8 +170,9 @@ def _dispatch() -> None:
             job = dict(ticket.job, nice=ticket.priority == BACKGROUND)
         if server:
             try:
+                # The front end's own module stays here until the worker answers: it compiles here
+                # if the worker cannot read the job (its text does not read back as printed).
                 pool.submit(job).add_done_callback(lambda f, t=ticket: _settled(t, f))
-                release(job["ir"])  # its text reads back as printed: a back end here, if any, parses it
                 continue
             except (compile_pool.WorkerUnavailable, OSError) as exc:
                 log.info("%s: compiling it in this process (%s)", ticket.times["label"], exc)
@@ -217,7 +218,9 @@ def _finish(ticket: Ticket, exc: BaseException | None, result, counted: bool = T
     with _cv:
         if counted:
             _running -= 1
-        ticket.state, ticket.work, ticket.job = "done", None, None  # what it held of the kernel goes
+        job, ticket.state, ticket.work, ticket.job = ticket.job, "done", None, None  # what it held of the kernel goes
+    if job is not None:
+        release(job["ir"])
     ticket.times["job_done"] = time.perf_counter()
     if exc is not None:
         ticket.future.set_exception(exc)

@@ -105,7 +105,7 @@ def shadows(entry: str, here: str) -> bool:
 # -- compiling one job (in a forked child) -----------------------------------------------
 
 def _compile(job: dict):
-    from .ir_text import TextSource, apply_state, compile_text
+    from .ir_text import DoesNotReadBack, TextSource, apply_state, compile_text
 
     try:
         if "unreadable" in job:
@@ -116,7 +116,10 @@ def _compile(job: dict):
     except Exception as exc:  # a job this lazytriton cannot read: the caller compiles it itself
         raise WorkerUnavailable(f"unreadable job: {type(exc).__name__}: {exc}") from None
     apply_state(state)  # this forked child serves this job alone
-    return compile_text(job["ir"], job["target"])
+    try:
+        return compile_text(job["ir"], job["target"])
+    except DoesNotReadBack as exc:  # the caller compiles the front end's own module
+        raise WorkerUnavailable(str(exc)) from None
 
 
 def reason(exc: BaseException) -> str:
