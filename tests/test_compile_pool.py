@@ -395,6 +395,71 @@ def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypa
     _until(lambda: all(t.future.done() for t in later + [running, urgent]))
 
 
+class StartingPool(FakePool):
+    """A server still starting until `up()`."""
+
+    def __init__(self, workers: int = 1) -> None:
+        super().__init__(workers)
+        self.is_ready, self.waiting = False, []
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def starting(self) -> bool:
+        return not self.is_ready
+
+    def when_ready(self, fn) -> None:
+        if self.is_ready:
+            fn()
+        else:
+            self.waiting.append(fn)
+
+    def up(self) -> None:
+        self.is_ready = True
+        for fn in self.waiting:
+            fn()
+
+
+def test_a_calls_job_waits_for_a_starting_server_while_front_ends_made_ahead_are_queued(monkeypatch):
+    """While the server starts, a call's job runs on a thread here only when no front end made
+    ahead is queued; with some queued (a program compiling ahead) it waits for the server, as
+    those made ahead do: on a thread it would share the GIL with their front ends."""
+    import threading
+
+    from lazytriton.compile import schedule
+
+    pool = StartingPool(4)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    here = []
+    monkeypatch.setattr(schedule, "_back_end_here", lambda ticket, job: here.append(job["name"]))
+    gate, gate2 = threading.Event(), threading.Event()
+    blocker = _ticket("blocker", schedule.BACKGROUND, gate=gate)  # holds the front-end thread
+    schedule.submit(blocker)
+    _until(lambda: blocker.state == "running")
+    urgent = _ticket("urgent", schedule.URGENT)
+    ahead = _ticket("ahead", schedule.BACKGROUND, gate=gate2)
+    for t in (urgent, ahead):
+        schedule.submit(t)
+    gate.set()  # then urgent's front end (a call's first), while ahead's is still queued
+    _until(lambda: urgent.state == "ready" and ahead.state == "running")
+    time.sleep(0.05)
+    assert here == [] and pool.names() == []  # urgent waits for the server, as blocker does
+    pool.up()
+    _until(lambda: len(pool.names()) == 2)
+    assert pool.names() == ["urgent", "blocker"]
+    gate2.set()
+    _until(lambda: len(pool.names()) == 3)
+    for n in pool.names():
+        pool.finish(n)
+    _until(lambda: all(t.future.done() for t in (blocker, urgent, ahead)))
+    # Nothing made ahead queued: a call's job goes to a thread at once.
+    pool.is_ready = False
+    alone = _ticket("alone", schedule.URGENT)
+    schedule.submit(alone)
+    _until(lambda: here == ["alone"])
+    schedule._finish(alone, None, (None, 0.0, "thread"))  # the stand-in ran no back end
+
+
 def test_compile_cost_ranks_the_slowest_compiles_first():
     """compile_cost on configs whose compile times were measured (one H200, Triton 3.6,
     the field benchmark's four matmuls, each kernel's 8 configs alone on 16 cores): the

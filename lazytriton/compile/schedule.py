@@ -11,8 +11,8 @@ first, then the costliest; it starts as soon as a slot is free, where it may:
 in the compile server (compile.pool), at most one job per worker, and up to
 twice that for a call's (compiles made ahead run niced there and yield the
 cores); on a thread of this process when there is no server (disabled,
-refused, or not ready yet for a call's candidate; compiles made ahead wait
-for it). A call that reaches a candidate still queued ahead of time
+refused, or not ready yet for a call's candidate while no front end made
+ahead is queued; compiles made ahead, and a call's beside them, wait for it). A call that reaches a candidate still queued ahead of time
 (`promote`) moves it among the call's.
 """
 from __future__ import annotations
@@ -156,8 +156,13 @@ def _dispatch() -> None:
             # Here: no server, or a job whose state cannot travel (compile.ir_text.process_state).
             here = pool is None or ticket.here or bool(ticket.job["ir"].get("local"))
             server = not here and pool.ready()
-            wait = not here and not server and ticket.priority == BACKGROUND and pool.starting()
-            if wait:  # compiles made ahead wait for the server
+            # Compiles made ahead wait for a server still starting; so does a call's while front
+            # ends made ahead are queued: a back end on a thread here then shares the GIL with
+            # them (an H200's field run: 2.7-2.9 s for a matmul that takes 0.3-0.6 s in a worker).
+            wait = not here and not server and pool.starting() and (
+                ticket.priority == BACKGROUND or any(t.state == "front" and t.priority == BACKGROUND
+                                                     for *_, t in _fronts))
+            if wait:
                 wait, _waiting_for_server = not _waiting_for_server, True
                 break
             # A call's jobs start beside compiles made ahead (niced in the server) rather than after them.
