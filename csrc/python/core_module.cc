@@ -275,8 +275,11 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Entry, std::shared_ptr<Entry>>(m, "Entry")
       .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid,
-                       const py::list& sources, const std::vector<std::pair<int32_t, uint64_t>>& zero) {
+                       const py::list& sources, const std::vector<std::pair<int32_t, uint64_t>>& zero,
+                       std::shared_ptr<LaunchTimer> timer, bool once) {
              auto e = std::make_shared<Entry>();
+             e->once = once || timer;
+             e->timer = std::move(timer);
              e->kernel = std::move(k);
              e->is_param = std::move(is_param);
              if (!grid.is_none()) e->grid = dim3_from(grid);
@@ -301,9 +304,11 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("kernel"), py::arg("is_param"), py::arg("meta") = py::none(), py::arg("grid") = py::none(),
            py::arg("sources") = py::list(), py::arg("zero") = std::vector<std::pair<int32_t, uint64_t>>{},
+           py::arg("timer") = nullptr, py::arg("once") = false,
            "sources/zero: for fixed-layout callers, per kernel parameter (buffer index or -1, scalar bits), or "
            "(buffer index, descriptor tuple) for a tensor descriptor on that buffer; and (buffer index, bytes) "
-           "to zero before every launch.")
+           "to zero before every launch. once: a one-call entry of online tuning (never installed); timer: "
+           "a LaunchTimer its launch is timed by (one-call too).")
       .def("share",
            [](std::shared_ptr<Entry> e) {
              return reinterpret_cast<uintptr_t>(new std::shared_ptr<const Entry>(std::move(e)));
@@ -335,7 +340,9 @@ PYBIND11_MODULE(_core, m) {
                                if (!e.user) return py::none();
                                return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(e.user.get()));
                              })
-      .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; });
+      .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; })
+      .def_property_readonly("timer", [](const Entry& e) { return e.timer; })
+      .def_property_readonly("once", [](const Entry& e) { return e.once; });
 
   py::class_<Claim>(m, "Claim", "A key's resolution handed to this caller by ResolveTable.claim.")
       .def("publish",
@@ -344,6 +351,14 @@ PYBIND11_MODULE(_core, m) {
              c.open = false;
              c.table->publish(c.key, std::move(e));
            })
+      .def("release",
+           [](Claim& c) {
+             if (!c.open) throw std::logic_error("lazytriton: this claim was already ended");
+             c.open = false;
+             c.table->release(c.key);
+           },
+           "Ends it with no winner and no error (this caller launched its call itself: online tuning); callers "
+           "waiting for it claim the key again.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](Claim& c, py::object type, py::object value, py::object) {
         if (value.is_none()) {

@@ -33,6 +33,24 @@ py::dict bench_dict(const BenchResult& r) {
 }  // namespace
 
 void bind_timing(py::module_& m) {
+  // Online tuning: one launch of a candidate on a call of the program, timed by events on its stream.
+  py::class_<LaunchTimer, std::shared_ptr<LaunchTimer>>(m, "LaunchTimer",
+                                                       "Two CUDA events around one launch (tuning.h LaunchTimer).")
+      .def(py::init<>())
+      .def("start", [](LaunchTimer& t, uint64_t stream) { t.start(as_stream(stream)); }, py::arg("stream"))
+      .def("stop", [](LaunchTimer& t, uint64_t stream) { t.stop(as_stream(stream)); }, py::arg("stream"))
+      .def(
+          "elapsed_ms",
+          [](const LaunchTimer& t) -> py::object {
+            float ms = t.elapsed_ms();
+            return ms < 0 ? py::none() : py::cast(ms);
+          },
+          "Milliseconds between the events; None while the GPU has not passed the second (never waits), or if "
+          "the launch between them failed or never happened.")
+      .def_property_readonly("failure", [](const LaunchTimer& t) -> py::object {
+        return t.failure().empty() ? py::none() : py::cast(t.failure());
+      });
+
   py::class_<Snapshot>(m, "Snapshot")
       .def(py::init([](uint64_t stream, const std::vector<std::pair<uint64_t, size_t>>& bufs) {
              std::vector<DeviceBuffer> b;

@@ -316,7 +316,10 @@ class Site:
                                       lambda i: d["args"][i]["buffer"])
         n_in = d["n_inputs"]
         zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
-        return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)
+        # Online tuning, still deciding: a candidate for this execution only (timed unless it is the
+        # first execution's, or one under capture); the call site asks again on the next.
+        return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero,
+                           timer=res.timer, once=res.this_call_only)
 
     def _config_of(self, meta: dict) -> dict:
         for cfg in self.d["configs"]:

@@ -1,7 +1,9 @@
 // Autotuning on the caller's real buffers: event timing on the caller's
 // stream, and snapshots that make every trial start from the original data.
 #pragma once
+#include <atomic>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "lazytriton/driver.h"
@@ -32,6 +34,35 @@ BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
 // gets the same number of repetitions: the budget over their mean estimate.
 std::vector<BenchResult> bench_interleaved(cu::CUstream stream, const std::vector<std::function<void()>>& launches,
                                            const std::function<void()>& prepare, const BenchOptions& opt);
+
+// One launch timed with two CUDA events around it on its own stream: online tuning times a
+// candidate on a call of the program itself (lazytriton/runtime/online.py). Nothing waits for
+// it: elapsed_ms() answers once the GPU has passed the second event, and before that says so.
+class LaunchTimer {
+ public:
+  LaunchTimer();  // its events, in the current context
+  ~LaunchTimer();
+  LaunchTimer(const LaunchTimer&) = delete;
+  LaunchTimer& operator=(const LaunchTimer&) = delete;
+
+  // True for the first caller only: the launch that records this timer's events. A second
+  // launch of the same one-call entry (a thread that waited for its resolution) goes untimed.
+  bool take() noexcept { return !taken_.exchange(true); }
+  void start(cu::CUstream stream);
+  void stop(cu::CUstream stream);
+  // Milliseconds from start to stop; -1 while the GPU has not reached stop, or if the launch
+  // between them never happened (failed, or the timer was not used). Never blocks.
+  float elapsed_ms() const;
+  // A launch between start and stop that failed: its error (the candidate is dropped).
+  void fail(std::string why);
+  const std::string& failure() const { return failure_; }
+
+ private:
+  cu::CUevent start_ = nullptr, stop_ = nullptr;
+  std::atomic<bool> taken_{false};
+  bool stopped_ = false;
+  std::string failure_;
+};
 
 struct DeviceBuffer {
   cu::CUdeviceptr ptr = 0;
