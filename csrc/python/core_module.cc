@@ -273,6 +273,28 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("entry"), py::arg("stream"), py::arg("buffers"), py::arg("arena") = nullptr);
 
+  // The call site the JAX handler launches through, its resolver a Python callable (key) -> Entry:
+  // for tests that drive the handler's C++ path (online tuning's one-call entries) with no GPU.
+  py::class_<CallSite, std::shared_ptr<CallSite>>(m, "CallSite")
+      .def(py::init([](std::string name, size_t n_buffers, py::function resolver) {
+             auto fn = std::make_shared<py::function>(std::move(resolver));
+             return std::make_shared<CallSite>(std::move(name), n_buffers, [fn](const CallKey& key, void*) {
+               py::gil_scoped_acquire gil;
+               return std::shared_ptr<const Entry>((*fn)(key).cast<std::shared_ptr<Entry>>());
+             });
+           }),
+           py::arg("name"), py::arg("n_buffers"), py::arg("resolver"))
+      .def(
+          "launch",
+          [](CallSite& s, uint64_t stream, const std::vector<uint64_t>& buffers) {
+            if (buffers.size() != s.n_buffers()) throw std::invalid_argument("launch: wrong number of buffers");
+            cu::CUcontext ctx = current_context();
+            py::gil_scoped_release nogil;
+            s.launch(ctx, as_stream(stream), buffers.data(), nullptr);
+          },
+          py::arg("stream"), py::arg("buffers"))
+      .def_property_readonly("resolved", [](CallSite& s) { return s.table().size(); });
+
   py::class_<Entry, std::shared_ptr<Entry>>(m, "Entry")
       .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid,
                        const py::list& sources, const std::vector<std::pair<int32_t, uint64_t>>& zero,
