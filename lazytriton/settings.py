@@ -144,7 +144,8 @@ def tuning_mode() -> str:
         return "off"
     if value == "online":
         return "online"
-    raise SettingError("LAZYTRITON_TUNING", raw, f"'first_call', 'online' or 'off' (or a flag: {_FLAG})")
+    raise SettingError("LAZYTRITON_TUNING", raw, "'first_call' (also 1, true, yes, on), 'online' or 'off' (also 0, "
+                       "false, no)")
 
 
 # -- the settings other modules read (each in one place) ---------------------------

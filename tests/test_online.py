@@ -376,3 +376,40 @@ def test_jax_a_candidate_failing_in_the_handler_s_cpp_is_dropped_and_the_executi
 def test_jax_an_execution_under_capture_launches_the_best_so_far(fake_libcuda, tmp_path, triton_cache):
     out, _ = run_jax(jax_env(fake_libcuda, tmp_path, triton_cache, CALLS="6", CAPTURE_CALL="4"))
     assert out["blocks"][4] == BLOCK_OF[1] and out["resolved"] == 0  # not installed: tuning goes on
+
+
+# -- the harness's rows ----------------------------------------------------------------------------
+
+def test_the_harness_section_says_first_call_vs_the_quickest_config_calls_winner_and_extra_seconds(tmp_path):
+    from lazytriton.bench import cli, online as bench_online, plan, report
+
+    groups, _ = plan.build("quick", gpus=1, importable=lambda m: True, only={"online"})
+    names = {g.name for g in groups if g.name.startswith("online-")}
+    assert names == set(bench_online.GROUPS) and all(g.fresh_cache == g.name for g in groups if g.name in names)
+    raw = {"imports_s": 2.0, "ref_max": 100.0, "max_err": 0.01}
+    firsts = {"triton": 4.0, "first_call": 1.2, "online": 0.42, "one": 0.40}
+    outputs = []
+    for group, (kernel, mode) in bench_online.GROUPS.items():
+        r = dict(raw, first_call_s=firsts[mode])
+        if mode == "online":
+            r["online"] = {"calls_s": [0.0011, 0.0009, 0.0012], "settled_after_calls": 4, "steady_call_s": 0.001,
+                           "extra_s": 0.0002, "winner": 3, "today_winner": 3, "winner_ms": 0.101, "today_ms": 0.1}
+        outputs.append({"group": group, "rep": 0, "sections": bench_online.sections(group, r)})
+    secs = cli.merge(outputs)
+    assert [r["system"] for r in secs["first_call"]["rows"]] == [
+        "lazytriton, cold, online tuning (first call: one compile, no trials)"]
+    rows = bench_online.table(secs["online"], report.median_process)
+    assert [r[0] for r in rows] == ["demo matmul", "field package's matmul (mm_plain)"]
+    demo = dict(zip(bench_online.HEADER, rows[0]))
+    assert demo["online first call / that"] == "1.05"
+    assert demo["calls until the winner is fixed (each, ms; first process)"] == "4 calls: 1.1, 0.9, 1.2 ms"
+    assert demo["extra s over those calls"] == "0.000" and demo["winner's kernel time vs today's winner"] == \
+        "+1.0% (config 3 vs 3)"
+    md = report.write({"sections": secs}, tmp_path).read_text()
+    assert "| demo matmul | 4 | 1.2 | 0.42 | 0.4 | 1.05 |" in md
+
+
+def test_the_harness_script_is_python():
+    from lazytriton.bench import online as bench_online
+
+    compile(bench_online.SCRIPT, "online", "exec")
