@@ -219,18 +219,19 @@ class Resolution:
                     f"under capture. {self.capture_remedy}")
             if self.mode == "first":
                 return self._entry(self._first(self._candidates()))
-            if self.online():
-                return self._online_session(cache, tkey, st)
-            return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
+            cands = self._candidates()
+            if self.online() and len(self._pruned(cands)) > 1:  # a lone candidate has nothing to tune
+                return self._online_session(cache, tkey, st, cands)
+            return self._entry(self._tune(cache, tkey, cands, st.tuning))
 
     def online(self) -> bool:
         """Whether this resolution tunes online (runtime/online.py) rather than on this call."""
         return self.mode == "tune" and self.k.tuning_mode == "online"
 
-    def _online_session(self, cache: Cache, tkey: str, st, agreement=None) -> "online.Session":
+    def _online_session(self, cache: Cache, tkey: str, st, cands: list[Candidate],
+                        agreement=None) -> "online.Session":
         """Online tuning: every candidate queued, the likeliest winner first; the session
         launches the first ready on this call, then one candidate per call that follows."""
-        cands = self._candidates()
         session = online.Session(self, cache, tkey, cands, self._pruned(cands),
                                  TuneOptions.given(self.k.tune_options, f"kernel {self.k.name}").online_samples,
                                  fresh=st.retune, agreement=agreement)
@@ -250,7 +251,12 @@ class Resolution:
                                     lambda rec, origin, binary: self._adopt(cache, tkey, rec, origin, binary),
                                     cached=True)
         with cache.lock(tkey):
-            return self._online_session(cache, tkey, st, agreement)
+            cands = self._candidates()
+            if len(self._pruned(cands)) > 1:
+                return self._online_session(cache, tkey, st, cands, agreement)
+        # A lone candidate: nothing to tune online; agreed on as by a first call that tunes.
+        return agreement.resolve(self.k.name, tkey, lambda: self._shared(cache, self._here(cache, tkey, st)),
+                                 lambda rec, origin, binary: self._adopt(cache, tkey, rec, origin, binary))
 
     def _forget_arguments(self) -> None:
         """Drops this call's argument objects (a session outlives its first call: the
