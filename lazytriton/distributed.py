@@ -46,6 +46,11 @@ caches disagree, the first published wins everywhere.
 Kernels resolved while a CUDA graph is being captured never wait (they use a
 cached winner or fail as without agreement).  LAZYTRITON_AGREE=0 turns it off.
 
+Kernels tuned online (runtime/online.py) claim nothing: each process tunes on its
+own calls, and the job agrees when a decision is made (`Agreement.decide`: the
+first decision published is every process's); a process whose first call comes
+after one was published launches it at once (`Agreement.published`).
+
 Progress is logged on the ``lazytriton.distributed`` logger: who resolves,
 who waits for whom, who takes over, where each winner came from.
 """
