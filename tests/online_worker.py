@@ -66,6 +66,9 @@ x = DeviceArray(0x7F0000000000, "fp32", 4 * max(shapes), (max(shapes),))
 capture_call = int(os.environ.get("CAPTURE_CALL", "-1"))
 if os.environ.get("AHEAD"):  # every candidate compiled ahead (lazytriton.LazyKernel.compile_ahead)
     k.compile_ahead(x, shapes[0]).result()
+if os.environ.get("RESOLVE_FIRST"):  # a caller of resolve() that does not ask again per call (a bundle's add)
+    resolved = k.resolve(x, shapes[0], grid=lambda meta: (triton.cdiv(shapes[0], meta["BLOCK"]),), stream=0)
+    assert not resolved.this_call_only and resolved.timer is None
 compiled_before = lazytriton.stats()["compiles"]
 real_is_capturing = _core.is_capturing
 blocks = []

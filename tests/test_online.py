@@ -207,6 +207,11 @@ def test_the_setting_makes_every_kernel_tune_online(fake_libcuda, tmp_path, trit
     assert out["online"]["sessions"] == 1 and out["tunes"] == 0 and out["history"][0]["winner"] == 1
 
 
+def test_resolve_for_a_caller_that_does_not_ask_again_tunes_on_the_call(fake_libcuda, tmp_path, triton_cache):
+    out, _ = run(worker_env(fake_libcuda, tmp_path, triton_cache, RESOLVE_FIRST="1", CALLS="3"))
+    assert out["online"]["sessions"] == 0 and out["tunes"] == 1 and out["blocks"] == [BLOCK_OF[1]] * 3
+
+
 def test_a_restart_continues_from_the_persisted_samples(fake_libcuda, tmp_path, triton_cache):
     env = worker_env(fake_libcuda, tmp_path, triton_cache, SAMPLES="3", AFTER="0")
     # The first call, then four timed launches: the first three are read by the calls after them

@@ -33,16 +33,14 @@ def start(python_path: list[str], verbose: bool) -> None:
 
 def _kernel(source: str):
     from ..runtime.kernel import LazyKernel
-    from ..settings import tuning_mode
 
     with _lock:
         lk = _kernels.get(source)
         if lk is None:
             # Lazy mode writes a winner into the bundle when it resolves a call: online tuning, which
-            # decides over later calls, does not apply; such a kernel is tuned on its first call.
-            online = tuning_mode() == "online"
-            lk = _kernels[source] = LazyKernel(bundle.load_source(source), tuning="first_call" if online else None)
-            if online:
+            # decides over later calls, does not apply (resolve() tunes on the call).
+            lk = _kernels[source] = LazyKernel(bundle.load_source(source))
+            if lk.tuning_mode == "online":
                 log.warning("kernel %s: LAZYTRITON_TUNING=online does not apply to C++ lazy mode (a resolved "
                             "variant is written into the bundle): tuned on its first call", lk.name)
         return lk

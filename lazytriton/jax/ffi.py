@@ -301,11 +301,11 @@ class Site:
             # capture in thread-local mode (XLA's) refuses them unless relaxed.
             previous = _core.exchange_capture_mode(_core.CAPTURE_MODE_RELAXED)
             try:
-                res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, **kw)
+                res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, per_call=True, **kw)
             finally:
                 _core.exchange_capture_mode(previous)
         else:
-            res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, **kw)
+            res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, per_call=True, **kw)
         if len(res.types) != len(d["args"]):
             raise RuntimeError(f"{self.name}: internal error: the kernel was resolved for {len(res.types)} "
                                f"arguments but the call site has {len(d['args'])}")

@@ -184,19 +184,24 @@ class LazyKernel(_core.LaunchBase):
     # k.run(*args, grid=, stream=None, warmup=False, **kwargs), Triton's spelling
     # of k[grid](...): _core.LaunchBase.run, the same C hot path.
 
-    def resolve(self, *args, grid: Any = None, stream: Any = None, mode: str = "tune", **kwargs) -> "Resolved":
+    def resolve(self, *args, grid: Any = None, stream: Any = None, mode: str = "tune", per_call: bool = False,
+                **kwargs) -> "Resolved":
         """The winner for these arguments (persistent cache, else compile and tune
         on them: then `grid` is needed), without launching it. For callers that
         launch from C++ themselves: the JAX handler, C++ embedders.
         mode: "tune"; "record" (a cached winner or CaptureError: nothing may
-        run on the stream); "first" (no tuning: the first config, not persisted)."""
+        run on the stream); "first" (no tuning: the first config, not persisted).
+        per_call: the caller launches each answer once and asks again on its next call (the
+        JAX handler): a kernel tuned online then answers, until its winner is fixed, with
+        this call's candidate (Resolved.this_call_only, its timer). Other callers get a
+        winner tuned on this call."""
         args, shape, key = self._keyed_call(args, kwargs)
         s = stream if type(stream) is int else self._stream(stream, args)
         # No table here: these callers de-duplicate first calls in their own
         # (the JAX call site's, the bundle's). A tuned winner also serves k[grid].
         timer, this_call_only = None, False
-        session = self._online.get(tuple(key))
-        got = self._resolution(key, args, s, grid, shape, mode) if session is None else None
+        session = self._online.get(tuple(key)) if per_call else None
+        got = self._resolution(key, args, s, grid, shape, mode, per_call=per_call) if session is None else None
         if isinstance(got, online.Session):
             session = self._online.setdefault(tuple(key), got)
         if session is not None:  # online tuning: this call's candidate, or the winner it just settled on
@@ -208,6 +213,7 @@ class LazyKernel(_core.LaunchBase):
         entry = got
         if mode == "tune" and not this_call_only:
             self._core.install(list(key), entry)
+            self._online.pop(tuple(key), None)  # tuned here: a session of the key, if any, is over
         names = list(shape.arg_names[:self._n_call])
         n_leaves = shape.call_leaves(self._n_call)
         # A descriptor's type is its dtype and block shape (Triton's tensordesc<fp16[64, 64]>).
@@ -618,9 +624,9 @@ class LazyKernel(_core.LaunchBase):
             _core.exchange_capture_mode(previous)
 
     def _resolution(self, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape, mode: str,
-                    capture_remedy: str = CAPTURE_REMEDY_JAX):
+                    capture_remedy: str = CAPTURE_REMEDY_JAX, per_call: bool = True):
         try:
-            return Resolution(self, key, args, stream, grid, shape, mode, capture_remedy).run()
+            return Resolution(self, key, args, stream, grid, shape, mode, capture_remedy, per_call).run()
         except Exception as exc:
             if str(exc).startswith(f"kernel {self.name}"):
                 raise

@@ -117,8 +117,9 @@ class Resolution:
     """Resolving one call key: cached winner, else compile + tune on these args."""
 
     def __init__(self, k: Resolvable, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
-                 mode: str = "tune", capture_remedy: str = CAPTURE_REMEDY_JAX):
+                 mode: str = "tune", capture_remedy: str = CAPTURE_REMEDY_JAX, per_call: bool = True):
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
+        self.per_call = per_call  # the caller asks again on each call (k[grid], the JAX handler): online tuning may apply
         self.capture_remedy = capture_remedy
         self.spec = k.spec
         self.device = None  # run() asks the driver
@@ -226,7 +227,7 @@ class Resolution:
 
     def online(self) -> bool:
         """Whether this resolution tunes online (runtime/online.py) rather than on this call."""
-        return self.mode == "tune" and self.k.tuning_mode == "online"
+        return self.mode == "tune" and self.per_call and self.k.tuning_mode == "online"
 
     def _online_session(self, cache: Cache, tkey: str, st, cands: list[Candidate],
                         agreement=None) -> "online.Session":
