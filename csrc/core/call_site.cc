@@ -92,11 +92,12 @@ void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* bu
     // A candidate of online tuning, timed on this call. One that fails to launch is handed
     // back: the resolver (Python) drops it and answers another, which launches this call.
     try {
-      e->timer->start(stream);
+      e->timer->arm();  // Kernel::launch records its events right around the launch
       launch_fixed(*e, ctx, stream, buffers, n_buffers_, arena);
-      e->timer->stop(stream);
+      e->timer->disarm();
       return;
     } catch (const std::exception& ex) {
+      e->timer->disarm();
       e->timer->fail(ex.what());
     }
   }

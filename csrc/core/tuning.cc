@@ -111,7 +111,38 @@ LaunchTimer::~LaunchTimer() {
   driver().cuEventDestroy(stop_);
 }
 
-void LaunchTimer::start(cu::CUstream stream) { check(driver().cuEventRecord(start_, stream), "cuEventRecord"); }
+namespace {
+thread_local LaunchTimer* t_armed = nullptr;  // this thread's, until its next launch takes it
+}  // namespace
+
+std::atomic<int> LaunchTimer::armed_{0};
+
+void LaunchTimer::arm() noexcept {
+  if (t_armed == this) return;
+  if (!t_armed) armed_.fetch_add(1, std::memory_order_relaxed);
+  t_armed = this;
+}
+
+void LaunchTimer::disarm() noexcept {
+  done_ = true;
+  if (t_armed != this) return;
+  t_armed = nullptr;
+  armed_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+LaunchTimer* LaunchTimer::take_armed_slow() noexcept {
+  LaunchTimer* t = t_armed;
+  if (t) {
+    t_armed = nullptr;
+    armed_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return t;
+}
+
+void LaunchTimer::start(cu::CUstream stream) {
+  if (reserve_l2_flush()) flush_l2(stream);  // a device with no memory for it: timed without
+  check(driver().cuEventRecord(start_, stream), "cuEventRecord");
+}
 
 void LaunchTimer::stop(cu::CUstream stream) {
   check(driver().cuEventRecord(stop_, stream), "cuEventRecord");

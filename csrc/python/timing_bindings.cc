@@ -37,8 +37,10 @@ void bind_timing(py::module_& m) {
   py::class_<LaunchTimer, std::shared_ptr<LaunchTimer>>(m, "LaunchTimer",
                                                        "Two CUDA events around one launch (tuning.h LaunchTimer).")
       .def(py::init<>())
-      .def("start", [](LaunchTimer& t, uint64_t stream) { t.start(as_stream(stream)); }, py::arg("stream"))
-      .def("stop", [](LaunchTimer& t, uint64_t stream) { t.stop(as_stream(stream)); }, py::arg("stream"))
+      .def("arm", &LaunchTimer::arm, "The next launch of this thread is timed by it (Kernel::launch takes it).")
+      .def("disarm", &LaunchTimer::disarm, "The call that armed it is over (launched or not).")
+      .def_property_readonly("launched", &LaunchTimer::launched)
+      .def_property_readonly("done", &LaunchTimer::done)
       .def(
           "elapsed_ms",
           [](const LaunchTimer& t) -> py::object {

@@ -341,14 +341,15 @@ class LazyKernel(_core.LaunchBase):
                 return None
             try:
                 if pick.timer is not None:
-                    pick.timer.start(stream)
+                    pick.timer.arm()  # the launch core records its events right around the launch
                 done = launch(pick.arm.table.handle, grid, stream, args)
-                if pick.timer is not None:
-                    pick.timer.stop(stream)
             except _core.RuntimeFailure as exc:
                 session.failed(pick, exc)
                 first = False
                 continue
+            finally:
+                if pick.timer is not None:
+                    pick.timer.disarm()
             if done is not True:
                 raise RuntimeError(f"kernel {self.name}: internal error: the stub did not launch a candidate of "
                                    f"online tuning ({done!r})")

@@ -8,8 +8,10 @@ LAZYTRITON_TUNING=online).
   the quickest compile first (compile.schedule.compile_cost, lowest first). The first candidate
   ready is launched on the caller's data: no trial, no snapshot. The others compile on.
 - **The calls that follow** (same specialization): each launches one candidate that still needs
-  samples, timed by two CUDA events around that launch on the call's stream
-  (_core.LaunchTimer); the events are read on later calls, never waited for. The candidate
+  samples, timed by two CUDA events around that launch on the call's stream (_core.LaunchTimer:
+  armed for the call, recorded by the launch core right around the driver's launch, after a write
+  of the L2-flush buffer that keeps the GPU busy meanwhile, so that they time the kernel, not the
+  host); the events are read on later calls, never waited for. The candidate
   with the fewest samples goes next (the earlier in the queue on a tie), so their launches
   interleave round by round and clock drift hits them alike. A candidate that fails to launch
   is dropped, said once, and the call launches another.
@@ -166,33 +168,44 @@ class Session:
         log.info("kernel %s: online tuning of %d candidate(s): the first call launches the first compiled (%s first)",
                  self.name, len(ordered), "the likeliest winner on other specializations" if evidence
                  else "the quickest compile")
-        self.ckeys, ready = res._compile_stream(cache, ordered, in_order=True)
+        # The first in the queue compiles alone: the others, compiled beside it, would slow it down
+        # (the first call waits for it); they start once it is ready (or failed).
+        self.ckeys, ready = res._compile_stream(cache, ordered[:1], in_order=True)
         self._places = {id(c): i for i, c in enumerate(ordered)}
-        threading.Thread(target=self._arrivals, args=(ready,), name=f"lazytriton-online-{self.name}",
+        threading.Thread(target=self._arrivals, args=(ready, ordered[1:]), name=f"lazytriton-online-{self.name}",
                          daemon=True).start()
 
     # -- candidates as they compile -----------------------------------------------------------
 
-    def _arrivals(self, ready) -> None:
+    def _arrivals(self, ready, rest: list[Candidate]) -> None:
         try:
             for c in ready:
-                with self._cv:
-                    self._seen.append(c)
-                    if c.binary is not None:
-                        why = _core.check_fits(c.binary.metadata, self.res.device)
-                        if why:
-                            c.error = f"does not fit the device: {why}"
-                            log.warning("kernel %s: %s skipped: %s", self.name, c.label, c.error)
-                        else:
-                            prior = self._prior.get(measurements.config_id(c.config), [])
-                            self._arms.append(Arm(c, self._places[id(c)], samples=list(prior)))
-                    self._cv.notify_all()
+                self._arrive(c)
+            if rest:
+                more, ready = self.res._compile_stream(self.cache, rest, in_order=True)
+                self.ckeys.update(more)
+                for c in ready:
+                    self._arrive(c)
         except BaseException as exc:  # noqa: BLE001  (said by the call that finds no candidate)
             self._compile_error = exc
         finally:
             with self._cv:
                 self._compiled = True
                 self._cv.notify_all()
+
+    def _arrive(self, c: Candidate) -> None:
+        """A candidate compiled (or failed): it joins the rotation if it fits the device."""
+        with self._cv:
+            self._seen.append(c)
+            if c.binary is not None:
+                why = _core.check_fits(c.binary.metadata, self.res.device)
+                if why:
+                    c.error = f"does not fit the device: {why}"
+                    log.warning("kernel %s: %s skipped: %s", self.name, c.label, c.error)
+                else:
+                    prior = self._prior.get(measurements.config_id(c.config), [])
+                    self._arms.append(Arm(c, self._places[id(c)], samples=list(prior)))
+            self._cv.notify_all()
 
     @property
     def compiling(self) -> bool:
@@ -289,6 +302,9 @@ class Session:
                 if timer.failure is not None:  # its launch failed in C++ (the JAX handler's call site)
                     arm.pending.remove(timer)
                     self._drop(arm, timer.failure)
+                    continue
+                if timer.done and not timer.launched:  # its call launched nothing (an empty grid)
+                    arm.pending.remove(timer)
                     continue
                 ms = timer.elapsed_ms()
                 if ms is None:
