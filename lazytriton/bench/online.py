@@ -7,9 +7,10 @@ launched once. Two matmuls: the demo's (lazytriton.demo_kernels) and the field p
 (`mm_plain` of bench/field.py's kernels module). Every row is a fresh process with empty
 lazytriton and Triton caches.
 
-The online row's process, after its first call: calls until the session settles, each on an
-output poisoned with NaN and checked against torch's matmul, each timed with a synchronize
-(per-call times: candidate kernel, launch, the session's Python); then 30 steady calls; then a
+The online row's process, after its first call: calls until the session settles (at most 60 s:
+while the other candidates compile, calls launch the best so far), each on an output poisoned with
+NaN and checked against torch's matmul, each timed with a synchronize (per-call times: candidate
+kernel, launch, the session's Python); then 30 steady calls; then a
 first call that tunes (a cache of its own, same data) and the two winners' kernel times,
 interleaved (CUDA events around 20 launches, 10 rounds each). "Extra seconds": the tuning
 calls' total over as many steady calls.
@@ -76,7 +77,8 @@ if MODE != "triton":
 def tuning_calls():
     from lazytriton.runtime import online
     calls, errors = [], []
-    while online.counters()["settled"] == 0 and len(calls) < 400:
+    t_tuning = time.perf_counter()
+    while online.counters()["settled"] == 0 and time.perf_counter() - t_tuning < 60:
         c.fill_(float("nan"))  # poisoned: each call's result is one complete launch of a correct candidate
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -84,6 +86,7 @@ def tuning_calls():
         torch.cuda.synchronize()
         calls.append(time.perf_counter() - t0)
         errors.append(error(c))
+    settled_s = time.perf_counter() - t_tuning
     steady = []
     for _ in range(30):
         t0 = time.perf_counter()
@@ -111,6 +114,7 @@ def tuning_calls():
     st = statistics.median(steady)
     h = online.history()[-1] if online.history() else {}
     r["online"] = {"calls_s": calls, "settled_after_calls": h.get("calls"), "steady_call_s": st,
+                   "settled": online.counters()["settled"] == 1, "tuning_calls_s": settled_s,
                    "extra_s": sum(calls) - len(calls) * st, "winner": k.records[-1].winner_index,
                    "today_winner": today.records[-1].winner_index, "winner_ms": statistics.median(mine),
                    "today_ms": statistics.median(theirs), "max_err_calls": max(errors),
@@ -198,9 +202,13 @@ def table(sec: dict, median_process) -> list[list[str]]:
         per_call = ", ".join(f"{t * 1e3:.1f}" for t in calls[:12]) + (" ..." if len(calls) > 12 else "")
         winner = (f"{first['winner_ms'] / first['today_ms'] - 1:+.1%} (config {first['winner']} vs "
                   f"{first['today_winner']})" if first.get("today_ms") else "")
+        fixed = (f"{first.get('settled_after_calls')} calls in {first['tuning_calls_s']:.2f} s"
+                 if first.get("settled", True) and "tuning_calls_s" in first else
+                 f"not fixed after {len(calls)} calls" if "tuning_calls_s" in first else
+                 f"{first.get('settled_after_calls')} calls")
         out.append([label, s(med["triton"]), s(med["first_call"]), s(med["online"]), s(med["one"]),
                     f"{ratio:.2f}" if ratio else "",
-                    f"{first.get('settled_after_calls')} calls: {per_call} ms" if calls else "",
+                    f"{fixed}: {per_call} ms" if calls else "",
                     f"{first['extra_s']:.3f}" if "extra_s" in first else "", winner,
                     "**WRONG RESULT**" if any(r and r.get("correct") is False for r in get.values()) else ""])
     return out

@@ -19,7 +19,8 @@ LAZYTRITON_TUNING=online).
   the lowest median wins; it is persisted as a tuned winner with each candidate's median (the
   tuning record; the samples in a measurements document of their own), and installed: later
   calls launch it through the C++ fast path, as any tuned winner. Samples are persisted as they
-  are read, so a process that restarts continues where the last one stopped.
+  are read (at most every PERSIST_EVERY_S, and at exit), so a process that restarts continues
+  where the last one stopped.
 - **While the stream is captured** (a CUDA graph), the best candidate so far (the first ready
   if none was timed yet) is launched untimed: the graph keeps it; tuning goes on with the calls
   that are not captured.
@@ -31,10 +32,12 @@ in-place kernels and reset_to_zero need nothing saved or zeroed.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import statistics
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -103,6 +106,8 @@ class Pick:
     winner: Any = None
 
 
+PERSIST_EVERY_S = 0.25  # samples read are written at most this often (and at exit, and at the decision)
+
 _stats = {"sessions": 0, "timed_launches": 0, "untimed_launches": 0, "dropped": 0, "settled": 0}
 _history: list[dict] = []
 
@@ -150,6 +155,9 @@ class Session:
         self._compile_error: BaseException | None = None
         self._settled: Any = None  # the winner's Entry once decided
         self._seen: list[Candidate] = []
+        self._persisted_at = 0.0  # perf_counter() of the last write of the samples
+        self._unsaved = False  # samples read since
+        _live.add(self)
         dev = res.dev
         # The samples' own document: an online sample is one launch among the program's work (no L2
         # flush, no repetitions), not comparable with a first call's trials.
@@ -314,9 +322,18 @@ class Session:
                     arm.samples.append(float(ms))
                     new = True
         if new:
-            self._persist_samples()
+            self._unsaved = True
+            if time.perf_counter() - self._persisted_at >= PERSIST_EVERY_S:
+                self._persist_samples()
+
+    def persist_unsaved(self) -> None:
+        """Writes the samples read since the last write (at exit: a restart continues from them)."""
+        with self._cv:
+            if self._unsaved and self._settled is None:
+                self._persist_samples()
 
     def _persist_samples(self) -> None:
+        self._persisted_at, self._unsaved = time.perf_counter(), False
         measurements.record(self.cache, self.mkey, self.name, {
             measurements.config_id(a.cand.config): {
                 "config": keys.config_parts(a.cand.config) if a.cand.config is not None else {},
@@ -336,6 +353,7 @@ class Session:
         else:
             entry = self._store(winner, medians)
         self._settled = entry
+        _live.discard(self)
         self._arms = []  # the candidates' modules and tables go (the winner's stays loaded)
         _stats["settled"] += 1
         _history.append({"kernel": self.name, "calls": self.calls, "winner": winner.cand.index,
@@ -389,3 +407,15 @@ class Session:
         log.info("kernel %s: rank %s decided first: this process launches its winner, config %d", self.name,
                  origin.get("rank"), index)
         return self._settled_entry(c)
+
+
+_live: "weakref.WeakSet[Session]" = weakref.WeakSet()  # sessions still deciding
+
+
+@atexit.register
+def _persist_at_exit() -> None:
+    for session in list(_live):
+        try:
+            session.persist_unsaved()
+        except Exception as exc:  # noqa: BLE001  (an exit is no place to fail: said, not raised)
+            log.warning("kernel %s: online tuning's last samples were not persisted: %s", session.name, exc)
