@@ -256,6 +256,7 @@ class Site:
         # when its heuristics were frozen); the others (launch_pdl, debug, ...) are the call's.
         self.options = ({k: v for k, v in d["options"].items() if k not in _CONFIG_FIELDS}
                         if self.lazy.spec.autotuned else d["options"])
+        self._said = False
 
     def call_leaves(self, buffers: tuple) -> list:
         """One value per entry of the payload's "args" (a leaf): an array,
@@ -294,8 +295,10 @@ class Site:
         mode = "tune"
         if capturing:
             mode = "first" if settings.capture_fallback() == "first_config" else "record"
-        log.info("%s: resolving on its first execution (%s)", self.name,
-                 "stream capturing" if capturing else "tuning allowed")
+        if not self._said:  # once: a kernel tuned online resolves every execution until its winner is fixed
+            self._said = True
+            log.info("%s: resolving on its first execution (%s)", self.name,
+                     "stream capturing" if capturing else "tuning allowed")
         if capturing:
             # Compiling and loading a module are host work, not stream work, but a
             # capture in thread-local mode (XLA's) refuses them unless relaxed.

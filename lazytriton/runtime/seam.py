@@ -110,8 +110,9 @@ PYTHON_TO_C = (
              "a resolved launch: .share() -> int address (for the JAX handler), .grid .sources .kernel .meta "
              ".is_param .timer .once (a one-call entry of online tuning: never installed)",
              "runtime.resolve, runtime.fixed, runtime.tuner, jax.ffi"),
-    Crossing(CORE, "LaunchTimer", (), "two CUDA events around one launch: .start(stream) .stop(stream) "
-             ".elapsed_ms() -> float | None (never waits) .failure (a launch between them failed in C++)",
+    Crossing(CORE, "LaunchTimer", (), "two CUDA events around one launch: .arm() (the thread's next launch is "
+             "timed, by Kernel::launch) .disarm() .elapsed_ms() -> float | None (never waits) .launched .done "
+             ".failure (a launch of it failed in C++)",
              "runtime.online, runtime.kernel, jax.ffi"),
     Crossing(CORE, "CallSite", ("name", "n_buffers", "resolver"), "the fixed-layout call site the JAX handler "
              "launches through (call_site.h), its resolver a Python callable (key) -> Entry: .launch(stream, "
