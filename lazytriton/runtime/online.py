@@ -159,8 +159,8 @@ class Session:
         self._unsaved = False  # samples read since
         _live.add(self)
         dev = res.dev
-        # The samples' own document: an online sample is one launch among the program's work (no L2
-        # flush, no repetitions), not comparable with a first call's trials.
+        # The samples' own document: an online sample is one launch among the program's work (after an
+        # L2 flush, no warm-up, no repetitions), not comparable with a first call's trials.
         self.mkey = measurements.measure_key(res.spec.fn, res.shape_sig, res.options, res.target, dev["name"],
                                              res.portable_key, dev["driver_version"], {"online_samples": samples})
         self.family = res.family()
