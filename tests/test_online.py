@@ -418,3 +418,33 @@ def test_the_harness_script_is_python():
     from lazytriton.bench import online as bench_online
 
     compile(bench_online.SCRIPT, "online", "exec")
+
+
+# -- C++ lazy mode: a variant is written into the bundle when a call is resolved --------------------
+
+LAZY_MODE = """
+import json, logging, sys
+sys.path.insert(0, {tests!r})
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
+import lazytriton
+from lazytriton.cpp import embed
+from lazytriton.runtime import online
+x = ("ptr", 0x7F0000000000, "fp32", 4 * 4096)
+text, cubin = embed.resolve({bundle!r}, "kernels.basic:increment_kernel", [x, 4096], {{}}, (2, 1, 1), 0)
+variant = json.loads(text)
+lk = embed._kernel("kernels.basic:increment_kernel")
+print(json.dumps({{"mode": lk.tuning_mode, "tunes": lazytriton.stats()["tunes"], "sessions": online.counters()["sessions"],
+                  "has_cubin": bool(cubin), "online_record": bool(lk.records[-1].extra.get("online"))}}))
+"""
+
+
+def test_lazy_mode_tunes_on_the_first_call_and_says_online_tuning_does_not_apply(fake_libcuda, tmp_path,
+                                                                                  triton_cache):
+    env = worker_env(fake_libcuda, tmp_path, triton_cache, TUNING=None, LAZYTRITON_TUNING="online",
+                     FAKE_CUDA_PARAM_SIZES="increment_kernel:8,4,8,8")
+    r = subprocess.run([sys.executable, "-c", LAZY_MODE.format(tests=str(HERE), bundle=str(tmp_path / "bundle"))],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"mode": "online", "tunes": 1, "sessions": 0, "has_cubin": True, "online_record": False}
+    assert r.stderr.count("does not apply to C++ lazy mode") == 1
