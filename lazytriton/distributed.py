@@ -46,6 +46,11 @@ caches disagree, the first published wins everywhere.
 Kernels resolved while a CUDA graph is being captured never wait (they use a
 cached winner or fail as without agreement).  LAZYTRITON_AGREE=0 turns it off.
 
+Kernels tuned online (runtime/online.py) claim nothing: each process tunes on its
+own calls, and the job agrees when a decision is made (`Agreement.decide`: the
+first decision published is every process's); a process whose first call comes
+after one was published launches it at once (`Agreement.published`).
+
 Progress is logged on the ``lazytriton.distributed`` logger: who resolves,
 who waits for whom, who takes over, where each winner came from.
 """
@@ -71,6 +76,7 @@ PROGRESS_S = 30.0  # a waiter blocks in slices this long and logs between them
 TAKEOVERS = 2  # rounds in which one waiter resolves for a claimant that did not publish
 MAX_BINARY = 1 << 20  # a larger winner binary is not sent: the waiters compile it (gRPC caps messages at 4 MiB)
 PREFIX = "lazytriton/agree/v2/"
+PUBLISHED_LOOK_S = 0.001  # how long online tuning's first call looks for a winner the job published
 
 T = TypeVar("T")
 # What a resolution gives agree(): (its result, the JSON-able record to publish, the winner's binary or None).
@@ -138,6 +144,37 @@ class Agreement:
                 cached: Optional[Callable[[], Optional[Resolved]]] = None) -> T:
         return agree(self.store, key, kernel, local, adopt, cached=cached, rank=self.rank,
                      timeout_s=self.timeout_s, clock=self.clock, slice_s=self.slice_s, takeovers=self.takeovers)
+
+    # Online tuning (runtime/online.py): no process claims a key; each tunes on its own calls,
+    # and the job agrees when a decision is made: the first one published is every process's.
+
+    def published(self, kernel: str, key: str) -> Optional[tuple[dict, dict, Optional[bytes]]]:
+        """The winner the job published for ``key`` already, as (record, origin, binary), or None
+        (a short look, no waiting: PUBLISHED_LOOK_S)."""
+        try:
+            value = self.store.get(f"{PREFIX}{key}/winner", PUBLISHED_LOOK_S)
+        except Exception as exc:
+            _count("store_errors")
+            log.warning("kernel %s: the key-value store failed (%s); tuning here, without agreeing with the "
+                        "other processes", kernel, exc)
+            return None
+        if value is None:
+            return None
+        doc, binary = _decode(value)
+        if "record" not in doc:
+            return None
+        origin = doc.get("by") or {}
+        _count("received")
+        log.info("kernel %s: rank %d launches config %s, the winner %s published (no tuning here)", kernel,
+                 self.rank, doc["record"].get("winner_index"), _peer_name(origin))
+        return doc["record"], {k: origin.get(k) for k in ("rank", "host", "pid")}, binary
+
+    def decide(self, kernel: str, key: str, mine: Resolved, adopt: Callable[[dict, dict, Optional[bytes]], T],
+               cached: bool = False) -> T:
+        """Publishes this process's decision for ``key`` unless another was published first; the
+        result to launch: ``mine``'s, or ``adopt(record, origin, binary)`` of the published one."""
+        me = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "thread": threading.get_ident()}
+        return _settle(self.store, f"{PREFIX}{key}/winner", kernel, mine, me, adopt, cached=cached)
 
 
 # -- the protocol ----------------------------------------------------------------------

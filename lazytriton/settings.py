@@ -40,12 +40,15 @@ class Settings:
     - tuning: False when LAZYTRITON_TUNING=off: no benchmarking, the first
       config left after pruning is used.  Heuristics (@triton.heuristics) and
       config pruning still apply; only the timing step is skipped.
+    - online: True when LAZYTRITON_TUNING=online: kernels whose `tuning=` says
+      nothing tune online (tuning_mode()).
     """
 
     cache_dir: Path
     disk_cache: bool = True
     retune: bool = False
     tuning: bool = True
+    online: bool = False
 
 
 def _raw(name: str) -> Optional[str]:
@@ -117,8 +120,32 @@ def settings() -> Settings:
         cache_dir=default_cache_dir(),
         disk_cache=env_flag("LAZYTRITON_CACHE", True),
         retune=env_flag("LAZYTRITON_RETUNE", False),
-        tuning=env_flag("LAZYTRITON_TUNING", True),
+        tuning=tuning_mode() != "off",
+        online=tuning_mode() == "online",
     )
+
+
+TUNING_MODES = ("first_call", "online", "off")
+
+
+def tuning_mode() -> str:
+    """LAZYTRITON_TUNING: how a kernel whose `tuning=` says nothing is tuned. "first_call" (default;
+    also 1/true/yes/on): compiled and timed on the first call of each specialization; "online": the
+    first call waits for one compile and launches it, the calls that follow time one candidate
+    each until the fastest is known (lazytriton/runtime/online.py); "off" (also 0/false/no):
+    no timing, the first config left after pruning."""
+    raw = _raw("LAZYTRITON_TUNING")
+    if raw is None:
+        return "first_call"
+    value = raw.strip().lower()
+    if value in _TRUE or value == "first_call":
+        return "first_call"
+    if value in _FALSE:
+        return "off"
+    if value == "online":
+        return "online"
+    raise SettingError("LAZYTRITON_TUNING", raw, "'first_call' (also 1, true, yes, on), 'online' or 'off' (also 0, "
+                       "false, no)")
 
 
 # -- the settings other modules read (each in one place) ---------------------------
@@ -322,7 +349,7 @@ CHECKS = {  # every setting and the accessor that reads and checks it
     "LAZYTRITON_CACHE_DIR": cache_dir,
     "LAZYTRITON_CACHE": settings,
     "LAZYTRITON_RETUNE": settings,
-    "LAZYTRITON_TUNING": settings,
+    "LAZYTRITON_TUNING": tuning_mode,
     "LAZYTRITON_CACHE_LOCKS": cache_locks,
     "LAZYTRITON_CACHE_LOCK_TIMEOUT": cache_lock_timeout,
     "LAZYTRITON_COMPILE_WORKERS": compile_workers,

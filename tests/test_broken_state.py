@@ -60,7 +60,7 @@ SETTINGS = [  # (variable, bad value, what reads it, words of what it takes)
     ("LAZYTRITON_FLUSH_L2", "maybe", _tune_options, "'auto'"),
     ("LAZYTRITON_CACHE", "perhaps", settings.settings, "1/0"),
     ("LAZYTRITON_RETUNE", "2", settings.settings, "1/0"),
-    ("LAZYTRITON_TUNING", "fast", settings.settings, "1/0"),
+    ("LAZYTRITON_TUNING", "fast", settings.tuning_mode, "'online'"),
     ("LAZYTRITON_STUB_BUILD", "synch", lambda: settings.stub_build_sync(), "'sync'"),
     ("LAZYTRITON_PREBUILT_HANDLER", "nope", lambda: settings.prebuilt_handler(), "1/0"),
     ("LAZYTRITON_CAPTURE_FALLBACK", "first", lambda: settings.capture_fallback(), "'first_config'"),

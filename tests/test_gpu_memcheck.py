@@ -44,6 +44,10 @@ GROUPS = {
     # Issue 46: torch's streams, torch.cuda.graph capture and replay, option-named parameters (not
     # torch.compile's reduce-overhead test: Inductor's compile under the sanitizer takes minutes).
     "torch_streams": ["test_gpu_torch_streams.py", "-k", "not reduce_overhead"],
+    # Issue 48: online tuning, every call one launch of one candidate on the caller's data (matmul,
+    # in place, reset_to_zero, a side stream), CUDA events around the launches (not the tests that
+    # start processes of their own).
+    "online": ["test_gpu_online.py", "-k", "not restart and not jax"],
 }
 
 

@@ -59,7 +59,8 @@ def test_a_bad_setting_stops_import_and_the_cli_with_one_line(tmp_path):
         r = subprocess.run(cmd, env=_env(LAZYTRITON_TUNING="of"), cwd=tmp_path, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode != 0 and r.stderr.strip().splitlines() == [
-            "error: LAZYTRITON_TUNING='of' is not a valid setting: it takes 1/0 (also true/false, yes/no, on/off) "
+            "error: LAZYTRITON_TUNING='of' is not a valid setting: it takes 'first_call' (also 1, true, yes, on), "
+            "'online' or 'off' (also 0, false, no) "
             "(or unset for the default)"], r.stderr
     # Caught by a caller, it is an exception like any other (a ValueError whose message is the line).
     code = "try:\n import lazytriton\nexcept ValueError as e:\n print('caught', e)\n"

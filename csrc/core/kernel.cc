@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "json.h"
+#include "lazytriton/tuning.h"
 
 namespace lt {
 
@@ -435,8 +436,12 @@ void Kernel::launch(cu::CUcontext ctx, cu::CUstream stream, Dim3 grid, void** pa
   cfg.hStream = stream;
   cfg.attrs = const_cast<cu::CUlaunchAttribute*>(attrs_.data());  // the driver only reads them
   cfg.numAttrs = unsigned(attrs_.size());
+  // Online tuning's timed launch (tuning.h LaunchTimer, armed on this thread): its events right around it.
+  LaunchTimer* timer = LaunchTimer::take_armed();
+  if (timer) timer->start(stream);
   cu::CUresult r = d.cuLaunchKernelEx(&cfg, fn, args, nullptr);
   if (r != cu::CUDA_SUCCESS) check(r, kname(m) + ": cuLaunchKernelEx");  // the message only on failure: no allocation
+  if (timer) timer->stop(stream);
   counters().launches.fetch_add(1, std::memory_order_relaxed);
 }
 

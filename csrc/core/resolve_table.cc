@@ -7,6 +7,15 @@ namespace {
 bool same(const CallKey& a, const uint64_t* key, size_t n) {
   return a.size() == n && std::equal(a.begin(), a.end(), key);
 }
+
+// The one-call entry (online tuning) this thread last resolved or waited for: alive while
+// its launch runs, until the thread's next resolution.
+thread_local std::shared_ptr<const Entry> t_this_call;
+
+const Entry* for_this_thread(const std::shared_ptr<const Entry>& e) {
+  if (e && e->once) t_this_call = e;  // installed entries live in the table
+  return e.get();
+}
 }  // namespace
 
 ResolveTable::ResolveTable(std::string name, Resolver resolver)
@@ -49,29 +58,32 @@ const Entry* ResolveTable::install(const CallKey& key, std::shared_ptr<const Ent
 
 const Entry* ResolveTable::claim(const uint64_t* key_ptr, size_t n) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (const Entry* e = find(key_ptr, n)) return e;
   CallKey key(key_ptr, key_ptr + n);
-  auto it = in_flight_.find(key);
-  if (it == in_flight_.end()) {
-    in_flight_[key] = std::make_shared<InFlight>();
-    counters().resolves++;
-    return nullptr;  // the caller resolves it
+  for (;;) {
+    if (const Entry* e = find(key_ptr, n)) return e;
+    auto it = in_flight_.find(key);
+    if (it == in_flight_.end()) {
+      in_flight_[key] = std::make_shared<InFlight>();
+      counters().resolves++;
+      return nullptr;  // the caller resolves it
+    }
+    std::shared_ptr<InFlight> job = it->second;
+    cv_.wait(lock, [&] { return job->done; });
+    if (job->error) std::rethrow_exception(job->error);
+    if (job->entry) return for_this_thread(job->entry);
+    // Released (its owner launched its own call): this caller claims the key again.
   }
-  std::shared_ptr<InFlight> job = it->second;
-  cv_.wait(lock, [&] { return job->done; });
-  if (job->error) std::rethrow_exception(job->error);
-  return job->entry;
 }
 
 // Ends the resolution of `key` that claim() handed out.
-void ResolveTable::finish(const CallKey& key, const Entry* entry, std::exception_ptr error) {
+void ResolveTable::finish(const CallKey& key, std::shared_ptr<const Entry> entry, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = in_flight_.find(key);
     if (it != in_flight_.end()) {
       it->second->done = true;
       it->second->error = error;
-      it->second->entry = entry;
+      it->second->entry = std::move(entry);
       in_flight_.erase(it);  // a failed key is retried by the next call
     }
   }
@@ -84,12 +96,14 @@ const Entry* ResolveTable::publish(const CallKey& key, std::shared_ptr<const Ent
     fail(key, std::make_exception_ptr(error));
     throw error;
   }
-  const Entry* installed = install(key, std::move(entry));
-  finish(key, installed, nullptr);
-  return installed;
+  if (!entry->once) install(key, entry);  // a one-call entry (online tuning) is not
+  finish(key, entry, nullptr);
+  return for_this_thread(entry);  // an installed one lives in the table
 }
 
 void ResolveTable::fail(const CallKey& key, std::exception_ptr error) { finish(key, nullptr, error); }
+
+void ResolveTable::release(const CallKey& key) { finish(key, nullptr, nullptr); }
 
 const Entry* ResolveTable::resolve(const uint64_t* key_ptr, size_t n, void* call_ctx) {
   if (const Entry* e = claim(key_ptr, n)) return e;

@@ -94,6 +94,72 @@ BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
   return bench_interleaved(stream, {launch}, prepare, opt)[0];
 }
 
+LaunchTimer::LaunchTimer() {
+  current_context();  // events belong to a context: the launch's (made current if none is)
+  const Driver& d = driver();
+  check(d.cuEventCreate(&start_, cu::CU_EVENT_DEFAULT), "cuEventCreate");
+  if (cu::CUresult r = d.cuEventCreate(&stop_, cu::CU_EVENT_DEFAULT); r != cu::CUDA_SUCCESS) {
+    d.cuEventDestroy(start_);
+    check(r, "cuEventCreate");
+  }
+}
+
+LaunchTimer::~LaunchTimer() {
+  std::string why;
+  if (!driver_available(&why)) return;
+  driver().cuEventDestroy(start_);
+  driver().cuEventDestroy(stop_);
+}
+
+namespace {
+thread_local LaunchTimer* t_armed = nullptr;  // this thread's, until its next launch takes it
+}  // namespace
+
+std::atomic<int> LaunchTimer::armed_{0};
+
+void LaunchTimer::arm() noexcept {
+  if (t_armed == this) return;
+  if (!t_armed) armed_.fetch_add(1, std::memory_order_relaxed);
+  t_armed = this;
+}
+
+void LaunchTimer::disarm() noexcept {
+  done_ = true;
+  if (t_armed != this) return;
+  t_armed = nullptr;
+  armed_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+LaunchTimer* LaunchTimer::take_armed_slow() noexcept {
+  LaunchTimer* t = t_armed;
+  if (t) {
+    t_armed = nullptr;
+    armed_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return t;
+}
+
+void LaunchTimer::start(cu::CUstream stream) {
+  if (reserve_l2_flush()) flush_l2(stream);  // a device with no memory for it: timed without
+  check(driver().cuEventRecord(start_, stream), "cuEventRecord");
+}
+
+void LaunchTimer::stop(cu::CUstream stream) {
+  check(driver().cuEventRecord(stop_, stream), "cuEventRecord");
+  stopped_ = true;
+}
+
+float LaunchTimer::elapsed_ms() const {
+  if (!stopped_ || !failure_.empty()) return -1;
+  float ms = 0;
+  cu::CUresult r = driver().cuEventElapsedTime(&ms, start_, stop_);
+  if (r == cu::CUDA_ERROR_NOT_READY) return -1;  // the GPU has not passed it yet
+  check(r, "cuEventElapsedTime");
+  return ms;
+}
+
+void LaunchTimer::fail(std::string why) { failure_ = std::move(why); }
+
 size_t allocation_extent(cu::CUdeviceptr ptr) {
   cu::CUdeviceptr base = 0;
   size_t size = 0;

@@ -273,10 +273,35 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("entry"), py::arg("stream"), py::arg("buffers"), py::arg("arena") = nullptr);
 
+  // The call site the JAX handler launches through, its resolver a Python callable (key) -> Entry:
+  // for tests that drive the handler's C++ path (online tuning's one-call entries) with no GPU.
+  py::class_<CallSite, std::shared_ptr<CallSite>>(m, "CallSite")
+      .def(py::init([](std::string name, size_t n_buffers, py::function resolver) {
+             auto fn = std::make_shared<py::function>(std::move(resolver));
+             return std::make_shared<CallSite>(std::move(name), n_buffers, [fn](const CallKey& key, void*) {
+               py::gil_scoped_acquire gil;
+               return std::shared_ptr<const Entry>((*fn)(key).cast<std::shared_ptr<Entry>>());
+             });
+           }),
+           py::arg("name"), py::arg("n_buffers"), py::arg("resolver"))
+      .def(
+          "launch",
+          [](CallSite& s, uint64_t stream, const std::vector<uint64_t>& buffers) {
+            if (buffers.size() != s.n_buffers()) throw std::invalid_argument("launch: wrong number of buffers");
+            cu::CUcontext ctx = current_context();
+            py::gil_scoped_release nogil;
+            s.launch(ctx, as_stream(stream), buffers.data(), nullptr);
+          },
+          py::arg("stream"), py::arg("buffers"))
+      .def_property_readonly("resolved", [](CallSite& s) { return s.table().size(); });
+
   py::class_<Entry, std::shared_ptr<Entry>>(m, "Entry")
       .def(py::init([](std::shared_ptr<Kernel> k, std::vector<bool> is_param, py::object meta, py::object grid,
-                       const py::list& sources, const std::vector<std::pair<int32_t, uint64_t>>& zero) {
+                       const py::list& sources, const std::vector<std::pair<int32_t, uint64_t>>& zero,
+                       std::shared_ptr<LaunchTimer> timer, bool once) {
              auto e = std::make_shared<Entry>();
+             e->once = once || timer;
+             e->timer = std::move(timer);
              e->kernel = std::move(k);
              e->is_param = std::move(is_param);
              if (!grid.is_none()) e->grid = dim3_from(grid);
@@ -301,9 +326,11 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("kernel"), py::arg("is_param"), py::arg("meta") = py::none(), py::arg("grid") = py::none(),
            py::arg("sources") = py::list(), py::arg("zero") = std::vector<std::pair<int32_t, uint64_t>>{},
+           py::arg("timer") = nullptr, py::arg("once") = false,
            "sources/zero: for fixed-layout callers, per kernel parameter (buffer index or -1, scalar bits), or "
            "(buffer index, descriptor tuple) for a tensor descriptor on that buffer; and (buffer index, bytes) "
-           "to zero before every launch.")
+           "to zero before every launch. once: a one-call entry of online tuning (never installed); timer: "
+           "a LaunchTimer its launch is timed by (one-call too).")
       .def("share",
            [](std::shared_ptr<Entry> e) {
              return reinterpret_cast<uintptr_t>(new std::shared_ptr<const Entry>(std::move(e)));
@@ -335,7 +362,9 @@ PYBIND11_MODULE(_core, m) {
                                if (!e.user) return py::none();
                                return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(e.user.get()));
                              })
-      .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; });
+      .def_property_readonly("is_param", [](const Entry& e) { return e.is_param; })
+      .def_property_readonly("timer", [](const Entry& e) { return e.timer; })
+      .def_property_readonly("once", [](const Entry& e) { return e.once; });
 
   py::class_<Claim>(m, "Claim", "A key's resolution handed to this caller by ResolveTable.claim.")
       .def("publish",
@@ -344,6 +373,14 @@ PYBIND11_MODULE(_core, m) {
              c.open = false;
              c.table->publish(c.key, std::move(e));
            })
+      .def("release",
+           [](Claim& c) {
+             if (!c.open) throw std::logic_error("lazytriton: this claim was already ended");
+             c.open = false;
+             c.table->release(c.key);
+           },
+           "Ends it with no winner and no error (this caller launched its call itself: online tuning); callers "
+           "waiting for it claim the key again.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](Claim& c, py::object type, py::object value, py::object) {
         if (value.is_none()) {

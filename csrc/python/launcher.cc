@@ -334,7 +334,9 @@ StubResult call_stub(Call& c, const StubRef& s, PyObject** key) {
 }
 
 // LazyKernel._first_call(stub, key, args, stream, grid): the one crossing into
-// Python of a call no stub can launch yet. 0, or -1 with an error set.
+// Python of a call no stub can launch yet. 0: resolved, the stub launches it; 1:
+// Python launched it (online tuning: a candidate timed on this call); -1 with an
+// error set.
 int first_call(Call& c, PyObject* stub, PyObject* key) {
   PyObject* args = c.args_tuple();
   PyObject* stream = args ? c.stream_obj() : nullptr;
@@ -342,8 +344,10 @@ int first_call(Call& c, PyObject* stub, PyObject* key) {
   PyObject* argv[7] = {nullptr, c.launch->kernel, stub ? stub : Py_None, key ? key : Py_None, args, stream,
                        c.launch->grid};
   PyObject* r = PyObject_VectorcallMethod(s_first_call, argv + 1, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  Py_XDECREF(r);
-  return r ? 0 : -1;
+  if (!r) return -1;
+  int launched = r == Py_True;
+  Py_DECREF(r);
+  return launched;
 }
 
 // Tries the kernel's stubs in order: 1 if one launched (after the first call of
@@ -360,7 +364,8 @@ int try_stubs(Call& c) {
     StubResult r = call_stub(c, s, &key);
     if (r == StubResult::kUnresolved) {
       PyObject* again = nullptr;
-      r = first_call(c, s.obj, key) < 0 ? StubResult::kError : call_stub(c, s, &again);
+      int first = first_call(c, s.obj, key);
+      r = first < 0 ? StubResult::kError : first ? StubResult::kLaunched : call_stub(c, s, &again);
       if (r != StubResult::kLaunched && r != StubResult::kError) {
         PyErr_Format(PyExc_RuntimeError, "lazytriton: internal error: the call key %R was resolved but its stub "
                      "did not launch it", key);
@@ -381,7 +386,8 @@ int try_stubs(Call& c) {
 PyObject* dispatch(Call& c) {
   int r = try_stubs(c);
   if (r == 0) {
-    r = first_call(c, nullptr, nullptr) < 0 ? -1 : try_stubs(c);
+    int first = first_call(c, nullptr, nullptr);
+    r = first < 0 ? -1 : first ? 1 : try_stubs(c);
     if (r == 0) {
       PyErr_Format(PyExc_RuntimeError, "kernel %S: internal error: the stub made for these arguments rejected them",
                    c.launch->kernel);

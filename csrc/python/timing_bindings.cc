@@ -33,6 +33,26 @@ py::dict bench_dict(const BenchResult& r) {
 }  // namespace
 
 void bind_timing(py::module_& m) {
+  // Online tuning: one launch of a candidate on a call of the program, timed by events on its stream.
+  py::class_<LaunchTimer, std::shared_ptr<LaunchTimer>>(m, "LaunchTimer",
+                                                       "Two CUDA events around one launch (tuning.h LaunchTimer).")
+      .def(py::init<>())
+      .def("arm", &LaunchTimer::arm, "The next launch of this thread is timed by it (Kernel::launch takes it).")
+      .def("disarm", &LaunchTimer::disarm, "The call that armed it is over (launched or not).")
+      .def_property_readonly("launched", &LaunchTimer::launched)
+      .def_property_readonly("done", &LaunchTimer::done)
+      .def(
+          "elapsed_ms",
+          [](const LaunchTimer& t) -> py::object {
+            float ms = t.elapsed_ms();
+            return ms < 0 ? py::none() : py::cast(ms);
+          },
+          "Milliseconds between the events; None while the GPU has not passed the second (never waits), or if "
+          "the launch between them failed or never happened.")
+      .def_property_readonly("failure", [](const LaunchTimer& t) -> py::object {
+        return t.failure().empty() ? py::none() : py::cast(t.failure());
+      });
+
   py::class_<Snapshot>(m, "Snapshot")
       .def(py::init([](uint64_t stream, const std::vector<std::pair<uint64_t, size_t>>& bufs) {
              std::vector<DeviceBuffer> b;

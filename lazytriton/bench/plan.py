@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import cold, cpu, distributed, field as field_group, jax_group, redis_server, throughput_group, torch_group
+from . import cold, cpu, distributed, field as field_group, jax_group, online, redis_server, throughput_group, \
+    torch_group
 
 SUITES = ("cpu", "quick", "full")
 # Cold rows run once whatever --processes says: a build of the FFI handler (g++) per repetition costs more
@@ -19,8 +20,8 @@ SUITES = ("cpu", "quick", "full")
 # between wrapping and calling says where the compile server's start-up went.
 # The row warm from Redis too: its empty cache builds the launch stub and the torch reader after its call.
 ONCE = {"cold-jax-runtime-handler", "cold-jax-triton", "cold-lazy-gap", "warm-redis", "warm-redis-gap", "warm-lazy-gap"}
-SECTION_ORDER = ("launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call", "distributed",
-                 "field", "field_program", "cpu")
+SECTION_ORDER = ("launch", "small", "chain", "throughput", "jax_throughput", "tuning", "first_call", "online",
+                 "distributed", "field", "field_program", "cpu")
 
 
 @dataclass
@@ -91,6 +92,18 @@ def build(suite: str, gpus: int, importable=cold.importable, only: set | None = 
                                 needs=(need, "redis") if seeded else (need,), est_s=(est[name], est[name]),
                                 script=script, env=env, fresh_cache=shared or name, once=name in ONCE,
                                 seeded_from=seeded))
+    # Online tuning (issue 48): each row a fresh process with caches of its own; the demo matmul's
+    # online first call is a row of the first-call section too. Only when asked for by name (about
+    # 80 s: the suites' budgets have no room for it).
+    with_online = "online" in (only or ())
+    if not with_online:
+        notes.append("online tuning (first call, calls until the winner is fixed, the winner): with --only=online")
+    for name, title, env, est_s in online.groups(suite) if with_online else ():
+        rows = {"online": [online.row_name(name)]}
+        if online.GROUPS[name] == ("demo", "online"):
+            rows["first_call"] = ["lazytriton, cold, online tuning (first call: one compile, no trials)"]
+        groups.append(Group(name, f"online tuning: {title}", rows, needs=("torch",), est_s=(est_s, est_s),
+                            script=online.SCRIPT, env=env, fresh_cache=name))
     # Its ranks share the GPUs (on one, every rank shares it): there only when asked for by name,
     # to keep the full suite inside its budget.
     with_distributed = full and (gpus >= 2 or "distributed" in (only or ()))

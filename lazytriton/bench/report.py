@@ -94,6 +94,10 @@ def write(results: dict, out: Path) -> Path:
             lines += _tuning_table(sec)
         elif name == "first_call":
             lines += _first_call_table(sec)
+        elif name == "online":
+            from . import online
+
+            lines += _table(online.HEADER, online.table(sec, median_process))
         else:
             lines += _plain_table(sec)
         lines += [""] + [f"- {n}" for n in sec.get("notes", [])]

@@ -14,6 +14,11 @@ options, compares with one measured now (clocks, temperature and other work on
 the GPU differ between processes: a few percent, the size of the noise the
 tuner's second pass settles among close candidates measured together).
 
+Each document also names its kernel's *family* (the kernel's code, the GPU model and
+driver, the compile target: family_key), so that the configs' times on the other
+specializations of a kernel can rank its candidates for one it has never met
+(`evidence`: online tuning compiles the likeliest winner first).
+
 On disk: ``<cache>/v{N}/measurements/<key>.ltm`` = ``b"LTM1" | sha256(body) |
 body`` (JSON naming its key); corrupt = discarded (said once) and treated as
 empty. With a remote tier, documents are merged with the server's and published.
@@ -41,7 +46,7 @@ log = logging.getLogger("lazytriton.cache")
 MAGIC = b"LTM1"
 SUBDIR, EXT = "measurements", ".ltm"
 
-_memory: dict[tuple[str, str], tuple[str, dict]] = {}  # (cache dir, key) -> (kernel, results), off the disk
+_memory: dict[tuple[str, str], tuple] = {}  # (cache dir, key) -> (kernel, results, family), off the disk
 _guard = threading.Lock()
 _warned: set[str] = set()
 
@@ -54,8 +59,16 @@ def measure_key(fn: Any, shape_sig: Mapping, options: Mapping, target: Any, devi
                                  driver_version)
     del parts["configs"]
     options_doc = dataclasses.asdict(tune_options) if dataclasses.is_dataclass(tune_options) else tune_options
+    options_doc = {k: v for k, v in options_doc.items() if k != "online_samples"}  # online tuning's own
     parts.update(kind="measurements", tune_options=keys.canonical(options_doc))
     return keys.hash_parts(parts)
+
+
+def family_key(fn: Any, target: Any, device_name: str, driver_version: Any) -> str:
+    """What the measurements of every specialization of one kernel on one GPU model share."""
+    return keys.hash_parts({"kind": "measurement family", "kernel": keys.kernel_fingerprint(fn),
+                            "target": [str(getattr(target, "backend", "")), str(getattr(target, "arch", ""))],
+                            "device_name": str(device_name), "driver_version": keys.canonical(driver_version)})
 
 
 def config_id(config: Any) -> str:
@@ -63,9 +76,11 @@ def config_id(config: Any) -> str:
     return keys.hash_parts(keys.config_parts(config) if config is not None else {})
 
 
-def encode(key: str, kernel_name: str, results: dict) -> bytes:
-    body = json.dumps({"key": key, "kernel_name": kernel_name, "results": results}, sort_keys=True,
-                         separators=(",", ":")).encode()
+def encode(key: str, kernel_name: str, results: dict, family: str | None = None) -> bytes:
+    doc = {"key": key, "kernel_name": kernel_name, "results": results}
+    if family:
+        doc["family"] = family
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     return MAGIC + hashlib.sha256(body).digest() + body
 
 
@@ -117,17 +132,17 @@ def _load_local(cache: Any, key: str) -> dict:
         return {}
 
 
-def _store_local(cache: Any, key: str, kernel_name: str, results: dict) -> None:
+def _store_local(cache: Any, key: str, kernel_name: str, results: dict, family: str | None = None) -> None:
     if cache.on_disk:
         path = _path(cache, key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            files.atomic_write(path, encode(key, kernel_name, results))
+            files.atomic_write(path, encode(key, kernel_name, results, family))
             _memory.pop((str(cache.dir), key), None)
             return
         except OSError as exc:
             _say_once("write", "cannot write measurements into %s (%s); keeping them in memory", path.parent, exc)
-    _memory[(str(cache.dir), key)] = (kernel_name, dict(results))
+    _memory[(str(cache.dir), key)] = (kernel_name, dict(results), family)
 
 
 def lookup(cache: Any, key: str, kernel_name: str, wanted: list[str]) -> dict:
@@ -144,27 +159,62 @@ def lookup(cache: Any, key: str, kernel_name: str, wanted: list[str]) -> dict:
     return {cid: local[cid] for cid in wanted if cid in local}
 
 
-def record(cache: Any, key: str, kernel_name: str, results: dict) -> None:
+def record(cache: Any, key: str, kernel_name: str, results: dict, family: str | None = None,
+           publish: bool = True) -> None:
     """Add these results ({config id: {"config", "time_ms", "compile_key"}}) to the document,
-    locally and, with a remote tier, on the server (merged with what it has)."""
+    locally and, with a remote tier and `publish`, on the server (merged with what it has).
+    `family`: family_key, for `evidence`."""
     results = {cid: {**r, "measured": r.get("measured") or now_iso()} for cid, r in results.items()
                if isinstance(r.get("time_ms"), (int, float)) and r["time_ms"] > 0}
     if not results:
         return
     with cache.lock(key):
         merged = {**_load_local(cache, key), **results}
-        _store_local(cache, key, kernel_name, merged)
+        _store_local(cache, key, kernel_name, merged, family)
     remote = cache.remote
-    if remote is not None:
+    if remote is not None and publish:
         theirs = remote.fetch_measurements(key, lambda body: decode(key, body)) or {}
-        remote.publish_measurements(key, kernel_name, encode(key, kernel_name, {**theirs, **merged}))
+        remote.publish_measurements(key, kernel_name, encode(key, kernel_name, {**theirs, **merged}, family))
+
+
+def evidence(cache: Any, family: str, kernel_name: str, exclude: str | None = None) -> dict[str, float]:
+    """{config id: its time over the best time of its document, averaged over the documents of
+    this family} for this kernel's other specializations measured in this cache (`exclude`:
+    a document's key left out, the specialization itself): 1.0 is a config that won wherever it
+    was measured. Reads every measurements document of the cache: for a first call only."""
+    docs: list[dict] = []
+    for (where, key), (name, results, fam) in list(_memory.items()):
+        if where == str(cache.dir) and fam == family and name == kernel_name and key != exclude:
+            docs.append(results)
+    if cache.on_disk:
+        try:
+            paths = sorted((Path(cache.dir) / SUBDIR).glob(f"*{EXT}"))
+        except OSError:
+            paths = []
+        for path in paths:
+            key = path.name[:-len(EXT)]
+            if key == exclude:
+                continue
+            try:
+                data = path.read_bytes()
+                doc = json.loads(data[36:])
+                if isinstance(doc, dict) and doc.get("family") == family and doc.get("kernel_name") == kernel_name:
+                    docs.append(decode(key, data))
+            except (OSError, ValueError, BadEntry):
+                continue
+    ratios: dict[str, list[float]] = {}
+    for results in docs:
+        best = min((r["time_ms"] for r in results.values()), default=None)
+        for cid, r in results.items():
+            ratios.setdefault(cid, []).append(r["time_ms"] / best)
+    return {cid: sum(v) / len(v) for cid, v in ratios.items()}
 
 
 def clear(cache: Any, kernel: Optional[str] = None) -> int:
     """Remove the measurements (all, or one kernel's) of this cache; returns how many documents."""
     removed = 0
     with _guard:
-        for mem_key in [k for k, (name, _) in _memory.items() if k[0] == str(cache.dir)
+        for mem_key in [k for k, (name, *_) in _memory.items() if k[0] == str(cache.dir)
                         and (kernel is None or name == kernel)]:
             del _memory[mem_key]
             removed += 1

@@ -263,7 +263,7 @@ def _forget(k: str, ticket: schedule.Ticket, _=None) -> None:
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
                    max_workers: int | None = None, key=None, wait_for_server: bool = False,
-                   order: int | None = None) -> Iterator[Candidate]:
+                   order: int | None = None, in_order: bool = False) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
     start on the first. Each candidate takes one of three routes: a candidate
@@ -275,7 +275,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     call's candidate), on a thread here. `wait_for_server`: compiles made
     ahead of time, which no call waits for yet (they go after a call's, niced,
     and wait for the server). `order` (compile.schedule.next_order(), taken
-    when the compiles were asked for) places them among those of their priority."""
+    when the compiles were asked for) places them among those of their priority.
+    `in_order`: the candidates' own order is the queue's (online tuning lists the
+    likeliest winner, or the quickest compile, first), not the costliest first."""
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -312,7 +314,8 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                 futures[_follow(other.future)] = c
                 c.extra["joined"] = True
                 continue
-            cost = schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None))
+            cost = (schedule.in_order_cost(rank, len(todo)) if in_order else
+                    schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None)))
             t = schedule.Ticket(functools.partial(_front_end, spec, target, c), priority, f"{spec.name} {c.label}",
                                 (order, rank), cost, here=pool is None)
             if k is not None:

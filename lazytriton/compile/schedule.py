@@ -33,7 +33,8 @@ from .ir_text import release
 
 log = logging.getLogger("lazytriton.compile")
 
-__all__ = ["BACKGROUND", "URGENT", "Ticket", "compile_cost", "history", "next_order", "promote", "submit"]
+__all__ = ["BACKGROUND", "URGENT", "Ticket", "compile_cost", "history", "in_order_cost", "next_order", "promote",
+           "submit"]
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
@@ -261,6 +262,12 @@ def compile_cost(constexprs: dict, num_warps: int | None) -> float:
     sizes = sorted(min(v, 4096) for v in constexprs.values() if type(v) is int and v > 1)  # a length is no tile
     held = math.prod(sizes[-2:])
     return float(held * math.sqrt(math.prod(sizes[:-2])) / max(1, num_warps or 4))
+
+
+def in_order_cost(rank: int, n: int) -> float:
+    """The cost that queues a stream's candidates in the order given (the queue runs the
+    costliest first): online tuning's, whose first call waits for the first one ready."""
+    return float(n - rank)
 
 
 def next_order() -> int:

@@ -37,7 +37,12 @@ def _kernel(source: str):
     with _lock:
         lk = _kernels.get(source)
         if lk is None:
+            # Lazy mode writes a winner into the bundle when it resolves a call: online tuning, which
+            # decides over later calls, does not apply (resolve() tunes on the call).
             lk = _kernels[source] = LazyKernel(bundle.load_source(source))
+            if lk.tuning_mode == "online":
+                log.warning("kernel %s: LAZYTRITON_TUNING=online does not apply to C++ lazy mode (a resolved "
+                            "variant is written into the bundle): tuned on its first call", lk.name)
         return lk
 
 

@@ -256,6 +256,7 @@ class Site:
         # when its heuristics were frozen); the others (launch_pdl, debug, ...) are the call's.
         self.options = ({k: v for k, v in d["options"].items() if k not in _CONFIG_FIELDS}
                         if self.lazy.spec.autotuned else d["options"])
+        self._said = False
 
     def call_leaves(self, buffers: tuple) -> list:
         """One value per entry of the payload's "args" (a leaf): an array,
@@ -294,18 +295,20 @@ class Site:
         mode = "tune"
         if capturing:
             mode = "first" if settings.capture_fallback() == "first_config" else "record"
-        log.info("%s: resolving on its first execution (%s)", self.name,
-                 "stream capturing" if capturing else "tuning allowed")
+        if not self._said:  # once: a kernel tuned online resolves every execution until its winner is fixed
+            self._said = True
+            log.info("%s: resolving on its first execution (%s)", self.name,
+                     "stream capturing" if capturing else "tuning allowed")
         if capturing:
             # Compiling and loading a module are host work, not stream work, but a
             # capture in thread-local mode (XLA's) refuses them unless relaxed.
             previous = _core.exchange_capture_mode(_core.CAPTURE_MODE_RELAXED)
             try:
-                res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, **kw)
+                res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, per_call=True, **kw)
             finally:
                 _core.exchange_capture_mode(previous)
         else:
-            res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, **kw)
+            res = self.lazy.resolve(*pos, grid=self._grid, stream=stream, mode=mode, per_call=True, **kw)
         if len(res.types) != len(d["args"]):
             raise RuntimeError(f"{self.name}: internal error: the kernel was resolved for {len(res.types)} "
                                f"arguments but the call site has {len(d['args'])}")
@@ -316,7 +319,10 @@ class Site:
                                       lambda i: d["args"][i]["buffer"])
         n_in = d["n_inputs"]
         zero = [(n_in + o, buffers[n_in + o][1]) for o in cfg["zeroed"]]
-        return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero)
+        # Online tuning, still deciding: a candidate for this execution only (timed unless it is the
+        # first execution's, or one under capture); the call site asks again on the next.
+        return _core.Entry(res.entry.kernel, list(res.entry.is_param), res.meta, res.grid, sources, zero,
+                           timer=res.timer, once=res.this_call_only)
 
     def _config_of(self, meta: dict) -> dict:
         for cfg in self.d["configs"]:

@@ -17,10 +17,10 @@ from typing import Any
 
 from .. import _core
 from ..cache import Cache, TuningRecord, get_cache
-from ..settings import remote_cache_url
+from ..settings import TUNING_MODES, remote_cache_url, tuning_mode
 from ..compile import compiler
 from ..compile.compiler import Binder
-from . import resolve, stubgen, torch_reader
+from . import online, resolve, stubgen, torch_reader
 from ..model import specialize, tensor_desc, tuples
 from ..model.arrays import ANY_DEVICE, array_device, array_info, is_array
 from .resolve import CAPTURE_REMEDY_CALL, CAPTURE_REMEDY_JAX, Resolution, Resolved
@@ -33,8 +33,8 @@ log = logging.getLogger("lazytriton")
 HEURISTICS_ARG = "__heuristics__"
 
 def stats() -> dict:
-    """Counters of this process: Python-side work and the C++ launch counters."""
-    return {**resolve.counters(), **_core.counters()}
+    """Counters of this process: Python-side work, online tuning's (online_*) and the C++ launch counters."""
+    return {**resolve.counters(), **{f"online_{k}": v for k, v in online.counters().items()}, **_core.counters()}
 
 
 def stream_handle(stream: Any) -> int:
@@ -67,11 +67,18 @@ class LazyKernel(_core.LaunchBase):
     _stubs, _handle, _n_call, _python_heuristics and _needs_probe are slots of
     _core.LaunchBase, read by the C launcher."""
 
-    def __init__(self, kernel: Any, *, cache: Cache | None = None, tune_options: TuneOptions | None = None):
+    def __init__(self, kernel: Any, *, cache: Cache | None = None, tune_options: TuneOptions | None = None,
+                 tuning: str | None = None):
         self.spec: KernelSpec = kernel_spec(kernel)
         self.name = self.spec.name
         self._cache = Cache.given(cache, f"kernel {self.name}")  # a directory: a Cache there
         self.tune_options = TuneOptions.given(tune_options, f"kernel {self.name}")
+        if tuning is not None and tuning not in TUNING_MODES:
+            raise ValueError(f"kernel {self.name}: tuning={tuning!r}: tuning takes "
+                             f"{', '.join(map(repr, TUNING_MODES))} or None (LAZYTRITON_TUNING decides)")
+        self.tuning = tuning
+        # Specializations tuned online, still deciding: call key -> online.Session.
+        self._online: dict[tuple, online.Session] = {}
         supplied = self.spec.supplied_names()
         self._supplied = supplied
         self.call_params = [p for p in self.spec.params if p.name not in supplied]
@@ -114,6 +121,13 @@ class LazyKernel(_core.LaunchBase):
 
     def __repr__(self) -> str:
         return f"lazytriton.LazyKernel({self.name})"
+
+    @property
+    def tuning_mode(self) -> str:
+        """How this kernel's new specializations are tuned: its `tuning=`, else LAZYTRITON_TUNING's
+        mode ("first_call", "online" or "off"); LAZYTRITON_TUNING=off turns timing off for every kernel."""
+        program = tuning_mode()
+        return "off" if program == "off" else (self.tuning or program)
 
     @property
     def n_call(self) -> int:
@@ -170,19 +184,36 @@ class LazyKernel(_core.LaunchBase):
     # k.run(*args, grid=, stream=None, warmup=False, **kwargs), Triton's spelling
     # of k[grid](...): _core.LaunchBase.run, the same C hot path.
 
-    def resolve(self, *args, grid: Any = None, stream: Any = None, mode: str = "tune", **kwargs) -> "Resolved":
+    def resolve(self, *args, grid: Any = None, stream: Any = None, mode: str = "tune", per_call: bool = False,
+                **kwargs) -> "Resolved":
         """The winner for these arguments (persistent cache, else compile and tune
         on them: then `grid` is needed), without launching it. For callers that
         launch from C++ themselves: the JAX handler, C++ embedders.
         mode: "tune"; "record" (a cached winner or CaptureError: nothing may
-        run on the stream); "first" (no tuning: the first config, not persisted)."""
+        run on the stream); "first" (no tuning: the first config, not persisted).
+        per_call: the caller launches each answer once and asks again on its next call (the
+        JAX handler): a kernel tuned online then answers, until its winner is fixed, with
+        this call's candidate (Resolved.this_call_only, its timer). Other callers get a
+        winner tuned on this call."""
         args, shape, key = self._keyed_call(args, kwargs)
         s = stream if type(stream) is int else self._stream(stream, args)
         # No table here: these callers de-duplicate first calls in their own
         # (the JAX call site's, the bundle's). A tuned winner also serves k[grid].
-        entry = self._resolution(key, args, s, grid, shape, mode)
-        if mode == "tune":
+        timer, this_call_only = None, False
+        session = self._online.get(tuple(key)) if per_call else None
+        got = self._resolution(key, args, s, grid, shape, mode, per_call=per_call) if session is None else None
+        if isinstance(got, online.Session):
+            session = self._online.setdefault(tuple(key), got)
+        if session is not None:  # online tuning: this call's candidate, or the winner it just settled on
+            pick = session.pick(first=got is session, capturing=mode != "tune" or _core.is_capturing(s))
+            if pick.winner is None:
+                got, timer, this_call_only = pick.arm.entry, pick.timer, True
+            else:
+                got = self._settle_online(tuple(key), pick.winner)
+        entry = got
+        if mode == "tune" and not this_call_only:
             self._core.install(list(key), entry)
+            self._online.pop(tuple(key), None)  # tuned here: a session of the key, if any, is over
         names = list(shape.arg_names[:self._n_call])
         n_leaves = shape.call_leaves(self._n_call)
         # A descriptor's type is its dtype and block shape (Triton's tensordesc<fp16[64, 64]>).
@@ -195,7 +226,8 @@ class LazyKernel(_core.LaunchBase):
             g = (g,) if isinstance(g, int) else tuple(g)
             dims = (*g, 1, 1, 1)[:3]
         return Resolved(entry, names, tuple(args[:self._n_call]), types[:n_leaves], meta, dims, tuple(key),
-                        list(shape.names[:n_leaves]), list(shape.table()[:n_leaves]))
+                        list(shape.names[:n_leaves]), list(shape.table()[:n_leaves]), timer, this_call_only)
+
 
     def _keyed_call(self, args: tuple, kwargs: dict) -> tuple:
         """(the bound call, its shape, its call key) for callers that resolve without
@@ -268,13 +300,66 @@ class LazyKernel(_core.LaunchBase):
             if key is None:
                 raise RuntimeError(f"kernel {self.name}: internal error: the stub made for these arguments "
                                    "rejected them")
-        claim = self._core.claim(key)  # None: resolved meanwhile (or by the thread this one waited for)
-        if claim is not None:
+        key = tuple(key)
+        while True:
+            session = self._online.get(key)
+            if session is not None:  # tuned online: this call launches a candidate (or the winner, just decided)
+                return self._online_call(session, key, stub, args, stream, grid)
+            claim = self._core.claim(key)  # None: resolved meanwhile (or by the thread this one waited for)
+            if claim is None:
+                break
             with claim:
-                claim.publish(self._resolve(key, (args, stream, grid, stub)))
+                if key in self._online:  # a session started while this thread waited: it serves the call
+                    claim.release()
+                    continue
+                got = self._resolve(key, (args, stream, grid, stub))
+                if not isinstance(got, online.Session):
+                    claim.publish(got)
+                    break
+                self._online[key] = got
+                claim.release()  # the callers waiting for the key join the session
+            launched = self._online_call(got, key, stub, args, stream, grid, first=True)
+            torch_reader.request(args)
+            return launched
         # The stubs' fast reads of CUDA tensors, requested once per process, after the resolution: its
         # loading (or build) on another thread then competes with neither the compile nor the GIL.
         torch_reader.request(args)
+        return None
+
+    def _online_call(self, session: "online.Session", key: tuple, stub: Any, args: tuple, stream: int, grid: Any,
+                     first: bool = False) -> bool | None:
+        """A call of a specialization tuned online: launches the candidate the session picks
+        (timed by events around the launch), through the call's stub from a table holding only
+        that candidate; one that fails to launch is dropped and another launches. True: launched;
+        None: the session settled, its winner is installed and the stub launches it."""
+        launch = getattr(stub, "launch", stub)  # a built stub's launch(handle, grid, stream, args)
+        capturing = _core.is_capturing(stream)
+        while True:
+            pick = session.pick(first=first, capturing=capturing)
+            if pick.winner is not None:
+                self._settle_online(key, pick.winner)
+                return None
+            try:
+                if pick.timer is not None:
+                    pick.timer.arm()  # the launch core records its events right around the launch
+                done = launch(pick.arm.table.handle, grid, stream, args)
+            except _core.RuntimeFailure as exc:
+                session.failed(pick, exc)
+                first = False
+                continue
+            finally:
+                if pick.timer is not None:
+                    pick.timer.disarm()
+            if done is not True:
+                raise RuntimeError(f"kernel {self.name}: internal error: the stub did not launch a candidate of "
+                                   f"online tuning ({done!r})")
+            return True
+
+    def _settle_online(self, key: tuple, winner: Any) -> Any:
+        """The session of `key` settled on `winner`: installed, so later calls launch it from C++."""
+        self._core.install(list(key), winner)
+        self._online.pop(key, None)
+        return winner
 
     def _add_stub(self, args: tuple) -> Any:
         """The stub of this call's argument shape, added to the kernel's stubs."""
@@ -540,9 +625,9 @@ class LazyKernel(_core.LaunchBase):
             _core.exchange_capture_mode(previous)
 
     def _resolution(self, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape, mode: str,
-                    capture_remedy: str = CAPTURE_REMEDY_JAX):
+                    capture_remedy: str = CAPTURE_REMEDY_JAX, per_call: bool = True):
         try:
-            return Resolution(self, key, args, stream, grid, shape, mode, capture_remedy).run()
+            return Resolution(self, key, args, stream, grid, shape, mode, capture_remedy, per_call).run()
         except Exception as exc:
             if str(exc).startswith(f"kernel {self.name}"):
                 raise
@@ -600,7 +685,8 @@ def _every_call_refusal(spec: KernelSpec, config_sets: dict) -> str | None:
     return None
 
 
-def kernel(fn: Any = None, *, cache: Cache | None = None, tune_options: TuneOptions | None = None) -> LazyKernel:
+def kernel(fn: Any = None, *, cache: Cache | None = None, tune_options: TuneOptions | None = None,
+           tuning: str | None = None) -> LazyKernel:
     """Wrap a Triton kernel for lazy, tuned launches: `k = lazytriton.kernel(fn)`, then
     `k[grid](*args, stream=None, **kwargs)` or `k.run(*args, grid=, stream=None, **kwargs)`.
 
@@ -612,8 +698,12 @@ def kernel(fn: Any = None, *, cache: Cache | None = None, tune_options: TuneOpti
     cache: the lazytriton.cache.Cache winners are kept in, or its directory (default: the one
     of $LAZYTRITON_CACHE_DIR, ~/.cache/lazytriton).
     tune_options: a lazytriton.TuneOptions, how candidates are timed (its docstring).
+    tuning: "first_call" (compile and time the candidates on the first call of each
+    specialization), "online" (the first call waits for one compile and launches it; the calls
+    that follow time one candidate each until the fastest is known: lazytriton.runtime.online),
+    "off" (no timing: the first config), or None (default): LAZYTRITON_TUNING decides.
     """
-    kw = {"cache": cache, "tune_options": tune_options}
+    kw = {"cache": cache, "tune_options": tune_options, "tuning": tuning}
     if fn is None:
         return lambda f: LazyKernel(f, **kw)
     return LazyKernel(fn, **kw)

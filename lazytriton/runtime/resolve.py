@@ -22,7 +22,8 @@ from ..model import pre_hooks, tensor_desc, tuples
 from ..model.arrays import PointerArg, array_info, is_array
 from ..model.spec import KernelSpecError, pre_hook_refusal
 from ..model.specialize import OPTION_NAMES, Shape
-from .tuner import tune
+from . import online
+from .tuner import TuneOptions, tune
 
 
 class Resolvable(Protocol):
@@ -39,6 +40,7 @@ class Resolvable(Protocol):
     call_params: Any
     meta_kwargs: Any
     n_call: int
+    tuning_mode: str  # "first_call", "online" or "off": this kernel's, LAZYTRITON_TUNING's when it says none
 
     def outer_kwargs(self, named: dict, options: dict) -> dict: ...
 
@@ -101,6 +103,10 @@ class Resolved:
     leaf_names: list | None = None  # per entry of `types`: "n", or "xs[1][0]" in a tuple argument
     # Per entry of `types`: its row of the call's slot table (specialize.Shape.table()), as the stubs read it.
     table: list | None = None
+    # Online tuning, still deciding: this call's candidate, not the winner; its launch is timed by this
+    # _core.LaunchTimer (None: launched untimed) and its entry must not be installed.
+    timer: Any = None
+    this_call_only: bool = False
 
     @property
     def kernel(self):
@@ -111,8 +117,9 @@ class Resolution:
     """Resolving one call key: cached winner, else compile + tune on these args."""
 
     def __init__(self, k: Resolvable, key: tuple, args: tuple, stream: int, grid: Any, shape: Shape,
-                 mode: str = "tune", capture_remedy: str = CAPTURE_REMEDY_JAX):
+                 mode: str = "tune", capture_remedy: str = CAPTURE_REMEDY_JAX, per_call: bool = True):
         self.k, self.key, self.stream, self.grid, self.shape, self.mode = k, key, stream, grid, shape, mode
+        self.per_call = per_call  # the caller asks again on each call (k[grid], the JAX handler): online tuning may apply
         self.capture_remedy = capture_remedy
         self.spec = k.spec
         self.device = None  # run() asks the driver
@@ -166,6 +173,8 @@ class Resolution:
                                dev["name"], self.portable_key, dev["driver_version"])
         cache, st = k.cache, settings()
         agreement = distributed.agreement() if self.mode == "tune" else None
+        if agreement is not None and self.online():  # every process tunes; the first decision wins everywhere
+            return self._online_agreed(agreement, cache, tkey, st)
         if agreement is not None:  # many processes (jax.distributed): one resolves, all launch its winner
             return agreement.resolve(k.name, tkey, lambda: self._shared(cache, self._here(cache, tkey, st)),
                                      lambda rec, origin, binary: self._adopt(cache, tkey, rec, origin, binary),
@@ -211,7 +220,50 @@ class Resolution:
                     f"under capture. {self.capture_remedy}")
             if self.mode == "first":
                 return self._entry(self._first(self._candidates()))
-            return self._entry(self._tune(cache, tkey, self._candidates(), st.tuning))
+            cands = self._candidates()
+            if self.online() and len(self._pruned(cands)) > 1:  # a lone candidate has nothing to tune
+                return self._online_session(cache, tkey, st, cands)
+            return self._entry(self._tune(cache, tkey, cands, st.tuning))
+
+    def online(self) -> bool:
+        """Whether this resolution tunes online (runtime/online.py) rather than on this call."""
+        return self.mode == "tune" and self.per_call and self.k.tuning_mode == "online"
+
+    def _online_session(self, cache: Cache, tkey: str, st, cands: list[Candidate],
+                        agreement=None) -> "online.Session":
+        """Online tuning: every candidate queued, the likeliest winner first; the session
+        launches the first ready on this call, then one candidate per call that follows."""
+        session = online.Session(self, cache, tkey, cands, self._pruned(cands),
+                                 TuneOptions.given(self.k.tune_options, f"kernel {self.k.name}").online_samples,
+                                 fresh=st.retune, agreement=agreement)
+        self._forget_arguments()
+        return session
+
+    def _online_agreed(self, agreement, cache: Cache, tkey: str, st):
+        """Online tuning in a job of many processes: a winner the job published already is
+        launched at once; a cached one is published; else this process tunes online too, and
+        the first decision published is the one every process launches (online.Session.decide)."""
+        published = agreement.published(self.k.name, tkey)
+        if published is not None:
+            return self._adopt(cache, tkey, *published)
+        hit = self._cached(cache, tkey, st)
+        if hit is not None:
+            return agreement.decide(self.k.name, tkey, hit,
+                                    lambda rec, origin, binary: self._adopt(cache, tkey, rec, origin, binary),
+                                    cached=True)
+        with cache.lock(tkey):
+            cands = self._candidates()
+            if len(self._pruned(cands)) > 1:
+                return self._online_session(cache, tkey, st, cands, agreement)
+        # A lone candidate: nothing to tune online; agreed on as by a first call that tunes.
+        return agreement.resolve(self.k.name, tkey, lambda: self._shared(cache, self._here(cache, tkey, st)),
+                                 lambda rec, origin, binary: self._adopt(cache, tkey, rec, origin, binary))
+
+    def _forget_arguments(self) -> None:
+        """Drops this call's argument objects (a session outlives its first call: the
+        caller's arrays must not be kept alive by it); addresses and sizes stay."""
+        self.values = self.leaf_values = self.bind_values = None
+        self.named = {}
 
     def _expect(self) -> dict:
         """What a tuning record from the remote tier must say to be for this device."""
@@ -293,7 +345,7 @@ class Resolution:
         return pruned
 
     def _compile_stream(self, cache: Cache, cands: list[Candidate], background: bool = False,
-                        order: int | None = None):
+                        order: int | None = None, in_order: bool = False):
         """compile_stream over the cache: binaries found there are not compiled,
         those compiled are stored, and a candidate another thread of this
         process is compiling already (compile_ahead, a first call of another
@@ -306,7 +358,7 @@ class Resolution:
 
         return ckeys, compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(ckeys[id(c)]),
                                      store=store, key=lambda c: ckeys[id(c)], wait_for_server=background,
-                                     order=order)
+                                     order=order, in_order=in_order)
 
     def compile_ahead(self, target, order: int | None = None) -> int:
         """Compiles every candidate of this specialization for `target` and
@@ -362,7 +414,7 @@ class Resolution:
             measurements.record(cache, mkey, k.name, {
                 measurements.config_id(c.config): {"config": keys.config_parts(c.config) if c.config else {},
                                                    "time_ms": c.extra["time_ms"], "compile_key": ckeys[id(c)]}
-                for c in timed})
+                for c in timed}, family=self.family())
         _timings.append({"kernel": k.name, "candidates": len(pruned),
                          "compiled_s": max((c.extra.get("ready_s", 0.0) for c in pruned), default=0.0),
                          "front_end_s": sum(c.extra.get("front_end_s", 0.0) for c in pruned),
@@ -372,24 +424,38 @@ class Resolution:
                          "tuned_s": time.perf_counter() - t0,
                          "tune_s": winner.extra.get("tune_s", 0.0) if winner is not None else 0.0,
                          "at": time.perf_counter()})
+        self.store_record(cache, tkey, cands, winner, ckeys,
+                          {c.index: prior.get(c.index, c.extra.get("time_ms")) for c in cands},
+                          {c.index: {"measured_before": True} for c in cands if c.index in prior},
+                          agreed=agreed, untuned=untuned)
+        return winner
+
+    def family(self) -> str:
+        """This kernel's measurements family on this device (measurements.family_key)."""
+        return measurements.family_key(self.spec.fn, self.target, self.dev["name"], self.dev["driver_version"])
+
+    def store_record(self, cache: Cache, tkey: str, cands: list[Candidate], winner: Candidate, ckeys: dict,
+                     times: dict, notes: dict, agreed=None, untuned: bool = False, extra: dict | None = None):
+        """Persists `winner` as this key's tuning record: each candidate's time (`times` by
+        index; `notes`: more fields of a candidate's line), the winner's launch info."""
         rec = TuningRecord(
-            kernel_name=k.name, winner=ckeys[id(winner)], winner_index=winner.index,
+            kernel_name=self.k.name, winner=ckeys[id(winner)], winner_index=winner.index,
             candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},
                          "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
-                         "time_ms": prior.get(c.index, c.extra.get("time_ms")), "error": c.error,
-                         **({"measured_before": True} if c.index in prior else {})} for c in cands],
+                         "time_ms": times.get(c.index), "error": c.error, **notes.get(c.index, {})} for c in cands],
             device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
             driver_version=self.dev["driver_version"],
             tune_key_values=keys.canonical(list(self.portable_key)),
             extra={"launch": self._launch_info(winner)} if _jsonable_meta(winner.extra["meta"]) else {})
+        rec.extra.update(extra or {})
         if agreed is not None:
             rec.extra["agreed"] = distributed.provenance(*agreed, rec.winner)
         if untuned:  # chosen without timing (LAZYTRITON_TUNING=off): never published to the remote tier
             rec.extra["untuned"] = True
         cache.store_record(tkey, rec)
-        k.records.append(rec)
+        self.k.records.append(rec)
         self.record = rec
-        return winner
+        return rec
 
     def _measured_before(self, cache: Cache, pruned: list[Candidate], timing: bool) -> tuple[str | None, dict]:
         """(the measurements' key, {candidate index: time_ms measured before}) for a tune of

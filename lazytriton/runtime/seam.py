@@ -25,8 +25,10 @@ ARRAYS = "lazytriton.model.arrays"
 # seam.h names each with a constant (kFirstCall, ...); tests/test_seam.py matches them by name.
 C_TO_PYTHON = (
     Crossing(KERNEL, "_first_call", ("stub", "key", "args", "stream", "grid"),
-             "ignored; an exception fails the call. stub: the stub that answered (None: no stub took the call); "
-             "key: its call key without a winner, or None; args: the bound call tuple; stream: int CUstream",
+             "True: Python launched the call itself (online tuning: a candidate timed on it); anything else: "
+             "the key is resolved, the stub launches it; an exception fails the call. stub: the stub that answered "
+             "(None: no stub took the call); key: its call key without a winner, or None; args: the bound call "
+             "tuple; stream: int CUstream",
              "csrc/python/launcher.cc first_call"),
     Crossing(KERNEL, "_run", ("grid", "stream", "args", "kwargs"),
              "(call tuple, stream int): the call Python bound, launched through the stubs",
@@ -104,13 +106,22 @@ PYTHON_TO_C = (
              "runtime.kernel"),
     Crossing(CORE, "Kernel", ("cubin", "metadata"), "a loaded-on-use kernel: .name .metadata .cubin .load()",
              "runtime, jax, cpp"),
-    Crossing(CORE, "Entry", ("kernel", "is_param", "meta", "grid", "sources", "zero"),
+    Crossing(CORE, "Entry", ("kernel", "is_param", "meta", "grid", "sources", "zero", "timer", "once"),
              "a resolved launch: .share() -> int address (for the JAX handler), .grid .sources .kernel .meta "
-             ".is_param", "runtime.resolve, runtime.fixed, runtime.tuner, jax.ffi"),
+             ".is_param .timer .once (a one-call entry of online tuning: never installed)",
+             "runtime.resolve, runtime.fixed, runtime.tuner, jax.ffi"),
+    Crossing(CORE, "LaunchTimer", (), "two CUDA events around one launch: .arm() (the thread's next launch is "
+             "timed, by Kernel::launch) .disarm() .elapsed_ms() -> float | None (never waits) .launched .done "
+             ".failure (a launch of it failed in C++)",
+             "runtime.online, runtime.kernel, jax.ffi"),
+    Crossing(CORE, "CallSite", ("name", "n_buffers", "resolver"), "the fixed-layout call site the JAX handler "
+             "launches through (call_site.h), its resolver a Python callable (key) -> Entry: .launch(stream, "
+             "buffers) .resolved", "tests"),
     Crossing(CORE, "ResolveTable", ("name",), "the resolve-once table: .handle (int address, written into "
              "LaunchBase._handle and read by the stubs) .claim(key) -> None | Claim .install .find .clear",
              "runtime.kernel"),
-    Crossing(CORE, "Claim", None, "from ResolveTable.claim: .publish(entry); a context manager", "runtime.kernel"),
+    Crossing(CORE, "Claim", None, "from ResolveTable.claim: .publish(entry) .release(); a context manager",
+             "runtime.kernel"),
     Crossing(CORE, "ScratchArena", (), "scratch memory of one launch site", "tests"),
     Crossing(CORE, "launch_fixed", ("entry", "stream", "buffers", "arena"), "None", "tests, bench"),
     Crossing(CORE, "LaunchBase", None, "LazyKernel's C base: attribute writes below build what C reads",

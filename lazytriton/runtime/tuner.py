@@ -32,7 +32,9 @@ class TuneOptions:
     candidates within `retime_within` (a fraction) of the best, at most
     `retime_top` of them, timed again with their launches interleaved, about
     `retime_target_ms` each (at most `retime_max_reps` launches). The values are
-    checked when the options are made and when a kernel takes them."""
+    checked when the options are made and when a kernel takes them. Online tuning
+    (`tuning="online"`) times each candidate on `online_samples` calls of the program
+    instead, and takes the median."""
     warmup: int = 2
     target_ms: float = 25.0  # timed budget per candidate in the first pass
     min_reps: int = 5
@@ -50,6 +52,9 @@ class TuneOptions:
     retime_top: int = 4
     retime_target_ms: float = 20.0
     retime_max_reps: int = 200
+    # Online tuning (lazytriton.kernel(fn, tuning="online")): timed launches per candidate,
+    # each on a call of the program; the median of these decides.
+    online_samples: int = 5
 
     def __post_init__(self):
         self._check("TuneOptions")
@@ -93,7 +98,7 @@ class TuneOptions:
 
 
 # TuneOptions' int fields and the least value each takes.
-_INT_FIELDS = {"warmup": 0, "min_reps": 1, "max_reps": 1, "retime_top": 1, "retime_max_reps": 1}
+_INT_FIELDS = {"warmup": 0, "min_reps": 1, "max_reps": 1, "retime_top": 1, "retime_max_reps": 1, "online_samples": 1}
 
 
 def trial_entry(kernel_name: str, c: Candidate, names: list[str], values: tuple, arrays: dict, table: list,

@@ -61,7 +61,7 @@ typedef struct {
 } FakeLaunchConfig;  // CUlaunchConfig's layout
 
 #define MAX_DEVICES 8
-static int g_ctx_tokens[MAX_DEVICES], g_event_token;
+static int g_ctx_tokens[MAX_DEVICES];
 static __thread CUcontext g_current;  // NULL: none set on this thread (launches go to device 0)
 
 static int n_devices(void) {
@@ -251,11 +251,54 @@ CUresult cuMemcpyDtoHAsync(void* a, CUdeviceptr b, size_t n, CUstream s) { (void
 CUresult cuMemcpyHtoDAsync(CUdeviceptr a, const void* b, size_t n, CUstream s) { (void)a, (void)b, (void)n, (void)s; OK; }
 CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) { (void)p, (void)v, (void)n, (void)s; OK; }
 CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, CUstream s) { (void)p, (void)v, (void)n, (void)s; OK; }
-CUresult cuEventCreate(CUevent* e, unsigned f) { (void)f; *e = &g_event_token; OK; }
-CUresult cuEventDestroy(CUevent e) { (void)e; OK; }
-CUresult cuEventRecord(CUevent e, CUstream s) { (void)e, (void)s; OK; }
+// Events: every elapsed time is 1 ms, unless $FAKE_CUDA_LAUNCH_MS gives launches a duration by
+// their block size ("32:3,64:1": 3 ms for 32 threads a block, 1 ms for 64, others 0): a fake GPU
+// clock then advances by each launch's duration, an event records the clock, and an elapsed time
+// is the difference. $FAKE_CUDA_EVENT_LAG=k: an event is passed only k launches after it was
+// recorded (cuEventElapsedTime answers CUDA_ERROR_NOT_READY before), as a GPU running behind.
+typedef struct {
+  double at_ms;
+  long launches;  // launches made when it was recorded
+  int recorded;
+} FakeEvent;
+static double g_gpu_ms;
+static long g_launches;
+static double launch_ms(unsigned block) {
+  const char* spec = getenv("FAKE_CUDA_LAUNCH_MS");
+  while (spec && *spec) {
+    char* end;
+    unsigned long b = strtoul(spec, &end, 10);
+    if (*end != ':') break;
+    double ms = strtod(end + 1, &end);
+    if (b == block) return ms;
+    spec = *end == ',' ? end + 1 : NULL;
+  }
+  return 0;
+}
+CUresult cuEventCreate(CUevent* e, unsigned f) {
+  (void)f;
+  *e = calloc(1, sizeof(FakeEvent));
+  OK;
+}
+CUresult cuEventDestroy(CUevent e) {
+  free(e);
+  OK;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  (void)s;
+  FakeEvent* ev = (FakeEvent*)e;
+  ev->at_ms = g_gpu_ms, ev->launches = g_launches, ev->recorded = 1;
+  OK;
+}
 CUresult cuEventSynchronize(CUevent e) { (void)e; OK; }
-CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) { (void)a, (void)b; *ms = 1.0f; OK; }
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  const FakeEvent *x = (const FakeEvent*)a, *y = (const FakeEvent*)b;
+  if (!x->recorded || !y->recorded) return 400;  // CUDA_ERROR_INVALID_HANDLE
+  const char* lag = getenv("FAKE_CUDA_EVENT_LAG");
+  if (lag && g_launches < y->launches + atol(lag)) return 600;  // CUDA_ERROR_NOT_READY
+  *ms = getenv("FAKE_CUDA_LAUNCH_MS") ? (float)(y->at_ms - x->at_ms) : 1.0f;
+  OK;
+}
 CUresult cuStreamSynchronize(CUstream s) { (void)s; OK; }
 CUresult cuStreamIsCapturing(CUstream s, int* status) { (void)s; *status = 0; OK; }
 CUresult cuStreamGetCtx(CUstream s, CUcontext* c) { (void)s; *c = current_ctx(); OK; }
@@ -331,8 +374,13 @@ static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, u
   OK;
 }
 
+// $FAKE_CUDA_FAIL_BLOCK=64: a launch of 64 threads a block fails (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES).
 CUresult cuLaunchKernelEx(const FakeLaunchConfig* c, void* f, void** params, void** extra) {
   (void)extra;
+  const char* fail = getenv("FAKE_CUDA_FAIL_BLOCK");
+  if (fail && (unsigned)atoi(fail) == c->blockDimX) return 701;
+  g_gpu_ms += launch_ms(c->blockDimX);
+  g_launches++;
   return record("ex", c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->sharedMemBytes, c->numAttrs, c->hStream,
                 f, params);
 }

@@ -6,7 +6,10 @@
 // finds its Entry without a lock and launches directly. A key is resolved by
 // the table's resolver (resolve()), or by a caller that resolves it itself
 // (claim(), then publish() or fail(): the Python launcher, which already runs
-// in Python when it resolves); both are de-duplicated alike.
+// in Python when it resolves); both are de-duplicated alike. While a key is
+// tuned online (over the calls that follow its first), its resolver answers
+// each call with a one-call entry (Entry::once): launched by that call,
+// never installed, so the next call of the key asks the resolver again.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -21,6 +24,8 @@
 #include "lazytriton/kernel.h"
 
 namespace lt {
+
+class LaunchTimer;  // tuning.h
 
 using CallKey = std::vector<uint64_t>;
 
@@ -62,6 +67,10 @@ struct Entry {
   // Opaque data owned by the layer that resolved the entry (e.g. the Python
   // config meta-parameters a grid callable needs).
   std::shared_ptr<void> user;
+  // A one-call entry of online tuning (a candidate launched by this call only): never
+  // installed. With a timer, the launch that takes it records its events around the launch.
+  bool once = false;
+  std::shared_ptr<LaunchTimer> timer;
 };
 
 class ResolveTable {
@@ -82,6 +91,8 @@ class ResolveTable {
   // Slow path: resolves `key` once. Concurrent callers with the same key wait
   // for the first one and share its result (or its exception). The caller
   // must not hold locks the resolver needs (for Python: release the GIL).
+  // A one-call entry (Entry::once) is not installed: it is kept alive for this
+  // thread until its next resolution, and the next call resolves again.
   const Entry* resolve(const uint64_t* key, size_t n, void* call_ctx);
 
   // For a caller that resolves `key` itself: its entry (installed, or installed
@@ -92,6 +103,9 @@ class ResolveTable {
   const Entry* claim(const uint64_t* key, size_t n);
   const Entry* publish(const CallKey& key, std::shared_ptr<const Entry> entry);
   void fail(const CallKey& key, std::exception_ptr error);  // the next call of `key` resolves it again
+  // Ends it with no entry and no error: a caller that launched this call itself (online
+  // tuning); those waiting claim the key again.
+  void release(const CallKey& key);
 
   // The entry for `key` as an owning pointer (nullptr if unresolved).
   std::shared_ptr<const Entry> entry(const uint64_t* key, size_t n) const;
@@ -103,7 +117,7 @@ class ResolveTable {
   void clear();
 
  private:
-  void finish(const CallKey& key, const Entry* entry, std::exception_ptr error);
+  void finish(const CallKey& key, std::shared_ptr<const Entry> entry, std::exception_ptr error);
 
   struct Table {
     std::vector<std::pair<CallKey, std::shared_ptr<const Entry>>> rows;
@@ -111,7 +125,7 @@ class ResolveTable {
   struct InFlight {
     bool done = false;
     std::exception_ptr error;
-    const Entry* entry = nullptr;
+    std::shared_ptr<const Entry> entry;  // none, and no error: released (claim it again)
   };
 
   std::string name_;

@@ -1,7 +1,9 @@
 // Autotuning on the caller's real buffers: event timing on the caller's
 // stream, and snapshots that make every trial start from the original data.
 #pragma once
+#include <atomic>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "lazytriton/driver.h"
@@ -32,6 +34,50 @@ BenchResult bench(cu::CUstream stream, const std::function<void()>& launch,
 // gets the same number of repetitions: the budget over their mean estimate.
 std::vector<BenchResult> bench_interleaved(cu::CUstream stream, const std::vector<std::function<void()>>& launches,
                                            const std::function<void()>& prepare, const BenchOptions& opt);
+
+// One launch timed with two CUDA events on its own stream: online tuning times a candidate on a
+// call of the program itself (lazytriton/runtime/online.py). The caller arms it on its thread and
+// makes the launch; Kernel::launch takes it and records the events right around cuLaunchKernelEx,
+// after a write of the L2-flush buffer (as the tuner's trials), which also keeps the GPU busy while
+// the launch is enqueued: the events time the kernel, not the host's launch latency. Nothing waits
+// for it: elapsed_ms() answers once the GPU has passed the second event, and before that says so.
+class LaunchTimer {
+ public:
+  LaunchTimer();  // its events, in the current context
+  ~LaunchTimer();
+  LaunchTimer(const LaunchTimer&) = delete;
+  LaunchTimer& operator=(const LaunchTimer&) = delete;
+
+  // True for the first caller only: the launch that records this timer's events. A second
+  // launch of the same one-call entry (a thread that waited for its resolution) goes untimed.
+  bool take() noexcept { return !taken_.exchange(true); }
+  // The next launch of this thread is timed by it (until disarm(): the call is over).
+  void arm() noexcept;
+  void disarm() noexcept;
+  // Milliseconds from start to stop; -1 while the GPU has not reached stop, or if the launch
+  // between them never happened (failed, or the timer was not used). Never blocks.
+  float elapsed_ms() const;
+  bool launched() const { return stopped_; }  // a launch was timed by it
+  bool done() const { return done_; }         // the call that armed it is over (launched or not)
+  // A launch between start and stop that failed: its error (the candidate is dropped).
+  void fail(std::string why);
+  const std::string& failure() const { return failure_; }
+
+  // Kernel::launch: the timer armed on this thread, taken (none: one relaxed load).
+  static LaunchTimer* take_armed() noexcept {
+    return armed_.load(std::memory_order_relaxed) ? take_armed_slow() : nullptr;
+  }
+  void start(cu::CUstream stream);  // flush L2, record the first event
+  void stop(cu::CUstream stream);   // record the second
+
+ private:
+  static LaunchTimer* take_armed_slow() noexcept;
+  static std::atomic<int> armed_;  // timers armed on any thread
+  cu::CUevent start_ = nullptr, stop_ = nullptr;
+  std::atomic<bool> taken_{false};
+  bool stopped_ = false, done_ = false;
+  std::string failure_;
+};
 
 struct DeviceBuffer {
   cu::CUdeviceptr ptr = 0;
