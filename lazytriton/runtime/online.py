@@ -64,10 +64,10 @@ class Resolving(Protocol):
 
     def family(self) -> str: ...
 
-    def _compile_stream(self, cache: Any, cands: list, background: bool = False, order: int | None = None,
+    def compile_candidates(self, cache: Any, cands: list, background: bool = False, order: int | None = None,
                         in_order: bool = False) -> tuple: ...
 
-    def _entry(self, c: Candidate) -> Any: ...
+    def entry_of(self, c: Candidate) -> Any: ...
 
     def store_record(self, cache: Any, tkey: str, cands: list, winner: Candidate, ckeys: dict, times: dict,
                      notes: dict, agreed=None, untuned: bool = False, extra: dict | None = None) -> Any: ...
@@ -178,7 +178,7 @@ class Session:
                  else "the quickest compile")
         # The first in the queue compiles alone: the others, compiled beside it, would slow it down
         # (the first call waits for it); they start once it is ready (or failed).
-        self.ckeys, ready = res._compile_stream(cache, ordered[:1], in_order=True)
+        self.ckeys, ready = res.compile_candidates(cache, ordered[:1], in_order=True)
         self._places = {id(c): i for i, c in enumerate(ordered)}
         threading.Thread(target=self._arrivals, args=(ready, ordered[1:]), name=f"lazytriton-online-{self.name}",
                          daemon=True).start()
@@ -190,7 +190,7 @@ class Session:
             for c in ready:
                 self._arrive(c)
             if rest:
-                more, ready = self.res._compile_stream(self.cache, rest, in_order=True)
+                more, ready = self.res.compile_candidates(self.cache, rest, in_order=True)
                 self.ckeys.update(more)
                 for c in ready:
                     self._arrive(c)
@@ -272,7 +272,7 @@ class Session:
         could not be (dropped)."""
         if arm.entry is None:
             try:
-                arm.entry = self.res._entry(arm.cand)
+                arm.entry = self.res.entry_of(arm.cand)
             except _core.RuntimeFailure as exc:
                 self._drop(arm, str(exc))
                 return False
@@ -370,7 +370,7 @@ class Session:
         return self._settled_entry(winner.cand)
 
     def _settled_entry(self, c: Candidate) -> Any:
-        return self.res._entry(c)
+        return self.res.entry_of(c)
 
     def _agree(self, winner: Arm, medians: dict) -> Any:
         """Publishes this decision unless another process published one first; launches the job's."""
@@ -394,7 +394,7 @@ class Session:
                 log.warning("kernel %s: the winner's binary from rank %s is unusable (%s); compiling it here",
                             self.name, origin.get("rank"), exc)
         if c.binary is None:
-            more, ready = self.res._compile_stream(self.cache, [c])
+            more, ready = self.res.compile_candidates(self.cache, [c])
             for _ in ready:
                 pass
             self.ckeys.update(more)

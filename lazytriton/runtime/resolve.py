@@ -204,7 +204,7 @@ class Resolution:
             except BadEntry as exc:  # then it compiles here
                 log.warning("kernel %s: the winner's binary from rank %s is unusable (%s); compiling it here",
                             self.k.name, origin.get("rank"), exc)
-        return self._entry(self._tune(cache, tkey, cands, True, agreed=(rec, origin)))
+        return self.entry_of(self._tune(cache, tkey, cands, True, agreed=(rec, origin)))
 
     def _here(self, cache: Cache, tkey: str, st):
         """Resolve as a lone process: the cached winner, else compile and tune."""
@@ -219,11 +219,11 @@ class Resolution:
                     "stream is capturing) and no winner is persisted for it, and lazytriton never compiles or tunes "
                     f"under capture. {self.capture_remedy}")
             if self.mode == "first":
-                return self._entry(self._first(self._candidates()))
+                return self.entry_of(self._first(self._candidates()))
             cands = self._candidates()
             if self.online() and len(self._pruned(cands)) > 1:  # a lone candidate has nothing to tune
                 return self._online_session(cache, tkey, st, cands)
-            return self._entry(self._tune(cache, tkey, cands, st.tuning))
+            return self.entry_of(self._tune(cache, tkey, cands, st.tuning))
 
     def online(self) -> bool:
         """Whether this resolution tunes online (runtime/online.py) rather than on this call."""
@@ -344,7 +344,7 @@ class Resolution:
             log.info("kernel %s: pruned to %d of %d configs", self.k.name, len(pruned), len(cands))
         return pruned
 
-    def _compile_stream(self, cache: Cache, cands: list[Candidate], background: bool = False,
+    def compile_candidates(self, cache: Cache, cands: list[Candidate], background: bool = False,
                         order: int | None = None, in_order: bool = False):
         """compile_stream over the cache: binaries found there are not compiled,
         those compiled are stored, and a candidate another thread of this
@@ -371,7 +371,7 @@ class Resolution:
             cands = cands[:1]
         # No first call waits on these: they wait for the compile server rather than
         # compiling on threads of this process beside the program's own work.
-        _, ready = self._compile_stream(self.k.cache, cands, background=True, order=order)
+        _, ready = self.compile_candidates(self.k.cache, cands, background=True, order=order)
         done = list(ready)
         if done and all(c.binary is None for c in done):  # result() raises, naming each error, as a call would
             raise AllCandidatesFailed(self.k.name, done)
@@ -393,7 +393,7 @@ class Resolution:
         # Trials start as soon as two candidates are compiled, while the others
         # still compile (tune() reads the stream).
         t0 = time.perf_counter()
-        ckeys, ready = self._compile_stream(cache, todo)
+        ckeys, ready = self.compile_candidates(cache, todo)
         winner = None
         with contextlib.closing(ready):
             try:
@@ -489,7 +489,7 @@ class Resolution:
             return winner
         best = cands[best_i]
         best.extra["time_ms"] = prior[best_i]
-        more, ready = self._compile_stream(cache, [best])
+        more, ready = self.compile_candidates(cache, [best])
         with contextlib.closing(ready):
             for _ in ready:
                 pass
@@ -522,7 +522,7 @@ class Resolution:
             info["descriptors"] = {n: flat.get(n) for n in self.descs}
         return info
 
-    def _entry(self, c: Candidate):
+    def entry_of(self, c: Candidate):
         info = self._launch_info(c)
         return self._make_entry(self._ckey(c), c.binary, info["is_param"], info["meta"])
 
