@@ -380,4 +380,5 @@ PYBIND11_MODULE(_core, m) {
       .def("clear", &ResolveTable::clear);
 
   bind_timing(m);
+  bind_isolation(m);
 }
