@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import _core, distributed
-from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings
+from ..cache import (BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings,
+                     verdicts)
 from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream
 from ..compile.targets import device_target
 from ..model import pre_hooks, tensor_desc, tuples
 from ..model.arrays import PointerArg, array_info, is_array
 from ..model.spec import KernelSpecError, pre_hook_refusal
 from ..model.specialize import OPTION_NAMES, Shape
+from ..settings import isolation as isolation_enabled
+from .isolation import Isolation, failed_error, prestart
 from .tuner import tune
 
 
@@ -64,8 +67,8 @@ def timings() -> list[dict]:
     end in this process, summed over candidates), compile_s (every
     candidate's front end and back end, summed: CPU seconds, about), in_threads (candidates
     compiled on threads here: the compile server was not ready), front_ends_here
-    (candidates whose front end ran in this process: all of them, since issue 47), tuned_s
-    (compile and tune, overlapped), tune_s (the tune alone: seconds in trials, re-timing
+    (candidates whose front end ran in this process: all of them, since issue 47), isolated_s
+    (first launches isolated in the helper process, summed), tuned_s (compile and tune, overlapped), tune_s (the tune alone: seconds in trials, re-timing
     and the last restore, whether or not compiles ran between them), at
     (time.perf_counter() when it ended).
     For benchmarks."""
@@ -338,20 +341,31 @@ class Resolution:
         # only the others are compiled and timed; the winner is chosen among all.
         mkey, prior = self._measured_before(cache, pruned, agreed is None and tuning)
         todo = [c for c in pruned if c.index not in prior]
+        # Configs whose binary faulted or hung in an earlier isolated first launch: not compiled,
+        # never launched (lazytriton.cache.verdicts).
+        failed = self._failed_before(cache, todo)
+        todo = [c for c in todo if c not in failed]
+        isolation = self._isolation(cache, todo)
         # Trials start as soon as two candidates are compiled, while the others
         # still compile (tune() reads the stream).
         t0 = time.perf_counter()
         ckeys, ready = self._compile_stream(cache, todo)
+        if isolation is not None:
+            isolation.compile_keys = ckeys
         winner = None
         with contextlib.closing(ready):
             try:
                 winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays,
                               list(self.shape.table()[:len(self.leaf_names)]), self._grid_of,
                               self.stream, self.device, self.spec.reset_to_zero, self.spec.restore_value,
-                              k.tune_options, scratch=k.scratch_args, time_alone=bool(prior)) if todo else None
-            except AllCandidatesFailed:
+                              k.tune_options, scratch=k.scratch_args, time_alone=bool(prior),
+                              isolation=isolation) if todo else None
+            except AllCandidatesFailed as exc:
                 if not prior:
-                    raise
+                    raise AllCandidatesFailed(k.name, sorted([*failed, *exc.candidates],
+                                                             key=lambda c: c.index)) from None
+        if winner is None and not prior:
+            raise AllCandidatesFailed(k.name, failed)
         if prior:
             winner = self._best_with_prior(cache, winner, pruned, todo, prior, ckeys)
         timed = [c for c in todo if c.extra.get("time_ms") is not None]
@@ -369,6 +383,7 @@ class Resolution:
                          "compile_s": sum(c.compile_s for c in pruned),
                          "in_threads": sum(c.extra.get("compiled_in") == "thread" for c in pruned),
                          "front_ends_here": sum(c.extra.get("front_end") == "here" for c in pruned),
+                         "isolated_s": sum(c.extra.get("isolated_s", 0.0) for c in pruned),
                          "tuned_s": time.perf_counter() - t0,
                          "tune_s": winner.extra.get("tune_s", 0.0) if winner is not None else 0.0,
                          "at": time.perf_counter()})
@@ -390,6 +405,30 @@ class Resolution:
         k.records.append(rec)
         self.record = rec
         return winner
+
+    def _failed_before(self, cache: Cache, cands: list[Candidate]) -> list[Candidate]:
+        """The candidates whose binary failed its isolated first launch in this or an earlier process
+        (by compile key: known before compiling), each given its error. LAZYTRITON_RETUNE=1 tries
+        them again."""
+        if settings().retune:
+            return []
+        failed = []
+        for c in cands:
+            doc = verdicts.lookup(cache, self._ckey(c))
+            if verdicts.failed(doc):
+                c.error = failed_error(doc)
+                failed.append(c)
+                log.warning("kernel %s: %s skipped: it %s", self.k.name, c.label, c.error)
+        return failed
+
+    def _isolation(self, cache: Cache, cands: list[Candidate]) -> Isolation | None:
+        """This tune's isolation of first launches (LAZYTRITON_ISOLATION), its helper started now when
+        a candidate's binary is not proven yet, so that its start overlaps the compiles."""
+        if not isolation_enabled() or not cands or self.dev is None:
+            return None
+        if any(_not_proven(verdicts.lookup(cache, self._ckey(c))) for c in cands):
+            prestart(self.device)
+        return Isolation(cache, self.k.name, self.device, self.dev["name"])
 
     def _measured_before(self, cache: Cache, pruned: list[Candidate], timing: bool) -> tuple[str | None, dict]:
         """(the measurements' key, {candidate index: time_ms measured before}) for a tune of
@@ -472,6 +511,10 @@ class Resolution:
             kern = self.k.loaded_kernels[ckey] = _core.Kernel(binary.cubin, binary.metadata)
         kern.load()
         return _core.Entry(kern, list(is_param), dict(meta))
+
+
+def _not_proven(doc: dict | None) -> bool:
+    return doc is None or doc["verdict"] != verdicts.OK
 
 
 def _jsonable_meta(meta: dict) -> bool:
