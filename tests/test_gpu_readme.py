@@ -1,7 +1,7 @@
 """README's examples run as written (issue 25): its usage example after its
 set-up (CuPy from the cupy-cuda12x / cupy-cuda13x extra), and its JAX example
 with the usage example's kernel as add_kernel (the signature README's C++
-example declares: x, y, out, n)."""
+example declares: x, y, out, n), and the example of a config that faults (issue 50)."""
 from __future__ import annotations
 
 import os
@@ -44,5 +44,13 @@ def test_readme_jax_example_runs_with_the_usage_examples_kernel(tmp_path, jax_gp
               .replace("def add(", "def add_kernel("))
     code = (kernel + block_after("## JAX").replace("def add(", "def add_fn(").replace("jax.jit(add)", "jax.jit(add_fn)")
             + "\nimport numpy as np\nnp.testing.assert_array_equal(np.asarray(out), 2.0)\nprint('OK')\n")
+    r = run(code, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.gpu
+def test_readme_faulting_config_example_runs(tmp_path):
+    code = (block_after("### A config that faults never takes the program down")
+            + "\nfrom lazytriton.runtime import isolation\nassert isolation.stats()['faults'] == 1\nprint('OK')\n")
     r = run(code, tmp_path)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]

@@ -33,7 +33,8 @@ BLOCK = {0: 32, 1: 64, 2: 128}  # each config's threads per block (num_warps 1, 
 
 def run(tmp_path: Path, fake: Path, n: int = 4096, log: str = "launches", x: str = X, **env) -> tuple[dict, list]:
     full = {**os.environ, "LD_LIBRARY_PATH": str(fake), "TRITON_LIBCUDA_PATH": str(fake),
-            "FAKE_CUDA_LOG": str(tmp_path / f"{log}.jsonl"), "FAKE_CUDA_PARAM_SIZES": "scale:8,8,4,8,8",
+            "FAKE_CUDA_LOG": str(tmp_path / f"{log}.jsonl"), "FAKE_CUDA_LOG_HELPER": "1",
+            "FAKE_CUDA_PARAM_SIZES": "scale:8,8,4,8,8",
             "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
             "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"), **env}
     for name in ("FAKE_CUDA_FAULT_BLOCK", "FAKE_CUDA_HANG_BLOCK", "FAKE_CUDA_IPC"):
@@ -180,7 +181,8 @@ def test_the_settings_defaults(monkeypatch):
 # -- the helper's protocol --------------------------------------------------------------------------
 
 def helper(fake: Path, device: int = 0, idle: float = 30.0, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-I", *flags, isolation.HELPER, _core.__file__, str(device), str(idle)],
+    return subprocess.Popen([sys.executable, "-I", *flags, isolation.HELPER, _core.__file__, str(device), str(idle),
+                             str(idle)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "LD_LIBRARY_PATH": str(fake)})
 
@@ -193,7 +195,7 @@ def frame(stream) -> dict:
 def test_the_helper_says_it_is_ready_and_leaves_when_its_input_closes(fake_driver):
     p = helper(fake_driver)
     msg = frame(p.stdout)
-    assert msg == {"status": "ready", "pid": p.pid}
+    assert msg["status"] == "ready" and msg["pid"] == p.pid and msg["at"] <= time.monotonic(), msg
     p.stdin.close()
     assert p.wait(timeout=30) == 0
 

@@ -49,17 +49,20 @@ log = logging.getLogger("lazytriton.runtime.isolation")
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolation_helper.py")
 IDLE_S = 10.0  # a helper with no job for this long exits (its context's memory goes back)
+FIRST_JOB_S = 120.0  # the same before its first job: it starts beside the compiles
 START_S = 60.0  # a helper's start: the interpreter, the core, the device's context
 SETUP_S = 300.0  # one job's copies and module load, before the launch the bound applies to
 
 _HEADER = struct.Struct("<I")
 _stats = {"helpers": 0, "jobs": 0, "ok": 0, "faults": 0, "hangs": 0, "unchecked": 0, "ipc_buffers": 0,
-          "staged_buffers": 0, "isolated_s": 0.0}
+          "staged_buffers": 0, "isolated_s": 0.0, "start_s": 0.0}
 
 
 def stats() -> dict:
     """What isolation did in this process: helpers started, jobs, their verdicts, buffers sent
-    through IPC or staged, and seconds spent (for tests and benchmarks)."""
+    through IPC or staged, seconds spent in jobs (waiting for a helper's start included) and the
+    last helper's start (spawn to ready: its interpreter, the core, its CUDA context), for tests
+    and benchmarks."""
     return dict(_stats)
 
 
@@ -81,17 +84,20 @@ class Helper:
     def __init__(self, device: int):
         self.device = device
         self._stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-I", HELPER, _core.__file__, str(device), str(IDLE_S)],
+        self.proc = subprocess.Popen([sys.executable, "-I", HELPER, _core.__file__, str(device), str(IDLE_S),
+                                      str(FIRST_JOB_S)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                      close_fds=True, start_new_session=True)
         self.started_at = self.last_used = time.monotonic()
         self.ready = False
+        self.jobs = 0
         self.pid = self.proc.pid
         _stats["helpers"] += 1
 
     def alive(self) -> bool:
         # A helper about to leave on its own (idle) is taken for gone: a job sent now could meet its exit.
-        return self.proc.poll() is None and time.monotonic() - self.last_used < IDLE_S - 2.0
+        idle = time.monotonic() - self.last_used
+        return self.proc.poll() is None and idle < (IDLE_S if self.jobs else FIRST_JOB_S) - 2.0
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):
@@ -149,6 +155,7 @@ class Helper:
         if msg.get("status") != "ready":
             raise _HelperGone(msg.get("reason") or f"it answered {msg!r}")
         self.ready = True
+        _stats["start_s"] = msg.get("at", time.monotonic()) - self.started_at  # CLOCK_MONOTONIC: the host's
 
 
 _helpers: dict[int, Helper] = {}
@@ -276,6 +283,7 @@ def _ask(device: int, job: dict, what: str) -> Verdict:
         try:
             h.wait_ready()
             h.send(job)
+            h.jobs += 1
             msg = h.receive(SETUP_S)
             if msg is None:
                 _drop(device)

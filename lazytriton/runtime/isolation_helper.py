@@ -1,10 +1,11 @@
 """The isolation helper process (lazytriton.runtime.isolation starts it; nothing imports it).
 
-    python -I isolation_helper.py CORE DEVICE IDLE_S
+    python -I isolation_helper.py CORE DEVICE IDLE_S FIRST_JOB_S
 
 It loads lazytriton's C++ core (`CORE`: the path of `lazytriton._core`) and nothing else of
 lazytriton, torch or JAX, makes DEVICE's primary context current (a context of its own: this
-is another process) and answers jobs, one at a time, each a frame on stdin:
+is another process), says {"status": "ready", "pid", "at": its time.monotonic()} (or
+{"status": "unavailable", "reason"}) and answers jobs, one at a time, each a frame on stdin:
 
     {"cubin", "metadata", "is_param", "grid", "sources", "buffers", "staged"}
 
@@ -23,8 +24,9 @@ launch_fixed -> Kernel::launch) and waits, then answers one of
 
 A fault leaves this process's context dead: the helper exits after answering, and the
 caller starts another for its next job. A hang is the caller's to bound: it kills the
-helper. No job for IDLE_S seconds, or stdin closed: the helper exits (its context's device
-memory goes with it).
+helper. No job for IDLE_S seconds after a job (FIRST_JOB_S before the first: it is started
+beside the compiles), or stdin closed: the helper exits (its context's device memory goes
+with it).
 
 Frames: a 4-byte little-endian length, then a pickle (the caller and this process are the
 same installation and the same user; lazytriton.compile.server frames its jobs alike).
@@ -36,6 +38,7 @@ import pickle
 import select
 import struct
 import sys
+import time
 
 _HEADER = struct.Struct("<I")
 
@@ -111,7 +114,7 @@ def run(core, job: dict, out: int) -> dict:
 
 
 def main() -> None:
-    core_path, device, idle_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    core_path, device, idle_s, first_job_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     inp, out = sys.stdin.fileno(), sys.stdout.fileno()
     sys.stdout = sys.stderr  # stray prints must not corrupt the frames
     try:
@@ -120,9 +123,11 @@ def main() -> None:
     except Exception as exc:
         write_frame(out, {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"})
         return
-    write_frame(out, {"status": "ready", "pid": os.getpid()})
+    write_frame(out, {"status": "ready", "pid": os.getpid(), "at": time.monotonic()})
+    wait = first_job_s
     while True:
-        ready, _, _ = select.select([inp], [], [], idle_s)
+        ready, _, _ = select.select([inp], [], [], wait)
+        wait = idle_s
         if not ready:
             return  # idle: the context's memory goes back to the device
         try:

@@ -11,6 +11,7 @@
 //     KPARAM_INFO records: what the GPU would read), else from $FAKE_CUDA_PARAM_SIZES
 //     ("kernel:8,128,4;other:8"); "image" is a hash of the cubin the function came
 //     from, so a test can tell which compiled specialization was launched.
+//     The isolation helper's launches are left out unless $FAKE_CUDA_LOG_HELPER=1.
 //     $FAKE_CUDA_LOG=discard records nothing (each launch only succeeds): for
 //     timing the host path on a machine with no GPU (benchmarks/launch_path_cpu.py).
 // Device: one sm_90 GPU ("FAKE sm_90"; $FAKE_CUDA_CC=80 makes it sm_80). Memory calls hand out
@@ -347,11 +348,29 @@ static int param_sizes(const char* name, int* sizes, int max) {
   return -1;
 }
 
+// Whether this process is lazytriton's isolation helper (runtime/isolation_helper.py), which launches
+// each candidate once before the caller does: its launches are recorded only with $FAKE_CUDA_LOG_HELPER=1,
+// so that a log holds the launches of the process under test (and its helpers' where a test asks).
+static int is_isolation_helper(void) {
+  static int helper = -1;
+  if (helper < 0) {
+    char cmdline[4096] = {0};
+    FILE* f = fopen("/proc/self/cmdline", "rb");
+    size_t n = f ? fread(cmdline, 1, sizeof(cmdline) - 1, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = 0; i < n; ++i)
+      if (!cmdline[i]) cmdline[i] = ' ';
+    helper = strstr(cmdline, "isolation_helper.py") != NULL;
+  }
+  return helper;
+}
+
 static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
                        unsigned nattrs, CUstream stream, void* f, void** params) {
   if (g_sticky_error) return g_sticky_error;
   if (env_has_block("FAKE_CUDA_FAULT_BLOCK", bx)) g_sticky_error = 700;
   if (env_has_block("FAKE_CUDA_HANG_BLOCK", bx)) g_hang_pending = 1;
+  if (is_isolation_helper() && !(getenv("FAKE_CUDA_LOG_HELPER") && *getenv("FAKE_CUDA_LOG_HELPER") == '1')) OK;
   static int discard = -1;  // read once: getenv per launch would dominate a timed loop
   if (discard < 0) discard = getenv("FAKE_CUDA_LOG") && strcmp(getenv("FAKE_CUDA_LOG"), "discard") == 0;
   if (discard) OK;
