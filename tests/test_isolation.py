@@ -146,6 +146,15 @@ def test_no_ipc_at_all_stages_every_buffer(tmp_path, fake_driver):
     assert r["error"] is None and r["isolation"]["staged_buffers"] == 6 and r["isolation"]["ipc_buffers"] == 0, r
 
 
+def test_a_helper_that_cannot_start_leaves_the_candidates_to_the_trials_here(tmp_path, fake_driver):
+    r, _ = run(tmp_path, fake_driver, FAKE_CUDA_HELPER_NO_DEVICE="1")
+    assert r["error"] is None and r["next_cuda_work"] is True, r
+    iso = r["isolation"]
+    # One start tried; the other candidates are answered at once (not started again for RETRY_S).
+    assert (iso["helpers"], iso["unchecked"], iso["ok"]) == (1, 3, 0), iso
+    assert persisted(tmp_path) == {}  # nothing proven, nothing failed: the next process tries again
+
+
 # -- the setting ------------------------------------------------------------------------------------
 
 def test_isolation_off_launches_here_at_once(tmp_path, fake_driver):

@@ -160,6 +160,10 @@ class Helper:
 
 _helpers: dict[int, Helper] = {}
 _lock = threading.Lock()  # one job at a time per process
+# device -> (until when, why): a helper that could not start (no memory for its context, say) is not
+# started again for RETRY_S seconds; jobs meanwhile are answered "unchecked" at once.
+_unavailable: dict[int, tuple[float, str]] = {}
+RETRY_S = 30.0
 
 
 def prestart(device: int) -> None:
@@ -171,6 +175,8 @@ def prestart(device: int) -> None:
 
 def _helper(device: int) -> Helper:
     h = _helpers.get(device)
+    if h is not None and not h.ready:
+        return h  # still starting, or it has said why it could not: wait_ready reads it
     if h is None or not h.alive():
         if h is not None:
             h.kill()
@@ -277,6 +283,9 @@ def run_job(device: int, stream: int, job: dict, buffers: list[tuple[int, int]],
 
 
 def _ask(device: int, job: dict, what: str) -> Verdict:
+    until, why = _unavailable.get(device, (0.0, ""))
+    if time.monotonic() < until:
+        return Verdict("unchecked", why)
     for attempt in (1, 2):  # a helper that left between two jobs is started again, once
         h = _helper(device)
         launched = False
@@ -305,8 +314,9 @@ def _ask(device: int, job: dict, what: str) -> Verdict:
                                f"{': ' + tail.splitlines()[-1] if tail else ''})")
             if attempt == 1 and h.ready:
                 continue
-            return Verdict("unchecked", f"the isolation helper is unavailable ({exc}"
-                           f"{'; ' + tail.splitlines()[-1] if tail else ''})")
+            why = f"the isolation helper is unavailable ({exc}{'; ' + tail.splitlines()[-1] if tail else ''})"
+            _unavailable[device] = (time.monotonic() + RETRY_S, why)
+            return Verdict("unchecked", why)
         if msg["status"] == "fault":
             _drop(device)  # its context is dead: it has exited
             return Verdict("fault", msg.get("error", "an unknown error"))

@@ -424,7 +424,8 @@ class Resolution:
     def _isolation(self, cache: Cache, cands: list[Candidate]) -> Isolation | None:
         """This tune's isolation of first launches (LAZYTRITON_ISOLATION), its helper started now when
         a candidate's binary is not proven yet, so that its start overlaps the compiles."""
-        if not isolation_enabled() or not cands or self.dev is None:
+        # CUDA only: the HIP layer has no IPC entries, and nothing of this has run on an AMD GPU yet.
+        if not isolation_enabled() or not cands or self.dev is None or self.dev.get("backend") != "cuda":
             return None
         if any(_not_proven(verdicts.lookup(cache, self._ckey(c))) for c in cands):
             prestart(self.device)

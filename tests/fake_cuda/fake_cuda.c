@@ -89,7 +89,28 @@ static CUdeviceptr g_next_alloc = 0x7e0000000000ull;
 
 #define OK return 0
 
-CUresult cuInit(unsigned flags) { (void)flags; OK; }
+// Whether this process is lazytriton's isolation helper (runtime/isolation_helper.py), which launches
+// each candidate once before the caller does: its launches are recorded only with $FAKE_CUDA_LOG_HELPER=1,
+// so that a log holds the launches of the process under test (and its helpers' where a test asks).
+static int is_isolation_helper(void) {
+  static int helper = -1;
+  if (helper < 0) {
+    char cmdline[4096] = {0};
+    FILE* f = fopen("/proc/self/cmdline", "rb");
+    size_t n = f ? fread(cmdline, 1, sizeof(cmdline) - 1, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = 0; i < n; ++i)
+      if (!cmdline[i]) cmdline[i] = ' ';
+    helper = strstr(cmdline, "isolation_helper.py") != NULL;
+  }
+  return helper;
+}
+
+CUresult cuInit(unsigned flags) {
+  (void)flags;
+  const char* none = getenv("FAKE_CUDA_HELPER_NO_DEVICE");  // the helper finds no device (its start fails)
+  return none && *none == '1' && is_isolation_helper() ? 100 : 0;  // CUDA_ERROR_NO_DEVICE
+}
 CUresult cuDriverGetVersion(int* v) { *v = 13020; OK; }
 CUresult cuGetErrorName(CUresult e, const char** s) {
   *s = e == 700 ? "CUDA_ERROR_ILLEGAL_ADDRESS" : e ? "CUDA_ERROR_FAKE" : "CUDA_SUCCESS";
@@ -346,23 +367,6 @@ static int param_sizes(const char* name, int* sizes, int max) {
     spec = *end ? end + 1 : end;
   }
   return -1;
-}
-
-// Whether this process is lazytriton's isolation helper (runtime/isolation_helper.py), which launches
-// each candidate once before the caller does: its launches are recorded only with $FAKE_CUDA_LOG_HELPER=1,
-// so that a log holds the launches of the process under test (and its helpers' where a test asks).
-static int is_isolation_helper(void) {
-  static int helper = -1;
-  if (helper < 0) {
-    char cmdline[4096] = {0};
-    FILE* f = fopen("/proc/self/cmdline", "rb");
-    size_t n = f ? fread(cmdline, 1, sizeof(cmdline) - 1, f) : 0;
-    if (f) fclose(f);
-    for (size_t i = 0; i < n; ++i)
-      if (!cmdline[i]) cmdline[i] = ' ';
-    helper = strstr(cmdline, "isolation_helper.py") != NULL;
-  }
-  return helper;
 }
 
 static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
