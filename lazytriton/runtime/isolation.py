@@ -70,7 +70,7 @@ def stats() -> dict:
 class Verdict:
     status: str  # "ok", "fault", "hang" or "unchecked" (could not be tried: the caller's trial decides)
     reason: str = ""
-    via: tuple = ()  # per buffer: "ipc" or "host"
+    via: tuple = ()  # per buffer: "ipc", "host" (staged) or "empty"
     seconds: float = 0.0
 
 
@@ -243,18 +243,19 @@ class _Staging:
 def buffer_sources(buffers: list[tuple[int, int]], staging: _Staging) -> tuple[list, tuple]:
     """Where the helper takes each buffer (address, nbytes) from: ("ipc", handle, offset, nbytes,
     address) where its allocation can be exported, else ("host", at, nbytes, address) in the
-    staging file; and per buffer the way chosen."""
+    staging file (empty ones: their address alone); and per buffer the way chosen."""
     out, via = [], []
     for address, nbytes in buffers:
-        handle = None
-        if nbytes:
-            handle, offset, why = _core.ipc_export(address)
+        if not nbytes:  # an empty buffer: its address alone (nothing to read; XLA's may be no allocation)
+            out.append(("host", staging.add(address, 0), 0, address))
+            via.append("empty")
+            continue
+        handle, offset, why = _core.ipc_export(address)
         if handle is not None:
             out.append(("ipc", handle, offset, nbytes, address))
             via.append("ipc")
         else:
-            if nbytes:
-                log.debug("buffer at 0x%x: staged through host memory (%s)", address, why)
+            log.debug("buffer at 0x%x: staged through host memory (%s)", address, why)
             out.append(("host", staging.add(address, nbytes), nbytes, address))
             via.append("host")
     return out, tuple(via)
