@@ -2,7 +2,10 @@
 original data: buffers the kernel may write are snapshotted once and restored
 before each trial, reset_to_zero buffers are zeroed; after tuning the buffers
 are restored (and zeroed) once more, so the caller's result is exactly one
-launch of the winner on the original data."""
+launch of the winner on the original data. A candidate whose binary was never
+launched before is first launched once in a helper process, on copies of what
+its trial would read (runtime/isolation.py): one that faults or hangs there is
+never launched here."""
 from __future__ import annotations
 
 import dataclasses
