@@ -68,8 +68,9 @@ def timings() -> list[dict]:
     candidate's front end and back end, summed: CPU seconds, about), in_threads (candidates
     compiled on threads here: the compile server was not ready), front_ends_here
     (candidates whose front end ran in this process: all of them, since issue 47), isolated_s
-    (first launches isolated in the helper process, summed), tuned_s (compile and tune, overlapped), tune_s (the tune alone: seconds in trials, re-timing
-    and the last restore, whether or not compiles ran between them), at
+    (first launches isolated in the helper process, summed), tuned_s (compile and tune,
+    overlapped), tune_s (the tune alone: seconds in trials, re-timing and the last restore,
+    whether or not compiles ran between them), at
     (time.perf_counter() when it ended).
     For benchmarks."""
     return list(_timings)
@@ -343,9 +344,11 @@ class Resolution:
         todo = [c for c in pruned if c.index not in prior]
         # Configs whose binary faulted or hung in an earlier isolated first launch: not compiled,
         # never launched (lazytriton.cache.verdicts).
-        failed = self._failed_before(cache, todo)
-        todo = [c for c in todo if c not in failed]
-        isolation = self._isolation(cache, todo)
+        docs = [verdicts.lookup(cache, self._ckey(c)) for c in todo]
+        failed = self._failed_before(todo, docs)
+        kept = [(c, doc) for c, doc in zip(todo, docs) if not any(c is f for f in failed)]
+        todo = [c for c, _ in kept]
+        isolation = self._isolation(cache, [doc for _, doc in kept])
         # Trials start as soon as two candidates are compiled, while the others
         # still compile (tune() reads the stream).
         t0 = time.perf_counter()
@@ -406,28 +409,28 @@ class Resolution:
         self.record = rec
         return winner
 
-    def _failed_before(self, cache: Cache, cands: list[Candidate]) -> list[Candidate]:
-        """The candidates whose binary failed its isolated first launch in this or an earlier process
-        (by compile key: known before compiling), each given its error. LAZYTRITON_RETUNE=1 tries
-        them again."""
+    def _failed_before(self, cands: list[Candidate], docs: list[dict | None]) -> list[Candidate]:
+        """Of these candidates (docs: each one's verdict, by compile key: known before compiling), those
+        whose binary faulted or hung in an isolated first launch of this or an earlier process, each
+        given its error. LAZYTRITON_RETUNE=1 tries them again."""
         if settings().retune:
             return []
         failed = []
-        for c in cands:
-            doc = verdicts.lookup(cache, self._ckey(c))
+        for c, doc in zip(cands, docs):
             if verdicts.failed(doc):
                 c.error = failed_error(doc)
                 failed.append(c)
                 log.warning("kernel %s: %s skipped: it %s", self.k.name, c.label, c.error)
         return failed
 
-    def _isolation(self, cache: Cache, cands: list[Candidate]) -> Isolation | None:
-        """This tune's isolation of first launches (LAZYTRITON_ISOLATION), its helper started now when
-        a candidate's binary is not proven yet, so that its start overlaps the compiles."""
+    def _isolation(self, cache: Cache, docs: list[dict | None]) -> Isolation | None:
+        """This tune's isolation of first launches (LAZYTRITON_ISOLATION) for candidates with these
+        verdicts, its helper started now when one is not proven yet, so that its start overlaps the
+        compiles."""
         # CUDA only: the HIP layer has no IPC entries, and nothing of this has run on an AMD GPU yet.
-        if not isolation_enabled() or not cands or self.dev is None or self.dev.get("backend") != "cuda":
+        if not isolation_enabled() or not docs or self.dev is None or self.dev.get("backend") != "cuda":
             return None
-        if any(_not_proven(verdicts.lookup(cache, self._ckey(c))) for c in cands):
+        if any(doc is None or doc["verdict"] != verdicts.OK for doc in docs):
             prestart(self.device)
         return Isolation(cache, self.k.name, self.device, self.dev["name"])
 
@@ -512,10 +515,6 @@ class Resolution:
             kern = self.k.loaded_kernels[ckey] = _core.Kernel(binary.cubin, binary.metadata)
         kern.load()
         return _core.Entry(kern, list(is_param), dict(meta))
-
-
-def _not_proven(doc: dict | None) -> bool:
-    return doc is None or doc["verdict"] != verdicts.OK
 
 
 def _jsonable_meta(meta: dict) -> bool:
