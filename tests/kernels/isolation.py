@@ -40,3 +40,12 @@ def one_hanging(x, n, out, flag, BLOCK: tl.constexpr, SPIN: tl.constexpr):
         while go == 0:
             go = tl.load(flag, volatile=True)
     tl.store(out + offs, tl.load(x + offs, mask=m), mask=m)
+
+
+# num_warps 1, 2, 4: blocks of 32, 64, 128 threads, so that the stand-in driver (tests/fake_cuda) can
+# fault or hang a config by its block size (tests/test_isolation.py, on the CPU).
+@triton.autotune(configs=[triton.Config({"B": 64 << i}, num_warps=w) for i, w in enumerate((1, 2, 4))], key=["n"])
+@triton.jit
+def scale(x, out, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(out + o, tl.load(x + o, mask=o < n) * 2, mask=o < n)
