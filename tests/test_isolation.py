@@ -5,7 +5,8 @@ answer CUDA_ERROR_ILLEGAL_ADDRESS). Real processes, real Triton compiles for sm_
 helper processes; tests/test_gpu_isolation.py does the same on a GPU.
 
 What is checked: the protocol (the helper's start, frames, idle exit, what it imports);
-a faulting config never launched in the caller, the call going on with the others;
+a faulting config never launched in the caller, the call going on with the others (the
+standalone face, and the JAX face's first execution);
 verdicts persisted per binary (a second process neither compiles nor launches a failed
 config, a proven binary needs no helper, a warm start none at all); every config failing:
 one error naming the kernel, each config and its reason, the caller's context alive; a
