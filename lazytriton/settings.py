@@ -194,6 +194,26 @@ def capture_fallback() -> str:
     return env_choice("LAZYTRITON_CAPTURE_FALLBACK", ("record", "first_config"), "record")
 
 
+DEFAULT_ISOLATION_TIMEOUT_S = 10.0
+
+
+def isolation() -> bool:
+    """LAZYTRITON_ISOLATION: a candidate's first launch (a binary never launched before) runs once in
+    a helper process with a CUDA context of its own, on copies of the call's buffers, before this
+    process launches it (lazytriton.runtime.isolation); 0: it launches here at once."""
+    return env_flag("LAZYTRITON_ISOLATION", True)
+
+
+def isolation_timeout() -> float:
+    """LAZYTRITON_ISOLATION_TIMEOUT: seconds a candidate's isolated first launch may run (default 10)
+    before it is abandoned as hung (its helper process is killed) and persisted as failed."""
+    value = env_seconds("LAZYTRITON_ISOLATION_TIMEOUT", DEFAULT_ISOLATION_TIMEOUT_S)
+    if value == 0:
+        raise SettingError("LAZYTRITON_ISOLATION_TIMEOUT", os.environ["LAZYTRITON_ISOLATION_TIMEOUT"],
+                           "a number of seconds > 0")
+    return value
+
+
 # The compute capabilities of NVIDIA GPUs (Maxwell to Blackwell), which Triton's NVIDIA backend
 # compiles for through its ptxas; a number that is none of them (7 for sm_70) fails every compile.
 NVIDIA_CAPABILITIES = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
@@ -358,6 +378,8 @@ CHECKS = {  # every setting and the accessor that reads and checks it
     "LAZYTRITON_FLUSH_L2": flush_l2,
     "LAZYTRITON_PREBUILT_HANDLER": prebuilt_handler,
     "LAZYTRITON_CAPTURE_FALLBACK": capture_fallback,
+    "LAZYTRITON_ISOLATION": isolation,
+    "LAZYTRITON_ISOLATION_TIMEOUT": isolation_timeout,
     "LAZYTRITON_DEFAULT_ARCH": lambda: default_arch(90),
     "LAZYTRITON_AGREE": agree,
     "LAZYTRITON_AGREE_TIMEOUT": agree_timeout,

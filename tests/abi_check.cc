@@ -72,6 +72,8 @@ static_assert(std::is_pointer_v<cu::CUevent> && std::is_pointer_v<CUevent>, "CUe
   static_assert(offsetof(cu::type, field) == offsetof(type, field), #type "." #field " offset"); \
   static_assert(sizeof(cu::type::field) == sizeof(type::field), #type "." #field " size")
 SAME_SIZE(CUtensorMap, CUtensorMap);
+SAME_SIZE(CUipcMemHandle, CUipcMemHandle);
+static_assert(cu::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS == CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, "CUipcMem_flags");
 static_assert(alignof(cu::CUtensorMap) >= alignof(CUtensorMap), "CUtensorMap alignment");
 // 128 whatever the header says (CUDA 12.x headers: 64, 13.x: 128): Triton's launcher keeps its maps
 // 128-byte aligned and refuses others, and the parameters lazytriton packs live in DescParams.
@@ -149,6 +151,9 @@ using pfn_cuStreamIsCapturing = PFN_cuStreamIsCapturing_v10000;
 using pfn_cuStreamGetCtx = PFN_cuStreamGetCtx_v9020;
 using pfn_cuThreadExchangeStreamCaptureMode = PFN_cuThreadExchangeStreamCaptureMode_v10010;
 using pfn_cuTensorMapEncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+using pfn_cuIpcGetMemHandle = PFN_cuIpcGetMemHandle_v4010;
+using pfn_cuIpcOpenMemHandle = PFN_cuIpcOpenMemHandle_v11000;
+using pfn_cuIpcCloseMemHandle = PFN_cuIpcCloseMemHandle_v4010;
 }  // namespace want
 
 namespace abi {
@@ -162,6 +167,7 @@ template <> struct Real<cu::CUstream> { using type = CUstream; };
 template <> struct Real<cu::CUevent> { using type = CUevent; };
 template <> struct Real<cu::CUlaunchConfig> { using type = CUlaunchConfig; };
 template <> struct Real<cu::CUtensorMap> { using type = CUtensorMap; };
+template <> struct Real<cu::CUipcMemHandle> { using type = CUipcMemHandle; };
 
 // One parameter: identical after mapping, or an int where cuda.h has an enum of
 // the same size (CUresult, CUdevice_attribute, ...), through matching pointers.
@@ -196,5 +202,7 @@ struct Match<void(O...), TR (*)(T...)> {
 
 #define LT_DRIVER_FN(name, ...) \
   static_assert(abi::Match<void(__VA_ARGS__), want::pfn_##name>::value(), #name ": signature differs from cuda.h");
+#define LT_DRIVER_OPTIONAL_FN LT_DRIVER_FN
 #include "lazytriton/driver_fns.inc"
+#undef LT_DRIVER_OPTIONAL_FN
 #undef LT_DRIVER_FN

@@ -1,7 +1,7 @@
 """README's examples run as written (issue 25): its usage example after its
 set-up (CuPy from the cupy-cuda12x / cupy-cuda13x extra), and its JAX example
 with the usage example's kernel as add_kernel (the signature README's C++
-example declares: x, y, out, n)."""
+example declares: x, y, out, n), and the example of a config that faults (issue 50)."""
 from __future__ import annotations
 
 import os
@@ -54,5 +54,13 @@ def test_readme_online_example_runs_after_the_usage_examples_set_up(tmp_path):
     usage = "\n".join(ln for ln in block_after("## Usage").splitlines() if not ln.startswith("k[grid]"))
     code = (usage + block_after("### Online tuning") + "\nassert cp.allclose(out, x + y), 'wrong result'\n"
             "assert lazytriton.stats()['online_settled'] == 1 and k.records[-1].extra.get('online')\nprint('OK')\n")
+    r = run(code, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.gpu
+def test_readme_faulting_config_example_runs(tmp_path):
+    code = (block_after("### A config that faults never takes the program down")
+            + "\nfrom lazytriton.runtime import isolation\nassert isolation.stats()['faults'] == 1\nprint('OK')\n")
     r = run(code, tmp_path)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]

@@ -46,6 +46,12 @@ std::string load_into(Driver& d) {
     return std::string("the CUDA driver lacks ") + #name + " (a CUDA 12+ driver is needed)";
 #include "lazytriton/driver_fns.inc"
 #undef LT_DRIVER_FN
+#define LT_DRIVER_OPTIONAL_FN(name, ...) \
+  if (!resolve(#name, reinterpret_cast<void**>(&d.name))) d.name = nullptr;
+#define LT_DRIVER_FN(name, ...)
+#include "lazytriton/driver_fns.inc"
+#undef LT_DRIVER_FN
+#undef LT_DRIVER_OPTIONAL_FN
   cu::CUresult r = d.cuInit(0);
   if (r != cu::CUDA_SUCCESS) {
     const char* name = nullptr;

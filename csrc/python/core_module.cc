@@ -417,4 +417,5 @@ PYBIND11_MODULE(_core, m) {
       .def("clear", &ResolveTable::clear);
 
   bind_timing(m);
+  bind_isolation(m);
 }

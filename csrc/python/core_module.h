@@ -1,7 +1,8 @@
-// What lazytriton._core's two binding files share: core_module.cc (the module:
-// kernels, entries, the resolve-once table, devices, descriptors) and
+// What lazytriton._core's binding files share: core_module.cc (the module:
+// kernels, entries, the resolve-once table, devices, descriptors),
 // timing_bindings.cc (the timing the tuner and the benchmarks do: snapshots,
-// benchmark loops, the L2 flush, the raw launch loops).
+// benchmark loops, the L2 flush, the raw launch loops) and isolation_bindings.cc
+// (a candidate's first launch in a helper process: IPC exports, the helper's copies).
 #pragma once
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -38,6 +39,7 @@ auto without_gil(F&& f) {
   return f();
 }
 
-void bind_timing(py::module_& m);  // timing_bindings.cc
+void bind_timing(py::module_& m);     // timing_bindings.cc
+void bind_isolation(py::module_& m);  // isolation_bindings.cc
 
 }  // namespace lt::bindings

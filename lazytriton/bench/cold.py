@@ -49,9 +49,31 @@ ref = a.float() @ b.float()
 err, ref_max = (c.float() - ref).abs().max().item(), ref.abs().max().item()
 """
 
+# What isolating first launches did (issue 50), read right after the first calls, while the helper
+# process lives: its verdicts, its resident memory, and the device memory its context holds (the
+# device's free memory with it and after it is ended; nothing else runs on the device meanwhile).
+ISOLATION_REPORT = r"""
+def isolation_report():
+    from lazytriton.runtime import isolation
+    r = {"stats": isolation.stats()}
+    pids = isolation.helper_pids()
+    if pids:
+        try:
+            with open(f"/proc/{pids[0]}/status") as f:
+                r["helper_rss_bytes"] = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            pass
+        import torch
+        free_with = torch.cuda.mem_get_info()[0]
+        isolation.shutdown()
+        time.sleep(0.5)
+        r["helper_device_bytes"] = torch.cuda.mem_get_info()[0] - free_with
+    return r
+"""
+
 # Wrapping the kernel (where lazytriton starts its compile server) happens at
 # import time, as a decorator in a user's module would; then the data; then the call.
-LAZY = PRELUDE + r"""
+LAZY = PRELUDE + ISOLATION_REPORT + r"""
 import logging
 import torch, triton, lazytriton
 from lazytriton.compile import pool as compile_pool
@@ -80,13 +102,14 @@ t_first = time.perf_counter()
 k[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1)
 torch.cuda.synchronize()
 t_second = time.perf_counter()
+isolated = isolation_report()
 stubgen.wait_for_builds(120)
 torch_reader.wait(300)  # its build (started by the first call) ends before the next process is timed
 server = from_ready(compile_pool.server_timeline(), t_ready)
 """ + MATMUL_ERR + r"""stub = [(t - t_ready, m) for t, m in events.seen if "launch stub" in m and m.startswith(("building", "built"))]
 done({"imports_s": t_ready - t_start, "first_call_s": t_first - t_ready, "steady_call_s": t_second - t_first,
       "max_err": err, "ref_max": ref_max, "stats": lazytriton.stats(), "stub_events": stub, "server": server,
-      "wrapped_s": t_wrap - t_ready,
+      "wrapped_s": t_wrap - t_ready, "isolation": isolated,
       "resolutions": [dict(r, at=r["at"] - t_ready) for r in resolve.timings()]})
 """
 

@@ -41,6 +41,8 @@ import tempfile
 import textwrap
 import time
 
+from .cold import ISOLATION_REPORT
+
 PKG_INIT = """
 import torch  # what a kernel library imports: seconds
 import jax
@@ -250,7 +252,7 @@ def done(r):
 """
 
 # One matmul, 8 configs, standalone: lazytriton (the mode is in the environment) or Triton.
-ONE = PRELUDE + r"""
+ONE = PRELUDE + ISOLATION_REPORT + r"""
 mode = os.environ["LT_MODE"]
 if mode == "lazy":
     import ltfield.lazy as L  # the package's kernels, wrapped when it is imported
@@ -272,7 +274,7 @@ if mode == "lazy":
     from lazytriton.runtime import resolve
     st = lazytriton.stats()
     r.update(compiles=st["compiles"], tunes=st["tunes"], record_hits=st["record_hits"], timings=resolve.timings(),
-             server=server_timeline(t))
+             server=server_timeline(t), isolation=isolation_report())
 done(r)
 """
 
@@ -441,11 +443,9 @@ def reference(timings: list[dict]) -> dict:
             "compile_s": sum(t.get("compile_s", 0.0) for t in timings), "cores": cores, "floor_s": floor}
 
 
-def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
-    """Every row's numbers (each a fresh process; cold rows `repeat` times,
-    interleaved): {row: the median run's numbers with all_first_s, ...}."""
-    skip = skip or set()
-    root = tempfile.mkdtemp(prefix="lt-cold-field-")
+def write_package(root: str) -> str:
+    """The field package (`ltfield`: the kernels, and their lazytriton build) under root/pkg;
+    returns root/pkg, the directory one_process puts on sys.path."""
     pkg = os.path.join(root, "pkg")
     os.makedirs(os.path.join(pkg, "ltfield"))
     with open(os.path.join(pkg, "ltfield", "__init__.py"), "w") as f:
@@ -454,6 +454,15 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         f.write(textwrap.dedent(KERNELS))
     with open(os.path.join(pkg, "ltfield", "lazy.py"), "w") as f:
         f.write(LAZY)
+    return pkg
+
+
+def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
+    """Every row's numbers (each a fresh process; cold rows `repeat` times,
+    interleaved): {row: the median run's numbers with all_first_s, ...}."""
+    skip = skip or set()
+    root = tempfile.mkdtemp(prefix="lt-cold-field-")
+    pkg = write_package(root)
     res: dict = {}
 
     def fresh(name):

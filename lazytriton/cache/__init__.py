@@ -6,6 +6,7 @@
 - store.py: the Cache (layout, degradation to memory, management);
 - archive.py: export/import of entries as a verified .tar.gz archive;
 - measurements.py: each config's measured time, apart from the config list;
+- verdicts.py: each binary's isolated first launch (ran clean, faulted, hung), per binary;
 - remote/: the fleet's server behind the local cache (LAZYTRITON_REMOTE_CACHE).
 """
 

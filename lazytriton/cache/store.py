@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from .keys import FORMAT_VERSION
-from . import archive, files, measurements
+from . import archive, files, measurements, verdicts
 from ..settings import cache_lock_timeout, cache_locks, file_in_the_way, remote_cache_url, settings, used_keys_dir
 from .entries import (KEY_RE, KIND_BINARY, KIND_NAMES, KIND_RECORD, SUBDIRS, BadEntry, CompiledBinary, EntryInfo,
                       TuningRecord, check_key, decode, decode_record, encode_binary, encode_record, peek_binary_head)
@@ -522,7 +522,7 @@ class Cache:
                 files.remove_unheld_lock(path)
         if kernel is None:
             self.clean_temp(max_age_s=files.STALE_TEMP_AGE_S)
-        return removed + measurements.clear(self, kernel)
+        return removed + measurements.clear(self, kernel) + verdicts.clear(self, kernel)
 
     # -- export / import -------------------------------------------------------------
 

@@ -416,12 +416,13 @@ def _report(spec: KernelSpec, c: Candidate, store, seen: dict) -> None:
 
 class AllCandidatesFailed(RuntimeError):
     """Every candidate failed: Triton's whole message, once when they all failed
-    alike, else per candidate."""
+    alike (then naming the configs), else per candidate."""
 
     def __init__(self, kernel: str, candidates: list[Candidate]):
         errors = [c.error or "no binary" for c in candidates]
         if len(candidates) > 1 and len(set(errors)) == 1:
-            lines = [f"kernel {kernel}: every candidate config ({len(candidates)}) failed with:", errors[0]]
+            lines = [f"kernel {kernel}: every candidate config ({len(candidates)}) failed with:", errors[0],
+                     "the configs: " + "; ".join(c.label for c in candidates)]
         else:
             lines = [f"kernel {kernel}: every candidate config failed:"]
             lines += [f"  {c.label}: " + e.replace("\n", "\n    ") for c, e in zip(candidates, errors)]

@@ -15,14 +15,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import _core, distributed
-from ..cache import BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings
+from ..cache import (BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings,
+                     verdicts)
 from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream
 from ..compile.targets import device_target
 from ..model import pre_hooks, tensor_desc, tuples
 from ..model.arrays import PointerArg, array_info, is_array
 from ..model.spec import KernelSpecError, pre_hook_refusal
 from ..model.specialize import OPTION_NAMES, Shape
+from ..settings import isolation as isolation_enabled
 from . import online
+from .isolation import Isolation, failed_error, prestart
 from .tuner import TuneOptions, tune
 
 
@@ -66,9 +69,10 @@ def timings() -> list[dict]:
     end in this process, summed over candidates), compile_s (every
     candidate's front end and back end, summed: CPU seconds, about), in_threads (candidates
     compiled on threads here: the compile server was not ready), front_ends_here
-    (candidates whose front end ran in this process: all of them, since issue 47), tuned_s
-    (compile and tune, overlapped), tune_s (the tune alone: seconds in trials, re-timing
-    and the last restore, whether or not compiles ran between them), at
+    (candidates whose front end ran in this process: all of them, since issue 47), isolated_s
+    (first launches isolated in the helper process, summed), tuned_s (compile and tune,
+    overlapped), tune_s (the tune alone: seconds in trials, re-timing and the last restore,
+    whether or not compiles ran between them), at
     (time.perf_counter() when it ended).
     For benchmarks."""
     return list(_timings)
@@ -390,20 +394,33 @@ class Resolution:
         # only the others are compiled and timed; the winner is chosen among all.
         mkey, prior = self._measured_before(cache, pruned, agreed is None and tuning)
         todo = [c for c in pruned if c.index not in prior]
+        # Configs whose binary faulted or hung in an earlier isolated first launch: not compiled,
+        # never launched (lazytriton.cache.verdicts).
+        docs = [verdicts.lookup(cache, self._ckey(c)) for c in todo]
+        failed = self._failed_before(todo, docs)
+        kept = [(c, doc) for c, doc in zip(todo, docs) if not any(c is f for f in failed)]
+        todo = [c for c, _ in kept]
+        isolation = self._isolation(cache, [doc for _, doc in kept])
         # Trials start as soon as two candidates are compiled, while the others
         # still compile (tune() reads the stream).
         t0 = time.perf_counter()
         ckeys, ready = self.compile_candidates(cache, todo)
+        if isolation is not None:
+            isolation.compile_keys = ckeys
         winner = None
         with contextlib.closing(ready):
             try:
                 winner = tune(k.name, ready, self.leaf_names, self.leaf_values, self.arrays,
                               list(self.shape.table()[:len(self.leaf_names)]), self._grid_of,
                               self.stream, self.device, self.spec.reset_to_zero, self.spec.restore_value,
-                              k.tune_options, scratch=k.scratch_args, time_alone=bool(prior)) if todo else None
-            except AllCandidatesFailed:
+                              k.tune_options, scratch=k.scratch_args, time_alone=bool(prior),
+                              isolation=isolation) if todo else None
+            except AllCandidatesFailed as exc:
                 if not prior:
-                    raise
+                    raise AllCandidatesFailed(k.name, sorted([*failed, *exc.candidates],
+                                                             key=lambda c: c.index)) from None
+        if winner is None and not prior:
+            raise AllCandidatesFailed(k.name, failed)
         if prior:
             winner = self._best_with_prior(cache, winner, pruned, todo, prior, ckeys)
         timed = [c for c in todo if c.extra.get("time_ms") is not None]
@@ -421,6 +438,7 @@ class Resolution:
                          "compile_s": sum(c.compile_s for c in pruned),
                          "in_threads": sum(c.extra.get("compiled_in") == "thread" for c in pruned),
                          "front_ends_here": sum(c.extra.get("front_end") == "here" for c in pruned),
+                         "isolated_s": sum(c.extra.get("isolated_s", 0.0) for c in pruned),
                          "tuned_s": time.perf_counter() - t0,
                          "tune_s": winner.extra.get("tune_s", 0.0) if winner is not None else 0.0,
                          "at": time.perf_counter()})
@@ -456,6 +474,31 @@ class Resolution:
         self.k.records.append(rec)
         self.record = rec
         return rec
+
+    def _failed_before(self, cands: list[Candidate], docs: list[dict | None]) -> list[Candidate]:
+        """Of these candidates (docs: each one's verdict, by compile key: known before compiling), those
+        whose binary faulted or hung in an isolated first launch of this or an earlier process, each
+        given its error. LAZYTRITON_RETUNE=1 tries them again."""
+        if settings().retune:
+            return []
+        failed = []
+        for c, doc in zip(cands, docs):
+            if verdicts.failed(doc):
+                c.error = failed_error(doc)
+                failed.append(c)
+                log.warning("kernel %s: %s skipped: it %s", self.k.name, c.label, c.error)
+        return failed
+
+    def _isolation(self, cache: Cache, docs: list[dict | None]) -> Isolation | None:
+        """This tune's isolation of first launches (LAZYTRITON_ISOLATION) for candidates with these
+        verdicts, its helper started now when one is not proven yet, so that its start overlaps the
+        compiles."""
+        # CUDA only: the HIP layer has no IPC entries, and nothing of this has run on an AMD GPU yet.
+        if not isolation_enabled() or not docs or self.dev is None or self.dev.get("backend") != "cuda":
+            return None
+        if any(doc is None or doc["verdict"] != verdicts.OK for doc in docs):
+            prestart(self.device)
+        return Isolation(cache, self.k.name, self.device, self.dev["name"])
 
     def _measured_before(self, cache: Cache, pruned: list[Candidate], timing: bool) -> tuple[str | None, dict]:
         """(the measurements' key, {candidate index: time_ms measured before}) for a tune of

@@ -149,6 +149,16 @@ PYTHON_TO_C = (
              "float: a launch loop timed (the harness)", "bench"),
     Crossing(CORE, "zero", ("stream", "ptr", "nbytes"), "None", "runtime.tuner"),
     Crossing(CORE, "allocation_extent", ("ptr",), "int: bytes of the allocation from ptr on", "cpp.embed"),
+    Crossing(CORE, "ipc_export", ("ptr",), "(64-byte handle | None, offset, why): the allocation holding ptr, "
+             "exported for CUDA IPC", "runtime.isolation"),
+    Crossing(CORE, "copy_to_host", ("stream", "ptr", "nbytes", "out"), "None: device bytes into a writable buffer",
+             "runtime.isolation"),
+    Crossing(CORE, "use_device", ("device",), "None: the device's primary context made current",
+             "runtime.isolation_helper"),
+    Crossing(CORE, "TrialBuffers", ("stream", "sources"), "the isolation helper's copies of a call's buffers: "
+             ".addresses .device_bytes", "runtime.isolation_helper"),
+    Crossing(CORE, "launch_and_wait", ("entry", "stream", "buffers"),
+             "str: '' when the launch ran clean, else the driver's error name", "runtime.isolation_helper"),
     Crossing(CORE, "flush_l2", ("stream",), "None", "nothing in lazytriton (scripts)"),
     Crossing(CORE, "reserve_l2_flush", (), "int: bytes of the L2 flush buffer", "runtime.tuner"),
     Crossing("lazytriton._generic_stub", "Stub", None,

@@ -2,7 +2,10 @@
 original data: buffers the kernel may write are snapshotted once and restored
 before each trial, reset_to_zero buffers are zeroed; after tuning the buffers
 are restored (and zeroed) once more, so the caller's result is exactly one
-launch of the winner on the original data."""
+launch of the winner on the original data. A candidate whose binary was never
+launched before is first launched once in a helper process, on copies of what
+its trial would read (runtime/isolation.py): one that faults or hangs there is
+never launched here."""
 from __future__ import annotations
 
 import dataclasses
@@ -162,12 +165,16 @@ class _Saved:
 def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], values: tuple, arrays: dict,
          table: list, grid_of: Callable[[Candidate], Any], stream: int, device: int, reset_to_zero: list[str],
          restore_value: list[str], options: TuneOptions, scratch: frozenset = frozenset(),
-         time_alone: bool = False) -> Candidate:
+         time_alone: bool = False, isolation: Any = None) -> Candidate:
     """Times every compiled candidate on the real arguments; returns the fastest.
     `candidates` may be a stream (compiler.compile_stream): trials start as soon
     as two candidates are ready, while the others still compile. A lone
     candidate that compiles is never timed, unless `time_alone` (its time is
-    compared with times measured before: lazytriton.cache.measurements)."""
+    compared with times measured before: lazytriton.cache.measurements).
+    With `isolation` (runtime.isolation.Isolation), a candidate whose binary was
+    never launched before is launched first in a helper process, on copies of
+    exactly what its trial would read; one that faults or hangs there is never
+    launched here (it gets its error, as a candidate that does not compile)."""
     options = TuneOptions.given(options, f"kernel {kernel_name}")  # k.tune_options may be set after wrapping
     seen: list[Candidate] = []
     ok: list[Candidate] = []
@@ -186,6 +193,19 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
                   resolved[0])
         spent[0] += time.perf_counter() - t0
 
+    def isolated_first_launch(c: Candidate) -> bool:
+        if isolation is None:
+            return True
+        saved.cover(c)  # its written buffers saved before anything it could write is read back
+
+        def prepare() -> None:  # what its trial would start from
+            if saved.snapshot is not None:
+                saved.snapshot.restore(stream)
+            for ptr, nbytes in zero:
+                _core.zero(stream, ptr, nbytes)
+
+        return isolation.first_launch(c, names, values, arrays, table, grid_of(c), stream, prepare)
+
     try:
         for c in candidates:
             seen.append(c)
@@ -195,6 +215,8 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
             if why:
                 c.error = f"does not fit the device: {why}"
                 log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
+                continue
+            if not isolated_first_launch(c):
                 continue
             ok.append(c)
             if len(ok) == 2 and not time_alone:

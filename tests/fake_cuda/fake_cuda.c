@@ -11,6 +11,7 @@
 //     KPARAM_INFO records: what the GPU would read), else from $FAKE_CUDA_PARAM_SIZES
 //     ("kernel:8,128,4;other:8"); "image" is a hash of the cubin the function came
 //     from, so a test can tell which compiled specialization was launched.
+//     The isolation helper's launches are left out unless $FAKE_CUDA_LOG_HELPER=1.
 //     $FAKE_CUDA_LOG=discard records nothing (each launch only succeeds): for
 //     timing the host path on a machine with no GPU (benchmarks/launch_path_cpu.py).
 // Device: one sm_90 GPU ("FAKE sm_90"; $FAKE_CUDA_CC=80 makes it sm_80). Memory calls hand out
@@ -19,6 +20,13 @@
 // $FAKE_CUDA_DEVICES=2 adds a second device: each device has its primary context, and the
 // addresses 0x7a0000000000-0x7affffffffff are device 1's memory, every other address device 0's
 // (a thread with no current context launches on device 0).
+// Faults, as a real context has them: $FAKE_CUDA_FAULT_BLOCK=256 (or a list: 64,256) makes a launch of
+// 256 threads per block an illegal address: it and every later launch and synchronization of the process answer
+// CUDA_ERROR_ILLEGAL_ADDRESS (700), as a dead context does; $FAKE_CUDA_HANG_BLOCK=256 makes such a
+// launch never finish (the next synchronization blocks forever).
+// CUDA IPC: cuIpcGetMemHandle writes the allocation's address into the handle and cuIpcOpenMemHandle
+// maps it at that same address; addresses 0x7c0000000000-0x7cffffffffff (stream-ordered pool
+// memory, say) refuse export (CUDA_ERROR_INVALID_VALUE), and $FAKE_CUDA_IPC=0 makes every export fail.
 // cuPointerGetAttribute answers their device (DEVICE_ORDINAL) and, as without peer access,
 // refuses DEVICE_POINTER for memory of another device than the current context's
 // (CUDA_ERROR_INVALID_VALUE), unless $FAKE_CUDA_PEER_ACCESS=1. A launch's record says on which
@@ -28,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -80,9 +89,50 @@ static CUdeviceptr g_next_alloc = 0x7e0000000000ull;
 
 #define OK return 0
 
-CUresult cuInit(unsigned flags) { (void)flags; OK; }
+// Whether this process is lazytriton's isolation helper (runtime/isolation_helper.py), which launches
+// each candidate once before the caller does: its launches are recorded only with $FAKE_CUDA_LOG_HELPER=1,
+// so that a log holds the launches of the process under test (and its helpers' where a test asks).
+static int is_isolation_helper(void) {
+  static int helper = -1;
+  if (helper < 0) {
+    char cmdline[4096] = {0};
+    FILE* f = fopen("/proc/self/cmdline", "rb");
+    size_t n = f ? fread(cmdline, 1, sizeof(cmdline) - 1, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = 0; i < n; ++i)
+      if (!cmdline[i]) cmdline[i] = ' ';
+    helper = strstr(cmdline, "isolation_helper.py") != NULL;
+  }
+  return helper;
+}
+
+CUresult cuInit(unsigned flags) {
+  (void)flags;
+  const char* none = getenv("FAKE_CUDA_HELPER_NO_DEVICE");  // the helper finds no device (its start fails)
+  return none && *none == '1' && is_isolation_helper() ? 100 : 0;  // CUDA_ERROR_NO_DEVICE
+}
 CUresult cuDriverGetVersion(int* v) { *v = 13020; OK; }
-CUresult cuGetErrorName(CUresult e, const char** s) { *s = e ? "CUDA_ERROR_FAKE" : "CUDA_SUCCESS"; OK; }
+CUresult cuGetErrorName(CUresult e, const char** s) {
+  *s = e == 700 ? "CUDA_ERROR_ILLEGAL_ADDRESS" : e ? "CUDA_ERROR_FAKE" : "CUDA_SUCCESS";
+  OK;
+}
+
+// A fault or hang injected by $FAKE_CUDA_FAULT_BLOCK / $FAKE_CUDA_HANG_BLOCK (see the head).
+static int g_sticky_error;  // 700 once a launch faulted: the context is dead
+static int g_hang_pending;
+static int env_has_block(const char* name, unsigned block) {  // $name: "256" or "64,256"
+  for (const char* v = getenv(name); v && *v;) {
+    if ((unsigned)atoi(v) == block) return 1;
+    v = strchr(v, ',');
+    if (v) ++v;
+  }
+  return 0;
+}
+static CUresult synchronized(void) {
+  if (g_hang_pending)
+    for (;;) sleep(1000);
+  return g_sticky_error;
+}
 CUresult cuGetErrorString(CUresult e, const char** s) { *s = e ? "fake error" : "no error"; OK; }
 CUresult cuDeviceGet(CUdevice* d, int ordinal) { *d = ordinal; OK; }
 CUresult cuDeviceGetCount(int* n) { *n = n_devices(); OK; }
@@ -121,7 +171,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
 CUresult cuCtxGetCurrent(CUcontext* c) { *c = g_current; OK; }
 CUresult cuCtxSetCurrent(CUcontext c) { g_current = c; OK; }
 CUresult cuCtxGetDevice(CUdevice* d) { *d = current_device(); OK; }
-CUresult cuCtxSynchronize(void) { OK; }
+CUresult cuCtxSynchronize(void) { return synchronized(); }
 CUresult cuCtxGetLimit(size_t* v, int limit) { (void)limit; *v = 0; OK; }
 CUresult cuCtxSetLimit(int limit, size_t v) { (void)limit; (void)v; OK; }
 // An ELF64 image's size: its section header table ends it (cubins put it last).
@@ -246,6 +296,24 @@ CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   *size = 1 << 20;
   OK;
 }
+CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr base) {
+  const char* ipc = getenv("FAKE_CUDA_IPC");
+  if ((ipc && *ipc == '0') || (base >> 40) == 0x7c) return 1;  // CUDA_ERROR_INVALID_VALUE: not exportable
+  memset(handle, 0, 64);
+  memcpy(handle, "FAKEIPC", 7);
+  memcpy((char*)handle + 8, &base, 8);
+  OK;
+}
+typedef struct {
+  char reserved[64];
+} FakeIpcHandle;
+CUresult cuIpcOpenMemHandle(CUdeviceptr* p, FakeIpcHandle handle, unsigned flags) {
+  (void)flags;
+  if (memcmp(handle.reserved, "FAKEIPC", 7) != 0) return 1;
+  memcpy(p, handle.reserved + 8, 8);
+  OK;
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; OK; }
 CUresult cuMemcpyDtoDAsync(CUdeviceptr a, CUdeviceptr b, size_t n, CUstream s) { (void)a, (void)b, (void)n, (void)s; OK; }
 CUresult cuMemcpyDtoHAsync(void* a, CUdeviceptr b, size_t n, CUstream s) { (void)b, (void)s; memset(a, 0, n); OK; }
 CUresult cuMemcpyHtoDAsync(CUdeviceptr a, const void* b, size_t n, CUstream s) { (void)a, (void)b, (void)n, (void)s; OK; }
@@ -290,7 +358,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   ev->at_ms = g_gpu_ms, ev->launches = g_launches, ev->recorded = 1;
   OK;
 }
-CUresult cuEventSynchronize(CUevent e) { (void)e; OK; }
+CUresult cuEventSynchronize(CUevent e) { (void)e; return synchronized(); }
 CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   const FakeEvent *x = (const FakeEvent*)a, *y = (const FakeEvent*)b;
   if (!x->recorded || !y->recorded) return 400;  // CUDA_ERROR_INVALID_HANDLE
@@ -299,7 +367,7 @@ CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   *ms = getenv("FAKE_CUDA_LAUNCH_MS") ? (float)(y->at_ms - x->at_ms) : 1.0f;
   OK;
 }
-CUresult cuStreamSynchronize(CUstream s) { (void)s; OK; }
+CUresult cuStreamSynchronize(CUstream s) { (void)s; return synchronized(); }
 CUresult cuStreamIsCapturing(CUstream s, int* status) { (void)s; *status = 0; OK; }
 CUresult cuStreamGetCtx(CUstream s, CUcontext* c) { (void)s; *c = current_ctx(); OK; }
 CUresult cuThreadExchangeStreamCaptureMode(int* mode) { (void)mode; OK; }
@@ -346,6 +414,10 @@ static int param_sizes(const char* name, int* sizes, int max) {
 
 static CUresult record(const char* how, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
                        unsigned nattrs, CUstream stream, void* f, void** params) {
+  if (g_sticky_error) return g_sticky_error;
+  if (env_has_block("FAKE_CUDA_FAULT_BLOCK", bx)) g_sticky_error = 700;
+  if (env_has_block("FAKE_CUDA_HANG_BLOCK", bx)) g_hang_pending = 1;
+  if (is_isolation_helper() && !(getenv("FAKE_CUDA_LOG_HELPER") && *getenv("FAKE_CUDA_LOG_HELPER") == '1')) OK;
   static int discard = -1;  // read once: getenv per launch would dominate a timed loop
   if (discard < 0) discard = getenv("FAKE_CUDA_LOG") && strcmp(getenv("FAKE_CUDA_LOG"), "discard") == 0;
   if (discard) OK;
@@ -408,6 +480,7 @@ static const Entry kEntries[] = {
     E(cuEventSynchronize), E(cuEventElapsedTime), E(cuStreamSynchronize), E(cuStreamIsCapturing),
     E(cuStreamGetCtx), E(cuThreadExchangeStreamCaptureMode), E(cuTensorMapEncodeTiled),
     E(cuPointerGetAttribute), E(cuOccupancyMaxActiveClusters), E(cuCtxGetLimit), E(cuCtxSetLimit),
+    E(cuIpcGetMemHandle), E(cuIpcOpenMemHandle), E(cuIpcCloseMemHandle),
 };
 
 CUresult cuGetProcAddress_v2(const char* name, void** fn, int version, unsigned long long flags, int* status) {

@@ -57,6 +57,12 @@ constexpr unsigned CU_EVENT_DEFAULT = 0;
 constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
 constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;  // CUstreamCaptureMode
 
+// CUDA IPC: an allocation exported by one process, opened by another (runtime/isolation.py).
+struct CUipcMemHandle {
+  char reserved[64];
+};
+constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1;  // CUipcMem_flags
+
 // CUlaunchAttributeID
 enum LaunchAttrId : int {
   LAUNCH_ATTR_COOPERATIVE = 2,
@@ -102,6 +108,7 @@ constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;   // CUtensorMapFloatOOBfil
 constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1;
 
 static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap layout");
+static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle layout");
 static_assert(sizeof(CUlaunchAttributeValue) == 64, "CUlaunchAttributeValue layout");
 static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute layout");
 static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig layout");

@@ -32,7 +32,9 @@ enum class Backend { kCuda, kHip };
 
 struct Driver {
 #define LT_DRIVER_FN(name, ...) cu::CUresult (*name)(__VA_ARGS__) = nullptr;
+#define LT_DRIVER_OPTIONAL_FN LT_DRIVER_FN
 #include "lazytriton/driver_fns.inc"
+#undef LT_DRIVER_OPTIONAL_FN
 #undef LT_DRIVER_FN
   int version = 0;
   Backend backend = Backend::kCuda;
