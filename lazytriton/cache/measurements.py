@@ -28,27 +28,21 @@ config whose time was lost is timed again, nothing worse.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
-import logging
-import os
-import threading
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import files, keys
-from .entries import KEY_RE, BadEntry, now_iso
+from . import keys
+from .documents import Documents
+from .entries import BadEntry, now_iso
 
-log = logging.getLogger("lazytriton.cache")
 
-MAGIC = b"LTM1"
+def _check(doc: dict) -> None:
+    if not isinstance(doc.get("results"), dict):
+        raise BadEntry("the document holds no results")
+
+
 SUBDIR, EXT = "measurements", ".ltm"
-
-_memory: dict[tuple[str, str], tuple] = {}  # (cache dir, key) -> (kernel, results, family), off the disk
-_guard = threading.Lock()
-_warned: set[str] = set()
+_DOCS = Documents("measurements", b"LTM1", SUBDIR, EXT, _check)
 
 
 def measure_key(fn: Any, shape_sig: Mapping, options: Mapping, target: Any, device_name: str, tune_key_values: tuple,
@@ -77,72 +71,34 @@ def config_id(config: Any) -> str:
 
 
 def encode(key: str, kernel_name: str, results: dict, family: str | None = None) -> bytes:
-    doc = {"key": key, "kernel_name": kernel_name, "results": results}
+    return _DOCS.seal(key, _doc(kernel_name, results, family))
+
+
+def _doc(kernel_name: str, results: dict, family: str | None) -> dict:
+    doc = {"kernel_name": kernel_name, "results": results}
     if family:
         doc["family"] = family
-    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    return MAGIC + hashlib.sha256(body).digest() + body
+    return doc
+
+
+def _results(doc: dict) -> dict:
+    """The document's successful timings: {config id: result}."""
+    return {cid: r for cid, r in doc["results"].items()
+            if isinstance(r, dict) and isinstance(r.get("time_ms"), (int, float)) and r["time_ms"] > 0}
 
 
 def decode(key: str, data: bytes) -> dict:
     """{config id: result} of a document; BadEntry when it is not an intact one for `key`."""
-    if len(data) < 36 or data[:4] != MAGIC:
-        raise BadEntry("not a measurements document")
-    body = data[36:]
-    if hashlib.sha256(body).digest() != data[4:36]:
-        raise BadEntry("checksum mismatch")
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise BadEntry(f"bad JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("key") != key or not isinstance(doc.get("results"), dict):
-        raise BadEntry("the document is for another key")
-    results = {cid: r for cid, r in doc["results"].items()
-               if isinstance(r, dict) and isinstance(r.get("time_ms"), (int, float)) and r["time_ms"] > 0}
-    return results
-
-
-def _path(cache: Any, key: str) -> Path:
-    return Path(cache.dir) / SUBDIR / f"{key}{EXT}"
-
-
-def _say_once(what: str, message: str, *args: Any) -> None:
-    with _guard:
-        first = what not in _warned
-        _warned.add(what)
-    (log.warning if first else log.info)(message, *args)
+    return _results(_DOCS.unseal(key, data))
 
 
 def _load_local(cache: Any, key: str) -> dict:
-    mem = _memory.get((str(cache.dir), key))
-    if mem is not None or not cache.on_disk:
-        return dict(mem[1] if mem else {})
-    path = _path(cache, key)
-    try:
-        data, st = files.read_file(path)
-    except OSError:
-        return {}
-    try:
-        return decode(key, data)
-    except BadEntry as exc:
-        _say_once("corrupt", "discarding the invalid measurements %s: %s", path, exc)
-        if files.same_file(path, st):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        return {}
+    doc = _DOCS.read(cache, key)
+    return _results(doc) if doc is not None else {}
 
 
 def _store_local(cache: Any, key: str, kernel_name: str, results: dict, family: str | None = None) -> None:
-    if cache.on_disk:
-        path = _path(cache, key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            files.atomic_write(path, encode(key, kernel_name, results, family))
-            _memory.pop((str(cache.dir), key), None)
-            return
-        except OSError as exc:
-            _say_once("write", "cannot write measurements into %s (%s); keeping them in memory", path.parent, exc)
-    _memory[(str(cache.dir), key)] = (kernel_name, dict(results), family)
+    _DOCS.write(cache, key, _doc(kernel_name, dict(results), family))
 
 
 def lookup(cache: Any, key: str, kernel_name: str, wanted: list[str]) -> dict:
@@ -183,25 +139,13 @@ def evidence(cache: Any, family: str, kernel_name: str, exclude: str | None = No
     a document's key left out, the specialization itself): 1.0 is a config that won wherever it
     was measured. Reads every measurements document of the cache: for a first call only."""
     docs: list[dict] = []
-    for (where, key), (name, results, fam) in list(_memory.items()):
-        if where == str(cache.dir) and fam == family and name == kernel_name and key != exclude:
-            docs.append(results)
-    if cache.on_disk:
+    for key, doc, data in _DOCS.scan(cache):
+        if key == exclude or doc.get("family") != family or doc.get("kernel_name") != kernel_name:
+            continue
         try:
-            paths = sorted((Path(cache.dir) / SUBDIR).glob(f"*{EXT}"))
-        except OSError:
-            paths = []
-        for path in paths:
-            key = path.name[:-len(EXT)]
-            if key == exclude:
-                continue
-            try:
-                data = path.read_bytes()
-                doc = json.loads(data[36:])
-                if isinstance(doc, dict) and doc.get("family") == family and doc.get("kernel_name") == kernel_name:
-                    docs.append(decode(key, data))
-            except (OSError, ValueError, BadEntry):
-                continue
+            docs.append(decode(key, data) if data is not None else _results(doc))
+        except BadEntry:
+            continue
     ratios: dict[str, list[float]] = {}
     for results in docs:
         best = min((r["time_ms"] for r in results.values()), default=None)
@@ -212,28 +156,4 @@ def evidence(cache: Any, family: str, kernel_name: str, exclude: str | None = No
 
 def clear(cache: Any, kernel: Optional[str] = None) -> int:
     """Remove the measurements (all, or one kernel's) of this cache; returns how many documents."""
-    removed = 0
-    with _guard:
-        for mem_key in [k for k, (name, *_) in _memory.items() if k[0] == str(cache.dir)
-                        and (kernel is None or name == kernel)]:
-            del _memory[mem_key]
-            removed += 1
-    try:
-        paths = sorted((Path(cache.dir) / SUBDIR).iterdir())
-    except OSError:
-        return removed
-    for path in paths:
-        key = path.name[:-len(EXT)] if path.name.endswith(EXT) else ""
-        if not KEY_RE.match(key):
-            continue
-        if kernel is not None:
-            try:
-                doc = json.loads(path.read_bytes()[36:])
-            except (OSError, ValueError):
-                doc = {}
-            if not isinstance(doc, dict) or doc.get("kernel_name") != kernel:
-                continue
-        with contextlib.suppress(OSError):
-            path.unlink()
-            removed += 1
-    return removed
+    return _DOCS.clear(cache, kernel)

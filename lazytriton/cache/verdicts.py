@@ -19,28 +19,23 @@ naming its key); corrupt = discarded (said once) and treated as absent.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import logging
-import os
-import threading
-from pathlib import Path
 from typing import Any, Optional
 
-from . import files
+from .documents import Documents
 from .entries import KEY_RE, BadEntry, now_iso
 
-log = logging.getLogger("lazytriton.cache")
-
-MAGIC = b"LTV1"
 SUBDIR, EXT = "verdicts", ".ltv"
 OK, FAULT, HANG = "ok", "fault", "hang"
 VERDICTS = (OK, FAULT, HANG)
 
-_memory: dict[tuple[str, str], dict] = {}  # (cache dir, key) -> document, off the disk
-_guard = threading.Lock()
-_warned: set[str] = set()
+
+def _check(doc: dict) -> None:
+    if doc.get("verdict") not in VERDICTS:
+        raise BadEntry("the document says no verdict")
+
+
+_DOCS = Documents("verdict", b"LTV1", SUBDIR, EXT, _check)
 
 
 def binary_id(image: bytes) -> str:
@@ -49,35 +44,12 @@ def binary_id(image: bytes) -> str:
 
 
 def encode(key: str, doc: dict) -> bytes:
-    body = json.dumps({**doc, "key": key}, sort_keys=True, separators=(",", ":")).encode()
-    return MAGIC + hashlib.sha256(body).digest() + body
+    return _DOCS.seal(key, doc)
 
 
 def decode(key: str, data: bytes) -> dict:
     """The verdict document stored under `key`; BadEntry when it is not an intact one."""
-    if len(data) < 36 or data[:4] != MAGIC:
-        raise BadEntry("not a verdict document")
-    body = data[36:]
-    if hashlib.sha256(body).digest() != data[4:36]:
-        raise BadEntry("checksum mismatch")
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise BadEntry(f"bad JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("key") != key or doc.get("verdict") not in VERDICTS:
-        raise BadEntry("the document is for another key, or says no verdict")
-    return doc
-
-
-def _path(cache: Any, key: str) -> Path:
-    return Path(cache.dir) / SUBDIR / f"{key}{EXT}"
-
-
-def _say_once(what: str, message: str, *args: Any) -> None:
-    with _guard:
-        first = what not in _warned
-        _warned.add(what)
-    (log.warning if first else log.info)(message, *args)
+    return _DOCS.unseal(key, data)
 
 
 def lookup(cache: Any, key: str) -> Optional[dict]:
@@ -85,22 +57,7 @@ def lookup(cache: Any, key: str) -> Optional[dict]:
     {"verdict", "reason", "binary", "compile_key", "kernel_name", "config", "device_name", "when"}."""
     if not key or not KEY_RE.match(key):
         return None
-    mem = _memory.get((str(cache.dir), key))
-    if mem is not None or not cache.on_disk:
-        return dict(mem) if mem else None
-    path = _path(cache, key)
-    try:
-        data, st = files.read_file(path)
-    except OSError:
-        return None
-    try:
-        return decode(key, data)
-    except BadEntry as exc:
-        _say_once("corrupt", "discarding the invalid verdict %s: %s", path, exc)
-        if files.same_file(path, st):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        return None
+    return _DOCS.read(cache, key)
 
 
 def record(cache: Any, binary: str, compile_key: Optional[str], kernel_name: str, config: str, verdict: str,
@@ -111,16 +68,7 @@ def record(cache: Any, binary: str, compile_key: Optional[str], kernel_name: str
     doc = {"verdict": verdict, "reason": reason, "binary": binary, "compile_key": compile_key,
            "kernel_name": kernel_name, "config": config, "device_name": device_name, "when": now_iso()}
     for key in dict.fromkeys(k for k in (binary, compile_key) if k and KEY_RE.match(k)):
-        if cache.on_disk:
-            path = _path(cache, key)
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                files.atomic_write(path, encode(key, doc))
-                _memory.pop((str(cache.dir), key), None)
-                continue
-            except OSError as exc:
-                _say_once("write", "cannot write verdicts into %s (%s); keeping them in memory", path.parent, exc)
-        _memory[(str(cache.dir), key)] = {**doc, "key": key}
+        _DOCS.write(cache, key, doc)
     return doc
 
 
@@ -136,28 +84,4 @@ def in_words(doc: dict) -> str:
 
 def clear(cache: Any, kernel: Optional[str] = None) -> int:
     """Remove the verdicts (all, or one kernel's) of this cache; returns how many documents."""
-    removed = 0
-    with _guard:
-        for mem_key in [k for k, doc in _memory.items() if k[0] == str(cache.dir)
-                        and (kernel is None or doc.get("kernel_name") == kernel)]:
-            del _memory[mem_key]
-            removed += 1
-    try:
-        paths = sorted((Path(cache.dir) / SUBDIR).iterdir())
-    except OSError:
-        return removed
-    for path in paths:
-        key = path.name[:-len(EXT)] if path.name.endswith(EXT) else ""
-        if not KEY_RE.match(key):
-            continue
-        if kernel is not None:
-            try:
-                doc = json.loads(path.read_bytes()[36:])
-            except (OSError, ValueError):
-                doc = {}
-            if not isinstance(doc, dict) or doc.get("kernel_name") != kernel:
-                continue
-        with contextlib.suppress(OSError):
-            path.unlink()
-            removed += 1
-    return removed
+    return _DOCS.clear(cache, kernel)
