@@ -86,12 +86,12 @@ def sm90_device(monkeypatch):
     monkeypatch.setattr(driver, "_active", _Driver(TARGET))
 
 
-def production(kernel, B: int = 128) -> Candidate:
+def production(kernel, B: int = 128, where: str = "worker") -> Candidate:
     spec = kernel_spec(kernel)
     c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": B}))
     (c,) = compile_stream(spec, TARGET, [c])
     assert c.error is None, c.error
-    assert c.extra["compiled_in"] == "worker"
+    assert c.extra["compiled_in"] == where, c.extra
     return c
 
 
@@ -111,8 +111,8 @@ def same_bytes(cubin: bytes) -> bytes:
     return re.sub(rb"tmp\w{8}\.ptx", b"tmpXXXXXXXX.ptx", cubin)
 
 
-def check(kernel, tmp_path):
-    c = production(kernel)
+def check(kernel, tmp_path, B: int = 128, where: str = "worker"):
+    c = production(kernel, B, where)
     ck = reference(kernel, c, tmp_path / "reference")
     assert c.binary.ttir == ck.asm["ttir"]
     assert same_bytes(c.binary.cubin) == same_bytes(ck.asm["cubin"])
@@ -235,13 +235,7 @@ def test_a_loop_compiles_in_a_worker_with_its_block_arguments_locations(server, 
     the worker restores them (ir_text._read): the same TTIR and cubin as Triton's in the caller
     (Triton 3.7 built another cubin for a warp-specialized loop from the text alone:
     tests/triton_versions' warp_specialized_matmul)."""
-    spec = kernel_spec(looped)
-    c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": 128}))
-    (c,) = compile_stream(spec, TARGET, [c])
-    assert c.error is None and c.extra["compiled_in"] == "worker", (c.error, c.extra)
-    ck = reference(looped, c, tmp_path / "reference")
-    assert c.binary.ttir == ck.asm["ttir"]
-    assert same_bytes(c.binary.cubin) == same_bytes(ck.asm["cubin"])
+    check(looped, tmp_path)
 
 
 def test_without_the_locations_a_loop_does_not_read_back(monkeypatch):
@@ -272,10 +266,4 @@ def test_a_module_whose_text_does_not_read_back_compiles_here_from_memory(server
     kept until the worker answered. Here the job's locations are emptied (so the worker's
     reading differs); remove the worker's check and the worker compiles it anyway."""
     monkeypatch.setattr(ir_text, "_block_args", lambda module: [])  # here only: the worker is the server's child
-    spec = kernel_spec(looped)
-    c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": 64}))
-    (c,) = compile_stream(spec, TARGET, [c])
-    assert c.error is None and c.extra["compiled_in"] == "thread", (c.error, c.extra)
-    ck = reference(looped, c, tmp_path / "reference")
-    assert c.binary.ttir == ck.asm["ttir"]
-    assert same_bytes(c.binary.cubin) == same_bytes(ck.asm["cubin"])
+    check(looped, tmp_path, B=64, where="thread")
