@@ -145,6 +145,7 @@ using pfn_cuEventCreate = PFN_cuEventCreate_v2000;
 using pfn_cuEventDestroy = PFN_cuEventDestroy_v4000;
 using pfn_cuEventRecord = PFN_cuEventRecord_v2000;
 using pfn_cuEventSynchronize = PFN_cuEventSynchronize_v2000;
+using pfn_cuEventQuery = PFN_cuEventQuery_v2000;
 using pfn_cuEventElapsedTime = PFN_cuEventElapsedTime_v2000;
 using pfn_cuStreamSynchronize = PFN_cuStreamSynchronize_v2000;
 using pfn_cuStreamIsCapturing = PFN_cuStreamIsCapturing_v10000;

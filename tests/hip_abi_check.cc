@@ -172,6 +172,7 @@ static_assert(std::is_same_v<decltype(static_cast<hipError_t (*)(void**, size_t,
 #define LT_PICK_hipEventDestroy LT_PLAIN(hipEventDestroy)
 #define LT_PICK_hipEventRecord LT_PLAIN(hipEventRecord)
 #define LT_PICK_hipEventSynchronize LT_PLAIN(hipEventSynchronize)
+#define LT_PICK_hipEventQuery LT_PLAIN(hipEventQuery)
 #define LT_PICK_hipEventElapsedTime LT_PLAIN(hipEventElapsedTime)
 #define LT_PICK_hipStreamSynchronize LT_PLAIN(hipStreamSynchronize)
 #define LT_PICK_hipStreamIsCapturing LT_PLAIN(hipStreamIsCapturing)

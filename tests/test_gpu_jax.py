@@ -241,7 +241,10 @@ def test_index_driven_scatter_is_clean_under_compute_sanitizer(cache_dir):
     r = _run_script(SCATTER.format(tests=str(TESTS)), {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, timeout=600,
                     prefix=(sanitizer, "--tool", "memcheck", "--error-exitcode", "99"))
     assert "SCATTER OK" in r.stdout, (r.stdout[-3000:], r.stderr[-3000:])
-    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, r.stdout[-3000:]
+    out = r.stdout + r.stderr
+    # The report's headlines (what was hit, and where), not its host backtraces.
+    said = [ln for ln in out.splitlines() if ln.startswith("=========") and "Host Frame" not in ln and ln.strip("= ")]
+    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, "\n".join(said[:40])
 
 
 PERSIST = """

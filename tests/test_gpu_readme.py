@@ -52,7 +52,7 @@ def test_readme_jax_example_runs_with_the_usage_examples_kernel(tmp_path, jax_gp
 def test_readme_online_example_runs_after_the_usage_examples_set_up(tmp_path):
     # The usage example's kernel and data, not its calls (they would tune it on the first call).
     usage = "\n".join(ln for ln in block_after("## Usage").splitlines() if not ln.startswith("k[grid]"))
-    code = (usage + block_after("### Online tuning") + "\nassert cp.allclose(out, x + y), 'wrong result'\n"
+    code = (usage + "\n" + block_after("### Online tuning") + "\nassert cp.allclose(out, x + y), 'wrong result'\n"
             "assert lazytriton.stats()['online_settled'] == 1 and k.records[-1].extra.get('online')\nprint('OK')\n")
     r = run(code, tmp_path)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-4000:]

@@ -190,6 +190,7 @@ CUresult a_event_record(cu::CUevent e, cu::CUstream s) {
   return g.hipEventRecord(reinterpret_cast<h::hipEvent_t>(e), stream_of(s));
 }
 CUresult a_event_sync(cu::CUevent e) { return g.hipEventSynchronize(reinterpret_cast<h::hipEvent_t>(e)); }
+CUresult a_event_query(cu::CUevent e) { return g.hipEventQuery(reinterpret_cast<h::hipEvent_t>(e)); }
 CUresult a_event_elapsed(float* ms, cu::CUevent a, cu::CUevent b) {
   return g.hipEventElapsedTime(ms, reinterpret_cast<h::hipEvent_t>(a), reinterpret_cast<h::hipEvent_t>(b));
 }
@@ -292,6 +293,7 @@ std::string load_hip(Driver& d, bool* present) {
   d.cuEventDestroy = a_event_destroy;
   d.cuEventRecord = a_event_record;
   d.cuEventSynchronize = a_event_sync;
+  d.cuEventQuery = a_event_query;
   d.cuEventElapsedTime = a_event_elapsed;
   d.cuStreamSynchronize = a_stream_sync;
   d.cuStreamIsCapturing = a_stream_capturing;

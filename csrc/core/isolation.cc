@@ -18,6 +18,16 @@ IpcExport ipc_export(cu::CUdeviceptr ptr) {
     out.why = "cuMemGetAddressRange: " + error_name(r);
     return out;
   }
+  // Asked first, so that memory of a stream-ordered pool or a VMM mapping (XLA's allocators) is
+  // staged without a refused export, an API error under compute-sanitizer. A driver that cannot
+  // answer is simply tried.
+  int capable = 1;
+  if (d.cuPointerGetAttribute(&capable, cu::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, base) ==
+          cu::CUDA_SUCCESS &&
+      !capable) {
+    out.why = "not exportable by CUDA IPC (pool or VMM memory)";
+    return out;
+  }
   if (cu::CUresult r = d.cuIpcGetMemHandle(&out.handle, base); r != cu::CUDA_SUCCESS) {
     out.why = "cuIpcGetMemHandle: " + error_name(r);
     return out;

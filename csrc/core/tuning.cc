@@ -151,10 +151,13 @@ void LaunchTimer::stop(cu::CUstream stream) {
 
 float LaunchTimer::elapsed_ms() const {
   if (!stopped_ || !failure_.empty()) return -1;
-  float ms = 0;
-  cu::CUresult r = driver().cuEventElapsedTime(&ms, start_, stop_);
+  // Queried first: NOT_READY is cuEventQuery's answer by design, while from cuEventElapsedTime it
+  // is an API error that compute-sanitizer reports.
+  cu::CUresult r = driver().cuEventQuery(stop_);
   if (r == cu::CUDA_ERROR_NOT_READY) return -1;  // the GPU has not passed it yet
-  check(r, "cuEventElapsedTime");
+  check(r, "cuEventQuery");
+  float ms = 0;
+  check(driver().cuEventElapsedTime(&ms, start_, stop_), "cuEventElapsedTime");
   return ms;
 }
 

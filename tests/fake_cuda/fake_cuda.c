@@ -26,7 +26,8 @@
 // launch never finish (the next synchronization blocks forever).
 // CUDA IPC: cuIpcGetMemHandle writes the allocation's address into the handle and cuIpcOpenMemHandle
 // maps it at that same address; addresses 0x7c0000000000-0x7cffffffffff (stream-ordered pool
-// memory, say) refuse export (CUDA_ERROR_INVALID_VALUE), and $FAKE_CUDA_IPC=0 makes every export fail.
+// memory, say) are not exportable (IS_LEGACY_CUDA_IPC_CAPABLE 0, export CUDA_ERROR_INVALID_VALUE), and
+// $FAKE_CUDA_IPC=0 makes no memory exportable.
 // cuPointerGetAttribute answers their device (DEVICE_ORDINAL) and, as without peer access,
 // refuses DEVICE_POINTER for memory of another device than the current context's
 // (CUDA_ERROR_INVALID_VALUE), unless $FAKE_CUDA_PEER_ACCESS=1. A launch's record says on which
@@ -263,9 +264,17 @@ CUresult cuFuncGetAttribute(int* v, int attr, void* f) {
 CUresult cuFuncSetAttribute(void* f, int attr, int v) { (void)f, (void)attr, (void)v; OK; }
 CUresult cuFuncSetCacheConfig(void* f, int c) { (void)f, (void)c; OK; }
 CUresult cuOccupancyMaxActiveClusters(int* n, void* f, const void* config) { (void)f, (void)config; *n = 1; OK; }
+static int exportable(CUdeviceptr base) {
+  const char* ipc = getenv("FAKE_CUDA_IPC");
+  return !(ipc && *ipc == '0') && (base >> 40) != 0x7c;
+}
 CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
   if (attr == 9) {  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
     *(int*)data = device_of_address(p);
+    OK;
+  }
+  if (attr == 10) {  // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+    *(int*)data = exportable(p);
     OK;
   }
   const char* peer = getenv("FAKE_CUDA_PEER_ACCESS");
@@ -297,8 +306,7 @@ CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   OK;
 }
 CUresult cuIpcGetMemHandle(void* handle, CUdeviceptr base) {
-  const char* ipc = getenv("FAKE_CUDA_IPC");
-  if ((ipc && *ipc == '0') || (base >> 40) == 0x7c) return 1;  // CUDA_ERROR_INVALID_VALUE: not exportable
+  if (!exportable(base)) return 1;  // CUDA_ERROR_INVALID_VALUE
   memset(handle, 0, 64);
   memcpy(handle, "FAKEIPC", 7);
   memcpy((char*)handle + 8, &base, 8);
@@ -323,7 +331,8 @@ CUresult cuMemsetD32Async(CUdeviceptr p, unsigned v, size_t n, CUstream s) { (vo
 // their block size ("32:3,64:1": 3 ms for 32 threads a block, 1 ms for 64, others 0): a fake GPU
 // clock then advances by each launch's duration, an event records the clock, and an elapsed time
 // is the difference. $FAKE_CUDA_EVENT_LAG=k: an event is passed only k launches after it was
-// recorded (cuEventElapsedTime answers CUDA_ERROR_NOT_READY before), as a GPU running behind.
+// recorded (cuEventQuery and cuEventElapsedTime answer CUDA_ERROR_NOT_READY before), as a GPU
+// running behind.
 typedef struct {
   double at_ms;
   long launches;  // launches made when it was recorded
@@ -359,11 +368,15 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   OK;
 }
 CUresult cuEventSynchronize(CUevent e) { (void)e; return synchronized(); }
+static int event_passed(const FakeEvent* e) {
+  const char* lag = getenv("FAKE_CUDA_EVENT_LAG");
+  return !lag || g_launches >= e->launches + atol(lag);
+}
+CUresult cuEventQuery(CUevent e) { return event_passed((const FakeEvent*)e) ? 0 : 600; }  // CUDA_ERROR_NOT_READY
 CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   const FakeEvent *x = (const FakeEvent*)a, *y = (const FakeEvent*)b;
   if (!x->recorded || !y->recorded) return 400;  // CUDA_ERROR_INVALID_HANDLE
-  const char* lag = getenv("FAKE_CUDA_EVENT_LAG");
-  if (lag && g_launches < y->launches + atol(lag)) return 600;  // CUDA_ERROR_NOT_READY
+  if (!event_passed(y)) return 600;              // CUDA_ERROR_NOT_READY
   *ms = getenv("FAKE_CUDA_LAUNCH_MS") ? (float)(y->at_ms - x->at_ms) : 1.0f;
   OK;
 }
@@ -477,7 +490,7 @@ static const Entry kEntries[] = {
     E(cuMemAllocAsync), E(cuMemFreeAsync), E(cuMemAllocHost), E(cuMemFreeHost), E(cuMemGetInfo),
     E(cuMemGetAddressRange), E(cuMemcpyDtoDAsync), E(cuMemcpyDtoHAsync), E(cuMemcpyHtoDAsync),
     E(cuMemsetD8Async), E(cuMemsetD32Async), E(cuEventCreate), E(cuEventDestroy), E(cuEventRecord),
-    E(cuEventSynchronize), E(cuEventElapsedTime), E(cuStreamSynchronize), E(cuStreamIsCapturing),
+    E(cuEventSynchronize), E(cuEventQuery), E(cuEventElapsedTime), E(cuStreamSynchronize), E(cuStreamIsCapturing),
     E(cuStreamGetCtx), E(cuThreadExchangeStreamCaptureMode), E(cuTensorMapEncodeTiled),
     E(cuPointerGetAttribute), E(cuOccupancyMaxActiveClusters), E(cuCtxGetLimit), E(cuCtxSetLimit),
     E(cuIpcGetMemHandle), E(cuIpcOpenMemHandle), E(cuIpcCloseMemHandle),

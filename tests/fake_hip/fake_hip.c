@@ -151,6 +151,7 @@ hipError_t hipEventCreateWithFlags(void** e, unsigned f) { (void)f; *e = &g_even
 hipError_t hipEventDestroy(void* e) { (void)e; OK; }
 hipError_t hipEventRecord(void* e, hipStream_t s) { (void)e, (void)s; OK; }
 hipError_t hipEventSynchronize(void* e) { (void)e; OK; }
+hipError_t hipEventQuery(void* e) { (void)e; OK; }
 hipError_t hipEventElapsedTime(float* ms, void* a, void* b) { (void)a, (void)b; *ms = 1.0f; OK; }
 hipError_t hipStreamSynchronize(hipStream_t s) { (void)s; OK; }
 hipError_t hipStreamIsCapturing(hipStream_t s, int* status) { (void)s; *status = 0; OK; }
