@@ -207,3 +207,92 @@ def test_jax_with_command_buffers_the_captured_candidate_is_replayed_correct(tmp
     # The eager execution's first-ready candidate, then the capture's (untimed): replays add none.
     assert out["counters"]["sessions"] == 1 and out["counters"]["untimed_launches"] >= 2, out
     print("command buffers on, 12 executions:", out["counters"])
+
+
+# -- C++ lazy mode: each call's candidate from the embedded Python, launched and timed by C++ ----------
+
+CPP = r"""
+#include <lazytriton/embed.h>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+// argv: bundle, kernels' directory, the most calls. Each call: fresh random data, the output
+// poisoned (NaN), out = x * 2.5, checked exactly; it stops 3 calls after Python's last resolution.
+int main(int argc, char** argv) {
+  lt::Bundle b = lt::Bundle::open(argv[1]);
+  lt::enable_lazy(b, {{argv[2]}});
+  auto scale = b.kernel("example_kernels:scale_kernel", "*fp32,*fp32,fp32,i32");
+  const lt::Driver& d = lt::driver();
+  lt::current_context();
+  const int n = 1 << 20;
+  const size_t bytes = size_t(n) * 4;
+  lt::cu::CUdeviceptr x, out;
+  lt::check(d.cuMemAlloc(&x, bytes), "cuMemAlloc");
+  lt::check(d.cuMemAlloc(&out, bytes), "cuMemAlloc");
+  std::vector<float> hx(n), hout(n);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  auto grid = [&](const lt::Meta& m) { return lt::Dim3{unsigned((n + m["BLOCK"] - 1) / m["BLOCK"])}; };
+  int wrong = 0, calls = 0, stable = 0;
+  unsigned long long last = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (int most = std::atoi(argv[3]); calls < most && stable < 3; ++calls) {
+    for (float& v : hx) v = normal(rng);
+    lt::check(d.cuMemcpyHtoDAsync(x, hx.data(), bytes, nullptr), "cuMemcpyHtoDAsync");
+    lt::check(d.cuMemsetD32Async(out, 0x7fc00001u, n, nullptr), "cuMemsetD32Async");  // NaN
+    scale.launch(nullptr, grid, {lt::DevicePtr(x), lt::DevicePtr(out), 2.5f, n});
+    lt::check(d.cuMemcpyDtoHAsync(hout.data(), out, bytes, nullptr), "cuMemcpyDtoHAsync");
+    lt::check(d.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+    for (int i = 0; i < n; ++i) wrong += hout[i] != hx[i] * 2.5f;
+    unsigned long long r = lt::lazy_stats().resolutions;
+    stable = r == last ? stable + 1 : 0;
+    last = r;
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(120)) break;
+  }
+  const lt::Winner& w = scale.winner({lt::DevicePtr(x), lt::DevicePtr(out), 2.5f, n});
+  std::printf("calls %d wrong %d resolutions %llu python %d BLOCK %lld warps %d\n", calls, wrong, last,
+              int(lt::lazy_stats().python_started), (long long)w.meta["BLOCK"], w.kernel->meta().num_warps);
+  return 0;
+}
+"""
+
+
+def test_cpp_lazy_mode_tunes_online_every_call_correct_then_the_bundle_needs_no_python(tmp_path, cache_dir):
+    from test_embed import CMAKE, EXAMPLE, cmake_build, cmake_project
+
+    from lazytriton import paths
+    from lazytriton.cpp import bundle
+
+    if CMAKE is None:
+        pytest.skip("needs cmake")
+    if not list(Path(paths.cmake_dir()).parent.parent.glob("liblazytriton_embed*")):
+        pytest.skip("lazytriton::embed not built (no shared libpython)")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "online.cc").write_text(CPP)
+    (src / "CMakeLists.txt").write_text(cmake_project("online", "online.cc").replace("lazytriton::runtime",
+                                                                                    "lazytriton::embed"))
+    cmake_build(src, src / "build")
+    env = {**os.environ, "LAZYTRITON_TUNING": "online"}
+
+    def run(most):
+        r = subprocess.run([str(src / "build" / "online"), str(tmp_path / "bundle"), str(EXAMPLE), str(most)],
+                           env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+        words = r.stdout.split()
+        return dict(zip(words[::2], map(int, words[1::2])))
+
+    first = run(100_000)
+    # Settled: 4 configs x 5 samples, a first call and a deciding call at least, each one Python
+    # resolution; then 3 calls with none (C++ alone); every result exact.
+    assert first["wrong"] == 0 and first["resolutions"] >= 22 and first["calls"] == first["resolutions"] + 3, first
+    (variant,) = bundle.Bundle(tmp_path / "bundle").variants()
+    assert variant["meta"]["BLOCK"] == first["BLOCK"] and variant["launch"]["num_warps"] == first["warps"]
+    second = run(5)
+    assert second["wrong"] == 0 and second["python"] == 0 and second["resolutions"] == 0, second
+    assert (second["BLOCK"], second["warps"]) == (first["BLOCK"], first["warps"])

@@ -21,6 +21,7 @@ import triton.language as tl
 import lazytriton
 from lazytriton import _core, distributed, settings
 from lazytriton.cache import Cache, measurements
+from lazytriton.cpp import bundle
 from lazytriton.runtime import online
 
 HERE = Path(__file__).resolve().parent
@@ -420,31 +421,108 @@ def test_the_harness_script_is_python():
     compile(bench_online.SCRIPT, "online", "exec")
 
 
-# -- C++ lazy mode: a variant is written into the bundle when a call is resolved --------------------
+# -- C++ lazy mode: each call's candidate from the embedded Python, launched and timed by C++ ----------
 
-LAZY_MODE = """
-import json, logging, sys
-sys.path.insert(0, {tests!r})
-logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
-import lazytriton
-from lazytriton.cpp import embed
-from lazytriton.runtime import online
-x = ("ptr", 0x7F0000000000, "fp32", 4 * 4096)
-text, cubin = embed.resolve({bundle!r}, "kernels.basic:increment_kernel", [x, 4096], {{}}, (2, 1, 1), 0)
-variant = json.loads(text)
-lk = embed._kernel("kernels.basic:increment_kernel")
-print(json.dumps({{"mode": lk.tuning_mode, "tunes": lazytriton.stats()["tunes"], "sessions": online.counters()["sessions"],
-                  "has_cubin": bool(cubin), "online_record": bool(lk.records[-1].extra.get("online"))}}))
+LAZY_KERNELS = """
+import triton
+import triton.language as tl
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 256}, num_warps=w) for w in (1, 2, 4)], key=["n"])
+@triton.jit
+def bump(x, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(x + offs, tl.load(x + offs, mask=m) + 1, mask=m)
+"""
+
+LAZY_PROGRAM = r"""
+#include <lazytriton/embed.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+// argv: bundle, kernels' directory, calls, ms between calls. One line per call: Python's resolutions so far.
+int main(int argc, char** argv) {
+  lt::Bundle b = lt::Bundle::open(argv[1]);
+  lt::enable_lazy(b, {{argv[2]}});
+  auto bump = b.kernel("online_kernels:bump", "*fp32,i32");
+  float* x = reinterpret_cast<float*>(0x7F0000000000ull);
+  int n = 4096;
+  for (int i = 0, calls = std::atoi(argv[3]); i < calls; ++i) {
+    bump.launch(nullptr, [&](const lt::Meta& m) { return lt::Dim3{unsigned((n + m["BLOCK"] - 1) / m["BLOCK"])}; },
+                {x, n});
+    std::printf("%llu\n", (unsigned long long)lt::lazy_stats().resolutions);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[4])));  // the other candidates compile
+  }
+}
 """
 
 
-def test_lazy_mode_tunes_on_the_first_call_and_says_online_tuning_does_not_apply(fake_libcuda, tmp_path,
-                                                                                  triton_cache):
-    env = worker_env(fake_libcuda, tmp_path, triton_cache, TUNING=None, LAZYTRITON_TUNING="online",
-                     FAKE_CUDA_PARAM_SIZES="increment_kernel:8,4,8,8")
-    r = subprocess.run([sys.executable, "-c", LAZY_MODE.format(tests=str(HERE), bundle=str(tmp_path / "bundle"))],
-                       env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out == {"mode": "online", "tunes": 1, "sessions": 0, "has_cubin": True, "online_record": False}
-    assert r.stderr.count("does not apply to C++ lazy mode") == 1
+@pytest.fixture(scope="module")
+def lazy_program(tmp_path_factory):
+    from test_embed import CMAKE, cmake_build, cmake_project
+
+    from lazytriton import paths
+
+    if CMAKE is None:
+        pytest.skip("needs cmake")
+    if not list(Path(paths.cmake_dir()).parent.parent.glob("liblazytriton_embed*")):
+        pytest.skip("lazytriton::embed not built (no shared libpython)")
+    src = tmp_path_factory.mktemp("lazy-online")
+    (src / "online_kernels.py").write_text(LAZY_KERNELS)
+    (src / "lazy_online.cc").write_text(LAZY_PROGRAM)
+    (src / "CMakeLists.txt").write_text(cmake_project("lazy_online", "lazy_online.cc").replace(
+        "lazytriton::runtime", "lazytriton::embed"))
+    cmake_build(src, src / "build")
+    return src
+
+
+def test_cpp_lazy_mode_tunes_online_over_its_calls_then_launches_the_winner_from_the_bundle(
+        fake_libcuda, tmp_path, triton_cache, lazy_program):
+    env = worker_env(fake_libcuda, tmp_path, triton_cache, TUNING=None, WAIT_COMPILED=None,
+                     LAZYTRITON_TUNING="online", FAKE_CUDA_PARAM_SIZES="bump:8,4,8,8")
+    bundle_dir, log = tmp_path / "bundle", tmp_path / "launches.jsonl"
+
+    def launched() -> list[int]:
+        return [json.loads(ln)["block"] for ln in log.read_text().splitlines() if '"bump' in ln] if log.exists() else []
+
+    def program(calls: int, pause_ms: int = 0) -> list[int]:
+        r = subprocess.run([str(lazy_program / "build" / "lazy_online"), str(bundle_dir), str(lazy_program),
+                            str(calls), str(pause_ms)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
+        return [int(v) for v in r.stdout.split()]
+
+    def persisted_samples() -> int:
+        docs = [measurements.decode(p.stem, p.read_bytes()) for p in (tmp_path / "cache").rglob("*.ltm")]
+        return sum(len(r.get("samples", ())) for d in docs for r in d.values())
+
+    # Every call reaches Python (one resolution each) and launches one candidate, until the winner is
+    # fixed: the first call the first candidate compiled, untimed; then each call the one with the fewest
+    # samples among those compiled, until each has 5 (the default online_samples); the call that decides
+    # launches the winner, which goes into the bundle: later calls launch it from C++ alone.
+    # A process of one call compiles the candidates (its pause lets them finish): the next ones load them.
+    assert program(1, pause_ms=3000) == [1] and persisted_samples() == 0
+    # A process that stops before the decision: its samples are persisted as they are read.
+    assert program(6, pause_ms=100) == [1, 2, 3, 4, 5, 6] and len(launched()) == 7
+    assert bundle.Bundle(bundle_dir).variants() == []
+    kept = persisted_samples()
+    assert kept == 4, kept  # calls 2-5's (call 6's events are never read)
+    # The next process continues from them: 15 - kept timed calls, between its first and its deciding call.
+    calls = 30
+    resolutions = program(calls, pause_ms=10)
+    blocks = launched()[7:]
+    assert len(blocks) == calls, blocks  # one launch per call: no trials
+    settled = resolutions[-1]
+    assert resolutions == list(range(1, settled + 1)) + [settled] * (calls - settled), (resolutions, blocks)
+    assert 17 - kept <= settled <= 18 - kept, (kept, resolutions, blocks)  # (+1: a call may find an event not passed)
+    assert all(launched()[:6 + settled].count(b) >= 5 for b in (32, 64, 128)), blocks
+    assert blocks[settled - 1:] == [64] * (calls + 1 - settled), blocks  # config 1 (1 ms), from the decision on
+    (variant,) = bundle.Bundle(bundle_dir).variants()
+    assert variant["launch"]["num_warps"] == 2, variant
+    (rec,) = [e for e in Cache(tmp_path / "cache").entries() if e.kind == "record"]
+    full = Cache(tmp_path / "cache").show(rec.key)["record"]
+    assert full["extra"].get("online") and [c["time_ms"] for c in full["candidates"]] == pytest.approx([3, 1, 2])
+    # A later process: the bundle's winner, no Python at all.
+    assert program(3) == [0, 0, 0] and launched()[7 + calls:] == [64] * 3

@@ -88,18 +88,7 @@ void CallSite::launch(cu::CUcontext ctx, cu::CUstream stream, const uint64_t* bu
   if (const Entry* e = table_.find(key, words)) return launch_fixed(*e, ctx, stream, buffers, n_buffers_, arena);
   for (;;) {
     const Entry* e = table_.resolve(key, words, call_ctx);
-    if (!e->timer || !e->timer->take()) return launch_fixed(*e, ctx, stream, buffers, n_buffers_, arena);
-    // A candidate of online tuning, timed on this call. One that fails to launch is handed
-    // back: the resolver (Python) drops it and answers another, which launches this call.
-    try {
-      e->timer->arm();  // Kernel::launch records its events right around the launch
-      launch_fixed(*e, ctx, stream, buffers, n_buffers_, arena);
-      e->timer->disarm();
-      return;
-    } catch (const std::exception& ex) {
-      e->timer->disarm();
-      e->timer->fail(ex.what());
-    }
+    if (launch_entry_timed(*e, [&] { launch_fixed(*e, ctx, stream, buffers, n_buffers_, arena); })) return;
   }
 }
 

@@ -382,18 +382,23 @@ const Entry* BundleKernel::Impl::entry(const Arg* a, const Call& c, cu::CUstream
   return table->resolve(c.key, key_len, &rc);
 }
 
+void BundleKernel::Impl::launch_resolving(cu::CUcontext ctx, cu::CUstream s, const GridFn& grid, const Arg* a,
+                                          Call& c) const {
+  for (;;) {
+    const Entry* e = entry(a, c, s, &grid);
+    Dim3 g = grid(static_cast<const Winner*>(e->user.get())->meta);
+    if (launch_entry_timed(*e, [&] { launch_entry(*e, ctx, s, g, c); })) return;
+  }
+}
+
 void BundleKernel::launch(Stream stream, Dim3 grid, const Arg* args, size_t n) const {
   const Impl& k = *impl_;
   Call c;
   k.read(args, n, c);
   cu::CUcontext ctx = current_context();
   c.key[k.key_len - 1] = reinterpret_cast<uint64_t>(ctx);
-  const Entry* e = k.table->find(c.key, k.key_len);
-  if (!e) {
-    GridFn fixed = [grid](const Meta&) { return grid; };  // what lazy-mode tuning launches with
-    e = k.entry(args, c, stream.handle, &fixed);
-  }
-  k.launch_entry(*e, ctx, stream.handle, grid, c);
+  if (const Entry* e = k.table->find(c.key, k.key_len)) return k.launch_entry(*e, ctx, stream.handle, grid, c);
+  k.launch_resolving(ctx, stream.handle, [grid](const Meta&) { return grid; }, args, c);
 }
 
 void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, size_t n) const {
@@ -402,9 +407,7 @@ void BundleKernel::launch(Stream stream, const GridFn& grid, const Arg* args, si
   k.read(args, n, c);
   cu::CUcontext ctx = current_context();
   c.key[k.key_len - 1] = reinterpret_cast<uint64_t>(ctx);
-  const Entry* e = k.entry(args, c, stream.handle, &grid);
-  Dim3 g = grid(static_cast<const Winner*>(e->user.get())->meta);
-  k.launch_entry(*e, ctx, stream.handle, g, c);
+  k.launch_resolving(ctx, stream.handle, grid, args, c);
 }
 
 const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, const GridFn& grid) const {
@@ -413,6 +416,7 @@ const Winner& BundleKernel::winner(const Arg* args, size_t n, Stream stream, con
   k.read(args, n, c);
   c.key[k.key_len - 1] = reinterpret_cast<uint64_t>(current_context());
   const Entry* e = k.entry(args, c, stream.handle, grid ? &grid : nullptr);
+  if (e->timer && e->timer->take()) e->timer->disarm();  // online tuning: this call launched nothing
   return *static_cast<const Winner*>(e->user.get());
 }
 

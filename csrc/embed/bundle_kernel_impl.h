@@ -2,6 +2,7 @@
 // bundle_kernel.cc (binding a signature to its slot table, the call path) and
 // bundle_resolve.cc (finding or resolving the variant of a new call key).
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,8 @@ struct BundleKernel::Impl {
   std::vector<size_t> keyed;  // the arguments whose value selects the binary (in_key), in order
   size_t bit_words = 0, key_len = 0;
   std::unique_ptr<ResolveTable> table;
+  // Online tuning's candidates so far (lazy mode), by their variant JSON; guarded by bundle->mu.
+  std::map<std::string, std::shared_ptr<Variant>> candidates;
 
   std::vector<std::string> arg_names() const;  // runtime arguments, in launch order
   [[noreturn]] void fail(const std::string& why) const { throw Error(label + ": " + why); }
@@ -98,6 +101,8 @@ struct BundleKernel::Impl {
   void launch_entry(const Entry& e, cu::CUcontext ctx, cu::CUstream s, Dim3 grid, Call& c) const;
   // The entry for c.key (context set): the table's, else resolved once.
   const Entry* entry(const Arg* a, const Call& c, cu::CUstream s, const GridFn* grid) const;
+  // A launch whose entry may have to be resolved (lazy mode; online tuning's candidates, timed).
+  void launch_resolving(cu::CUcontext ctx, cu::CUstream s, const GridFn& grid, const Arg* a, Call& c) const;
   std::string call_spec(const Call& c) const;
 
   // Resolution of a new key (once per key, see ResolveTable).
@@ -105,9 +110,9 @@ struct BundleKernel::Impl {
   bool compatible(const Variant& v) const;
   bool matches(const Variant& v, const Call& c, const std::string& target) const;
   std::shared_ptr<Variant> find_variant(const Call& c, const std::string& target, const std::string& device) const;
-  std::shared_ptr<Variant> resolve_lazily(const ResolveCtx& rc, const std::string& target, Resolver& resolver);
+  std::shared_ptr<const Entry> resolve_lazily(const ResolveCtx& rc, const std::string& target, Resolver& resolver);
   ResolveRequest request(const ResolveCtx& rc) const;
-  std::shared_ptr<const Entry> make_entry(const std::shared_ptr<Variant>& v, const Call& c, const std::string& target);
+  std::shared_ptr<Entry> make_entry(const std::shared_ptr<Variant>& v, const Call& c, const std::string& target);
   std::shared_ptr<Kernel> kernel_of(Variant& v) const;
   std::string describe_call(const Call& c, const std::string& target) const;
   std::string other_vendor(const DeviceInfo& dev) const;

@@ -72,8 +72,8 @@ std::shared_ptr<Kernel> BundleKernel::Impl::kernel_of(Variant& v) const {
   return v.kernel;
 }
 
-std::shared_ptr<const Entry> BundleKernel::Impl::make_entry(const std::shared_ptr<Variant>& v, const Call& c,
-                                                            const std::string& target) {
+std::shared_ptr<Entry> BundleKernel::Impl::make_entry(const std::shared_ptr<Variant>& v, const Call& c,
+                                                      const std::string& target) {
   auto e = std::make_shared<Entry>();
   e->kernel = kernel_of(*v);
   for (const auto& r : args) e->is_param.push_back(v->is_param[r.call_index]);
@@ -130,20 +130,33 @@ ResolveRequest BundleKernel::Impl::request(const ResolveCtx& rc) const {
   return req;
 }
 
-std::shared_ptr<Variant> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc, const std::string& target,
-                                                            Resolver& resolver) {
+std::shared_ptr<const Entry> BundleKernel::Impl::resolve_lazily(const ResolveCtx& rc, const std::string& target,
+                                                                Resolver& resolver) {
   if (!rc.grid) fail("no winner yet for " + describe_call(*rc.call, target) + "; lazy mode tunes on the first launch, "
                      "which needs a grid (call launch(), or winner() with a grid)");
-  auto [text, cubin] = resolver.resolve(request(rc));
-  std::string what = label + ": the lazily resolved variant";
-  std::shared_ptr<Variant> v = variant_from(json::parse(text, what), desc, what);
-  v->cubin = std::move(cubin);
-  if (!matches(*v, *rc.call, target))
-    fail("internal error: Python resolved a variant that does not match the call (" + describe_call(*rc.call, target) +
-         "); please report it");
-  std::lock_guard<std::mutex> lock(bundle->mu);
-  record->variants.push_back(v);
-  return v;
+  ResolvedVariant got = resolver.resolve(request(rc));
+  std::shared_ptr<Variant> v;
+  if (got.this_call_only) {  // a candidate of online tuning: the same one comes back on later calls
+    std::lock_guard<std::mutex> lock(bundle->mu);
+    if (auto it = candidates.find(got.variant); it != candidates.end()) v = it->second;
+  }
+  if (!v) {
+    std::string what = label + ": the lazily resolved variant";
+    v = variant_from(json::parse(got.variant, what), desc, what);
+    v->cubin = std::move(got.cubin);
+    if (!matches(*v, *rc.call, target))
+      fail("internal error: Python resolved a variant that does not match the call (" +
+           describe_call(*rc.call, target) + "); please report it");
+    std::lock_guard<std::mutex> lock(bundle->mu);
+    if (got.this_call_only)
+      candidates.emplace(got.variant, v);  // its module loads once (kernel_of)
+    else
+      record->variants.push_back(v);
+  }
+  std::shared_ptr<Entry> e = make_entry(v, *rc.call, target);
+  e->once = got.this_call_only;  // not installed: the next call of the key asks the resolver again
+  e->timer = std::move(got.timer);
+  return e;
 }
 
 std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, const ResolveCtx& rc) {
@@ -164,7 +177,7 @@ std::shared_ptr<const Entry> BundleKernel::Impl::resolve(const CallKey& key, con
            "\nTune this call from Python (lazytriton.cpp.Bundle(dir).add(...)) or turn on lazy mode "
            "(lt::enable_lazy from lazytriton::embed)");
     }
-    v = resolve_lazily(rc, target, *resolver);
+    return resolve_lazily(rc, target, *resolver);
   }
   return make_entry(v, *rc.call, target);
 }

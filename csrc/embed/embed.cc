@@ -1,6 +1,7 @@
 // Lazy mode: the bundle's Resolver, answered by lazytriton.cpp.embed in an
 // embedded Python. Python decides (compiles, tunes, persists); the winner comes
-// back as a bundle variant and is launched by the C++ core like any other.
+// back as a bundle variant and is launched by the C++ core like any other (tuning
+// online: each call's candidate, with the timer its launch records, until the winner).
 #include "lazytriton/embed.h"
 
 #include <pybind11/embed.h>
@@ -12,6 +13,7 @@
 #include <mutex>
 
 #include "../python/seam.h"
+#include "lazytriton/tuning.h"
 
 namespace py = pybind11;
 
@@ -138,7 +140,7 @@ class PythonResolver : public Resolver {
     });
   }
 
-  std::pair<std::string, std::string> resolve(const ResolveRequest& r) override {
+  ResolvedVariant resolve(const ResolveRequest& r) override {
     return in_python(r.source, [&] {
       py::list values;
       for (const auto& v : r.values) values.append(value_to_python(v));
@@ -150,7 +152,10 @@ class PythonResolver : public Resolver {
       py::tuple out =
           module().attr(seam::kEmbedResolve)(r.bundle_dir, r.source, values, options, grid_to_python(r), stream, layouts);
       ++g_resolutions;
-      return std::pair<std::string, std::string>{out[0].cast<std::string>(), out[1].cast<std::string>()};
+      ResolvedVariant got{out[0].cast<std::string>(), out[1].cast<std::string>(), out[3].cast<bool>(), nullptr};
+      // _core's LaunchTimer: one pybind11 type across _core and this library (the same build).
+      if (!out[2].is_none()) got.timer = out[2].cast<std::shared_ptr<LaunchTimer>>();
+      return got;
     });
   }
 

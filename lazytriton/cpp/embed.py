@@ -2,7 +2,10 @@
 embedded Python: describe a kernel, give the slot table of a signature with no
 winner yet, and resolve one call (lazytriton's cache,
 else compile and tune on the C++ caller's own device buffers), persisting the
-winner into the bundle so later runs need no Python."""
+winner into the bundle so later runs need no Python. A kernel tuned online
+(tuning="online", LAZYTRITON_TUNING=online) answers each call with that call's
+candidate until its winner is fixed (runtime/online.py): C++ launches it, timed,
+and asks again on the next call; the winner then goes into the bundle."""
 from __future__ import annotations
 
 import json
@@ -12,6 +15,7 @@ import threading
 
 from . import bundle
 from ..model import tuples
+from ..runtime import online
 
 log = logging.getLogger("lazytriton.cpp.embed")
 
@@ -37,12 +41,7 @@ def _kernel(source: str):
     with _lock:
         lk = _kernels.get(source)
         if lk is None:
-            # Lazy mode writes a winner into the bundle when it resolves a call: online tuning, which
-            # decides over later calls, does not apply (resolve() tunes on the call).
             lk = _kernels[source] = LazyKernel(bundle.load_source(source))
-            if lk.tuning_mode == "online":
-                log.warning("kernel %s: LAZYTRITON_TUNING=online does not apply to C++ lazy mode (a resolved "
-                            "variant is written into the bundle): tuned on its first call", lk.name)
         return lk
 
 
@@ -71,10 +70,12 @@ def _value(v):
 
 
 def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, stream: int,
-            layouts: list | None = None) -> tuple[str, bytes]:
-    """The winner for one C++ call, as (variant JSON, cubin). It is persisted
-    into the bundle when the directory is writable (else only used). With
-    tuple arguments `values` are leaves and `layouts` gives, per call
+            layouts: list | None = None) -> tuple[str, bytes, object, bool]:
+    """The winner for one C++ call, as (variant JSON, cubin, None, False). It is
+    persisted into the bundle when the directory is writable (else only used).
+    Tuning online, still deciding: (this call's candidate, its cubin, the
+    _core.LaunchTimer its launch records, or None, True), never persisted here.
+    With tuple arguments `values` are leaves and `layouts` gives, per call
     parameter, "" or its tuple's nesting (lazytriton.model.tuples.structure_text)."""
     lk = _kernel(source)
     args = [_value(v) for v in values]
@@ -82,13 +83,18 @@ def resolve(bundle_dir: str, source: str, values: list, options: dict, grid, str
         leaves = iter(args)
         args = [tuples.nest(layout, leaves) for layout in layouts]
     pos, kw = lk.as_call(args, options)
-    resolved = lk.resolve(*pos, grid=grid, stream=stream, **kw)
+    # per_call: C++ launches each answer once and asks again on the next call until the key is installed.
+    resolved = lk.resolve(*pos, grid=grid, stream=stream, per_call=True, **kw)
     desc = bundle.describe(lk, source)
     variant, cubin = bundle.make_variant(desc, lk, resolved, args, options)
+    if resolved.this_call_only:
+        online.persist_live()  # the samples read on this call (this interpreter never runs atexit)
+        variant["cubin"] = ""  # no file: the cubin comes along
+        return json.dumps(variant, allow_nan=False), cubin, resolved.timer, True
     try:
         variant = bundle.write_variant(bundle_dir, desc, variant, cubin)
     except OSError as exc:
         log.warning("kernel %s: could not persist the winner into bundle %s (%s); it is used for this process "
                     "only", desc["name"], bundle_dir, exc)
         variant["cubin"] = ""
-    return json.dumps(variant, allow_nan=False), cubin
+    return json.dumps(variant, allow_nan=False), cubin, None, False

@@ -413,7 +413,9 @@ _live: "weakref.WeakSet[Session]" = weakref.WeakSet()  # sessions still deciding
 
 
 @atexit.register
-def _persist_at_exit() -> None:
+def persist_live() -> None:
+    """Writes every deciding session's unsaved samples: at exit, and after each call of C++ lazy
+    mode (its embedded interpreter is never finalized, so atexit never runs there)."""
     for session in list(_live):
         try:
             session.persist_unsaved()

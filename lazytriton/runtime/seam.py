@@ -68,7 +68,9 @@ C_TO_PYTHON = (
              "str: the slot table rows (JSON) of a signature with no winner yet", "csrc/embed/embed.cc"),
     Crossing("lazytriton.cpp.embed", "resolve",
              ("bundle_dir", "source", "values", "options", "grid", "stream", "layouts"),
-             "(str, str): the variant written into the bundle", "csrc/embed/embed.cc"),
+             "(variant JSON, cubin, timer, this_call_only): the variant written into the bundle (None, False); "
+             "tuning online, still deciding: this call's candidate, its _core.LaunchTimer or None, True",
+             "csrc/embed/embed.cc"),
 )
 
 # -- Python -> C ------------------------------------------------------------------------------

@@ -210,7 +210,9 @@ class BundleKernel {
   void launch(Stream stream, const GridFn& grid, const Arg* args, size_t n) const;
 
   // The winner for these arguments without launching it (e.g. to read its
-  // block size). A lazy-mode miss tunes on the arguments and needs `grid`.
+  // block size). A lazy-mode miss tunes on the arguments and needs `grid`; a kernel
+  // tuned online that is still deciding answers the candidate a launch would get
+  // (valid until this thread's next call of the kernel).
   const Winner& winner(std::initializer_list<Arg> args, Stream stream = nullptr, const GridFn& grid = {}) const {
     return winner(args.begin(), args.size(), stream, grid);
   }
@@ -234,6 +236,7 @@ class BundleKernel {
 };
 
 class Resolver;
+class LaunchTimer;  // lazytriton/tuning.h
 
 // A variant's launch metadata ("launch" in the manifest) is read by kernel.h's launch_meta_from_json.
 
@@ -304,6 +307,17 @@ struct ResolveRequest {
   GridFn grid;  // the caller's grid (empty if none was given)
 };
 
+// What the resolver answers for one call.
+struct ResolvedVariant {
+  std::string variant;  // JSON, as the manifest stores it
+  std::string cubin;
+  // Online tuning still deciding (lazytriton.kernel(fn, tuning="online")): a candidate for this
+  // call only, not added to the bundle (the next call asks again), its launch timed by `timer`
+  // when there is one (the first call's and a capturing call's are not).
+  bool this_call_only = false;
+  std::shared_ptr<LaunchTimer> timer;
+};
+
 class Resolver {
  public:
   virtual ~Resolver() = default;
@@ -314,8 +328,8 @@ class Resolver {
   // signature the bundle has no winner for yet.
   virtual std::string slot_table(const std::string& source, const std::vector<std::string>& types,
                                  const std::vector<std::string>& layouts) = 0;
-  // Compile and tune for this call, persist it, and return (variant JSON, cubin bytes).
-  virtual std::pair<std::string, std::string> resolve(const ResolveRequest& request) = 0;
+  // Compile and tune for this call, persist it, and return it; or, tuning online, this call's candidate.
+  virtual ResolvedVariant resolve(const ResolveRequest& request) = 0;
 };
 
 }  // namespace lt

@@ -22,10 +22,9 @@
 #include <vector>
 
 #include "lazytriton/kernel.h"
+#include "lazytriton/tuning.h"
 
 namespace lt {
-
-class LaunchTimer;  // tuning.h
 
 using CallKey = std::vector<uint64_t>;
 
@@ -72,6 +71,28 @@ struct Entry {
   bool once = false;
   std::shared_ptr<LaunchTimer> timer;
 };
+
+// Launches entry `e` through `launch` (a face's own packing, then Kernel::launch). A candidate of
+// online tuning whose timer this launch takes is timed (Kernel::launch records the events right
+// around the driver call); should it throw, its timer keeps the error and false is returned: the
+// caller asks its resolver again, which drops the candidate and answers another for this call.
+template <class F>
+bool launch_entry_timed(const Entry& e, F&& launch) {
+  if (!e.timer || !e.timer->take()) {
+    launch();
+    return true;
+  }
+  try {
+    e.timer->arm();
+    launch();
+    e.timer->disarm();
+    return true;
+  } catch (const std::exception& ex) {
+    e.timer->disarm();
+    e.timer->fail(ex.what());
+    return false;
+  }
+}
 
 class ResolveTable {
  public:
