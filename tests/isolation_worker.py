@@ -4,7 +4,7 @@ tests/fake_cuda, faults or hangs a config by its block size: $FAKE_CUDA_FAULT_BL
 $FAKE_CUDA_HANG_BLOCK), through lazytriton's real runtime (Triton compiles for sm_90) on
 the standalone face, or on the JAX face (the call site lowered for CUDA on this CPU and
 resolved as the XLA handler's first execution resolves it); then the process's next CUDA
-work. Prints one JSON line.
+work. Prints one JSON line. $AHEAD=1: the standalone kernel is compiled ahead first.
 
     LD_LIBRARY_PATH=<fake libcuda dir> python isolation_worker.py N [X_ADDRESS] [--jax]
 """
@@ -24,6 +24,7 @@ from lazytriton.runtime import isolation  # noqa: E402
 from kernels.isolation import scale  # noqa: E402
 
 args = [a for a in sys.argv[1:] if a != "--jax"]
+helpers_after_ahead = None
 n = int(args[0])
 x_address = int(args[1], 0) if len(args) > 1 else 0x7F0000000000
 OUT = 0x7F1000000000
@@ -52,7 +53,11 @@ try:
         jax_first_execution()
     else:
         x, out = DeviceArray(x_address, "fp32", n * 4, (n,)), DeviceArray(OUT, "fp32", n * 4, (n,))
-        lazytriton.kernel(scale)[grid](x, out, n, stream=0)
+        k = lazytriton.kernel(scale)
+        if os.environ.get("AHEAD"):  # every candidate compiled ahead: the helper, if needed, starts then
+            k.compile_ahead(x, out, n).result()
+            helpers_after_ahead = len(isolation.helper_pids())
+        k[grid](x, out, n, stream=0)
 except Exception as exc:  # noqa: BLE001 (reported)
     error = f"{type(exc).__name__}: {exc}"
 try:
@@ -61,4 +66,5 @@ try:
 except Exception as exc:  # noqa: BLE001 (reported)
     next_work = f"{type(exc).__name__}: {exc}"
 print(json.dumps({"error": error, "next_cuda_work": next_work, "isolation": isolation.stats(),
+                  "helpers_after_ahead": helpers_after_ahead,
                   "stats": lazytriton.stats()}), flush=True)

@@ -65,6 +65,17 @@ def persisted(tmp_path: Path) -> dict:
     return found
 
 
+# -- compiled ahead: the helper starts with the compiles -------------------------------------------
+
+def test_compiling_ahead_starts_the_helper_unless_every_candidate_has_a_verdict(tmp_path, fake_driver):
+    first, _ = run(tmp_path, fake_driver, AHEAD="1")
+    # Started by compile_ahead (its start overlaps the compiles), then the one the call's jobs use.
+    assert first["error"] is None and first["helpers_after_ahead"] == 1, first
+    assert first["isolation"]["helpers"] == 1 and first["isolation"]["jobs"] == 3, first["isolation"]
+    warm, _ = run(tmp_path, fake_driver, log="warm", AHEAD="1")  # every binary proven: no helper at all
+    assert warm["error"] is None and warm["helpers_after_ahead"] == 0 and warm["isolation"]["helpers"] == 0, warm
+
+
 # -- a faulting config ------------------------------------------------------------------------------
 
 def test_a_faulting_config_never_launches_here_and_the_call_goes_on(tmp_path, fake_driver):

@@ -376,6 +376,8 @@ class Resolution:
         # No first call waits on these: they wait for the compile server rather than
         # compiling on threads of this process beside the program's own work.
         _, ready = self.compile_candidates(self.k.cache, cands, background=True, order=order)
+        if len(cands) > 1:
+            self._prestart_isolation(cands)
         done = list(ready)
         if done and all(c.binary is None for c in done):  # result() raises, naming each error, as a call would
             raise AllCandidatesFailed(self.k.name, done)
@@ -488,6 +490,22 @@ class Resolution:
                 failed.append(c)
                 log.warning("kernel %s: %s skipped: it %s", self.k.name, c.label, c.error)
         return failed
+
+    def _prestart_isolation(self, cands: list[Candidate]) -> None:
+        """Compiling ahead for this process's own CUDA device, candidates with no verdict yet: the
+        first call will run each once in the isolation helper, so the helper starts now, beside
+        the compiles, not on that call (a program of many kernels: on its first kernel's)."""
+        if not (isolation_enabled() and settings().tuning):
+            return
+        try:
+            device = _core.current_device()
+            dev = _core.device_info(device)
+        except _core.RuntimeFailure:  # no GPU here: compiling for another machine
+            return
+        if dev.get("backend") != "cuda" or device_target(dev) != self.target:
+            return
+        if any(verdicts.lookup(self.k.cache, self._ckey(c)) is None for c in cands):
+            prestart(device)
 
     def _isolation(self, cache: Cache, docs: list[dict | None]) -> Isolation | None:
         """This tune's isolation of first launches (LAZYTRITON_ISOLATION) for candidates with these
