@@ -395,6 +395,33 @@ def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypa
     _until(lambda: all(t.future.done() for t in later + [running, urgent]))
 
 
+def test_back_ends_made_ahead_start_stream_by_stream_in_the_order_asked_for(monkeypatch):
+    """Kernels compiled ahead (a program's, in the order it calls them): the first one's jobs start
+    before a later one's costlier ones, each stream's costliest first, so that the first kernel's
+    first call waits for its own compiles alone."""
+    from lazytriton.compile import schedule
+
+    pool = FakePool(1)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    running = _ticket("running", schedule.BACKGROUND)
+    schedule.submit(running)
+    _until(lambda: pool.names() == ["running"])
+    first, second = schedule.next_order(), schedule.next_order()
+    later = [_ticket(n, schedule.BACKGROUND, cost, order) for n, cost, order in (
+        ("matmul 1", 9.0, (second, 0)), ("matmul 2", 8.0, (second, 1)), ("add 1", 1.0, (first, 0)),
+        ("add 2", 2.0, (first, 1)))]
+    for t in later:
+        schedule.submit(t)
+    _until(lambda: all(t.state == "ready" for t in later))
+    for name in ("running", "add 2", "add 1", "matmul 1"):
+        pool.finish(name)
+        time.sleep(0.02)
+    _until(lambda: len(pool.names()) == 5)
+    assert pool.names() == ["running", "add 2", "add 1", "matmul 1", "matmul 2"]
+    pool.finish("matmul 2")
+    _until(lambda: all(t.future.done() for t in later + [running]))
+
+
 class StartingPool(FakePool):
     """A server still starting until `up()`."""
 

@@ -6,8 +6,8 @@ process: they hold the GIL, so more threads would not run them sooner), a
 call's candidates before those compiled ahead of time (no call waits for them
 yet), each group in the order it was asked for, the costliest candidate of a
 stream first (`compile_cost`). A front end's job (its TTIR text and this
-process's Triton state, compile.ir_text) waits among the ready jobs, a call's
-first, then the costliest; it starts as soon as a slot is free, where it may:
+process's Triton state, compile.ir_text) waits among the ready jobs in the same
+order; it starts as soon as a slot is free, where it may:
 in the compile server (compile.pool), at most one job per worker, and up to
 twice that for a call's (compiles made ahead run niced there and yield the
 cores); on a thread of this process when there is no server (disabled,
@@ -75,7 +75,7 @@ class Ticket:
 
 _cv = threading.Condition()  # every ticket's state and priority, both heaps, the slots
 _fronts: list = []  # (priority, stream order, -cost, rank, seq, ticket): front ends to run
-_ready: list = []  # (priority, -cost, seq, ticket): jobs waiting for a slot
+_ready: list = []  # (priority, stream order, -cost, seq, ticket): jobs waiting for a slot
 _seq = itertools.count()
 _running = 0  # back ends under way, in the server and here
 _thread: threading.Thread | None = None
@@ -103,6 +103,13 @@ def _push_front(t: Ticket) -> None:
     heapq.heappush(_fronts, (t.priority, t.order[:1], -t.cost, t.order[1:], next(_seq), t))
 
 
+def _push_ready(t: Ticket) -> None:
+    # As the front ends: a program's kernels compiled ahead are called in the order they were
+    # asked for, so the first one's candidates finish first (costliest first across all of them
+    # kept an H200's first kernel of 16 waiting for the others' matmuls).
+    heapq.heappush(_ready, (t.priority, t.order[:1], -t.cost, next(_seq), t))
+
+
 def promote(ticket: Ticket) -> None:
     """A call now waits for this candidate: what is left of it goes ahead of
     every compile made ahead of time (a back end already running stays as it is)."""
@@ -114,7 +121,7 @@ def promote(ticket: Ticket) -> None:
         if ticket.state == "front":  # a second entry, ahead; the first is skipped when popped
             _push_front(ticket)
         elif ticket.state == "ready":
-            heapq.heappush(_ready, (URGENT, -ticket.cost, next(_seq), ticket))
+            _push_ready(ticket)
     _dispatch()
 
 
@@ -139,7 +146,7 @@ def _front_ends() -> None:
         ticket.times["front_end_done"] = time.perf_counter()
         with _cv:
             ticket.state, ticket.job = "ready", job
-            heapq.heappush(_ready, (ticket.priority, -ticket.cost, next(_seq), ticket))
+            _push_ready(ticket)
         _dispatch()
 
 
@@ -149,11 +156,11 @@ def _dispatch() -> None:
     pool = compile_pool.get_pool()
     while True:
         with _cv:
-            while _ready and (_ready[0][3].state != "ready" or _ready[0][0] != _ready[0][3].priority):
+            while _ready and (_ready[0][-1].state != "ready" or _ready[0][0] != _ready[0][-1].priority):
                 heapq.heappop(_ready)  # stale: promoted since
             if not _ready:
                 return
-            ticket = _ready[0][3]
+            ticket = _ready[0][-1]
             # Here: no server, or a job whose state cannot travel (compile.ir_text.process_state).
             here = pool is None or ticket.here or bool(ticket.job["ir"].get("local"))
             server = not here and pool.ready()
