@@ -898,3 +898,17 @@ def test_field_sections_from_a_measurement(tmp_path):
     assert "| in-process threads (LAZYTRITON_COMPILE_WORKERS=0) | 1.35 |" in text
     assert "(floor)" in text and "2.33x" in text  # the JAX first step against the reference (3.5 / 1.5)
     assert (tmp_path / "field.png").exists() and (tmp_path / "field_program.png").exists()
+
+
+def test_a_field_row_says_what_isolated_first_launches_cost_it(tmp_path):
+    """lazytriton/bench/field.py one_process: a row's line names its isolated first launches, their
+    seconds and how the buffers went (IPC or staged), so a GPU run answers which path XLA's take."""
+    from lazytriton.bench import field
+
+    script = ("import json, sys; json.dump({'first_s': 1.5, 'import_s': 0.5, 'isolation': {'jobs': 76, "
+              "'isolated_s': 0.84, 'ipc_buffers': 0, 'staged_buffers': 228}}, open(sys.argv[1], 'w'))")
+    said = []
+    r = field.one_process(script, {}, str(tmp_path), str(tmp_path), "row", say=said.append)
+    assert r["isolation"]["jobs"] == 76
+    assert said == ["  row: first 1.50 s (import 0.50 s); 76 first launches isolated, 0.84 s (helper start "
+                    "included), buffers: 0 by IPC, 228 staged"]

@@ -344,8 +344,9 @@ err = float(jnp.abs(outs[0].astype(jnp.float32) - (a.astype(jnp.float32) @ b.ast
 st = lazytriton.stats()
 tm = resolve.timings()
 from lazytriton.compile import schedule
+from lazytriton.runtime import isolation
 done({"t0": t, "compile_history": schedule.history(), "first_s": first, "max_err": err, "compiles": st["compiles"], "tunes": st["tunes"],
-      "record_hits": st["record_hits"], "sites": len(tm), "timings": tm})
+      "record_hits": st["record_hits"], "sites": len(tm), "timings": tm, "isolation": isolation.stats()})
 """
 
 # The same 16 calls on the standalone face, one after another (torch arrays). The kernels
@@ -392,8 +393,9 @@ torch.cuda.synchronize()
 first = time.perf_counter() - t
 st = lazytriton.stats()
 from lazytriton.compile import schedule
+from lazytriton.runtime import isolation
 done({"t0": t, "compile_history": schedule.history(), "first_s": first, "compiles": st["compiles"], "tunes": st["tunes"], "record_hits": st["record_hits"],
-      "timings": resolve.timings(), "server": server_timeline(t)})
+      "timings": resolve.timings(), "server": server_timeline(t), "isolation": isolation.stats()})
 """
 
 
@@ -419,6 +421,10 @@ def one_process(script: str, env: dict, pkg: str, caches: str, label: str, say=p
         split += (f"; compile server ready {sv['ready_at']:+.2f} s from the call (started {sv['started_at']:+.2f}, "
                   f"imports done {sv['imports_done_at']:+.2f}, then {sv['waited_for_hash_s']:.2f} s waiting for "
                   "Triton's installation hash)")
+    iso = r.get("isolation") or {}
+    if iso.get("jobs"):  # isolated first launches (issue 50): what they cost this row, and how buffers went
+        split += (f"; {iso['jobs']} first launches isolated, {iso['isolated_s']:.2f} s (helper start included), "
+                  f"buffers: {iso['ipc_buffers']} by IPC, {iso['staged_buffers']} staged")
     say(f"  {label}: first {r['first_s']:.2f} s (import {r['import_s']:.2f} s)"
           + (f", compiles {r['compiles']}, tunes {r['tunes']}" if "compiles" in r else "") + split)
     return r
