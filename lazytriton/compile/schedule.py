@@ -104,9 +104,9 @@ def _push_front(t: Ticket) -> None:
 
 
 def _push_ready(t: Ticket) -> None:
-    # As the front ends: a program's kernels compiled ahead are called in the order they were
-    # asked for, so the first one's candidates finish first (costliest first across all of them
-    # kept an H200's first kernel of 16 waiting for the others' matmuls).
+    # As the front ends: a program calls its kernels compiled ahead in the order it asked for them,
+    # so the first ones get the workers first (costliest first across all of them, an H200's
+    # program of 16 had its third kernel wait 1.3 s for jobs sharing the cores with later kernels').
     heapq.heappush(_ready, (t.priority, t.order[:1], -t.cost, next(_seq), t))
 
 
