@@ -23,6 +23,7 @@ from lazytriton import _core, distributed, settings
 from lazytriton.cache import Cache, measurements
 from lazytriton.cpp import bundle
 from lazytriton.runtime import online
+from test_distributed import MemoryStore  # a dict with the key-value store's methods
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "online_worker.py"
@@ -114,17 +115,6 @@ def test_evidence_averages_each_config_over_the_documents_of_its_family(tmp_path
 
 
 # -- the job agrees when a decision is made ------------------------------------------------------
-
-class MemoryStore:
-    def __init__(self):
-        self.d = {}
-
-    def add(self, key, value):
-        return None if self.d.setdefault(key, value) is value else self.d[key]
-
-    def get(self, key, timeout_s):
-        return self.d.get(key)
-
 
 def test_the_first_decision_published_is_every_process_s():
     store = MemoryStore()
