@@ -345,3 +345,38 @@ def test_python_ints_outside_int32_are_typed_as_triton_types_them(n, t):
     shape = site.lazy._shape(site.lazy._bind_call(tuple(args), dict(site.options)))
     slot = shape.slots[shape.names.index("n")]
     assert (slot.kind, slot.int_type) == ("int", t)
+
+
+def test_sites_compiled_ahead_queue_in_the_order_they_were_lowered(cache_dir, monkeypatch):
+    """On a GPU machine, lowering starts each site's compiles (jax.ffi.compile_ahead); their place
+    in the compile queue is the program's order, however long each site takes to set up. The
+    first site is held up here: with a thread per site, the later ones queued before it."""
+    import threading
+    import time
+    from lazytriton.runtime.kernel import LazyKernel
+
+    asked, done = [], threading.Event()
+    monkeypatch.setattr(jax_ffi, "cuda_present", lambda: True)
+    monkeypatch.setattr(LazyKernel, "compile_ahead",
+                        lambda self, *a, **k: (asked.append(self.name), len(asked) == 3 and done.set()))
+    real = jax_ffi.Site
+
+    class SlowFirst(real):
+        def __init__(self, d):
+            if d["name"] == "add_kernel":
+                time.sleep(0.5)
+            super().__init__(d)
+
+    monkeypatch.setattr(jax_ffi, "Site", SlowFirst)
+    monkeypatch.setattr(jax_ffi, "_sites", {})
+
+    def program(x, y):
+        grid = lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)  # noqa: E731
+        a = ltj.triton_call(x, y, 1000, kernel=jaxk.add_kernel, out_type=F32, grid=grid, BLOCK=256)
+        b = ltj.triton_call(a, 1000, kernel=jaxk.add_one_kernel, out_type=F32, grid=grid, BLOCK=256)
+        return ltj.triton_call(b, 1000, kernel=jaxk.inc_inplace_kernel, input_output_aliases={0: 0},
+                               out_type=F32, grid=grid)
+
+    lower(program, F32, F32)
+    assert done.wait(30), asked
+    assert asked == ["add_kernel", "add_one_kernel", "inc_inplace_kernel"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import concurrent.futures as cf
 import logging
+import os
 import threading
 from typing import Any
 
@@ -222,7 +224,29 @@ def compile_ahead(payload: str, nbytes: list[int]) -> None:
         except Exception as exc:  # noqa: BLE001  (the first execution resolves again and raises)
             log.debug("%s: compiling ahead failed: %s", payload[:80], exc)
 
-    threading.Thread(target=run, name="lazytriton-compile-ahead-site", daemon=True).start()
+    _lowered().submit(run)
+
+
+_lowering_queue = None
+
+
+def _lowered():
+    """One thread takes the sites in the order they were lowered (the program's order, which XLA
+    kept for the field benchmark's 16 independent calls), so their compiles queue in that order: a thread per site
+    let them race (an H200's 16-site program had its third matmul's front ends behind three
+    later kernels', and its first step waited 1.05 s for that matmul's compiles)."""
+    global _lowering_queue
+    if _lowering_queue is None:
+        _lowering_queue = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytriton-compile-ahead-site")
+    return _lowering_queue
+
+
+def _after_fork() -> None:  # a forked child has no thread of its parent's: it starts its own
+    global _lowering_queue
+    _lowering_queue = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class Site:
