@@ -10,7 +10,7 @@ standalone face, and the JAX face's first execution);
 verdicts persisted per binary (a second process neither compiles nor launches a failed
 config, a proven binary needs no helper, a warm start none at all); every config failing:
 one error naming the kernel, each config and its reason, the caller's context alive; a
-hang abandoned within the bound; IPC or staging per buffer; the settings."""
+hang abandoned within the bound; IPC, a device copy by IPC or host staging per buffer; the settings."""
 import json
 import os
 import pickle
@@ -39,7 +39,7 @@ def run(tmp_path: Path, fake: Path, n: int = 4096, log: str = "launches", x: str
             "FAKE_CUDA_PARAM_SIZES": "scale:8,8,4,8,8",
             "LAZYTRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
             "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"), **env}
-    for name in ("FAKE_CUDA_FAULT_BLOCK", "FAKE_CUDA_HANG_BLOCK", "FAKE_CUDA_IPC"):
+    for name in ("FAKE_CUDA_FAULT_BLOCK", "FAKE_CUDA_HANG_BLOCK", "FAKE_CUDA_IPC", "FAKE_CUDA_FREE_BYTES"):
         if name not in env:
             full.pop(name, None)
     r = subprocess.run([sys.executable, str(WORKER), str(n), x, *(["--jax"] if jax else [])], env=full,
@@ -161,17 +161,27 @@ def test_a_hanging_config_is_abandoned_within_the_bound(tmp_path, fake_driver):
 
 # -- how buffers reach the helper -------------------------------------------------------------------
 
-def test_a_buffer_whose_allocation_cannot_be_exported_is_staged(tmp_path, fake_driver):
-    # The stand-in refuses to export 0x7c... (memory of a stream-ordered pool, say): x is staged, out goes by IPC.
+def test_a_buffer_whose_allocation_cannot_be_exported_goes_as_a_device_copy(tmp_path, fake_driver):
+    # The stand-in refuses to export 0x7c... (memory of a stream-ordered pool, say, or XLA's): x is
+    # copied into exportable memory of the caller's, which goes by IPC, as out does.
     r, launches = run(tmp_path, fake_driver, x="0x7c0000000000")
     iso = r["isolation"]
-    assert r["error"] is None and (iso["staged_buffers"], iso["ipc_buffers"]) == (3, 3), iso
+    assert r["error"] is None and (iso["copied_buffers"], iso["ipc_buffers"], iso["staged_buffers"]) == (3, 3, 0), iso
     assert len(caller_launches(launches, "0x7c0000000000")) == len(launches) - 3  # the helper's 3 on copies
+
+
+def test_with_no_room_for_device_copies_a_buffer_is_staged_through_host_memory(tmp_path, fake_driver):
+    # 8 KiB free: no room for x's 16 KiB copy (nor for the tuner's snapshot, which goes to host memory).
+    r, launches = run(tmp_path, fake_driver, x="0x7c0000000000", FAKE_CUDA_FREE_BYTES=str(8 << 10))
+    iso = r["isolation"]
+    assert r["error"] is None and (iso["copied_buffers"], iso["ipc_buffers"], iso["staged_buffers"]) == (0, 3, 3), iso
+    assert len(caller_launches(launches, "0x7c0000000000")) == len(launches) - 3
 
 
 def test_no_ipc_at_all_stages_every_buffer(tmp_path, fake_driver):
     r, _ = run(tmp_path, fake_driver, FAKE_CUDA_IPC="0")
-    assert r["error"] is None and r["isolation"]["staged_buffers"] == 6 and r["isolation"]["ipc_buffers"] == 0, r
+    iso = r["isolation"]
+    assert r["error"] is None and (iso["staged_buffers"], iso["ipc_buffers"], iso["copied_buffers"]) == (6, 0, 0), r
 
 
 def test_a_helper_that_cannot_start_leaves_the_candidates_to_the_trials_here(tmp_path, fake_driver):

@@ -37,6 +37,34 @@ IpcExport ipc_export(cu::CUdeviceptr ptr) {
   return out;
 }
 
+DeviceCopies::DeviceCopies(cu::CUstream stream, const std::vector<std::pair<uint64_t, uint64_t>>& buffers) {
+  const Driver& d = driver();
+  uint64_t need = 0;
+  for (const auto& [address, bytes] : buffers) {
+    addresses_.push_back(need);  // offsets for now
+    need += (bytes + 255) / 256 * 256;
+  }
+  size_t free_b = 0, total_b = 0;
+  check(d.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+  if (need > free_b / 2)  // the helper allocates as much again for its own copies
+    throw Error("isolation: no room for " + std::to_string(need) + " bytes of exportable copies (" +
+                std::to_string(free_b) + " bytes free)");
+  check(d.cuMemAlloc(&block_, need ? need : 1), "isolation: cuMemAlloc of " + std::to_string(need) + " bytes");
+  try {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      addresses_[i] += block_;
+      check(d.cuMemcpyDtoDAsync(addresses_[i], buffers[i].first, buffers[i].second, stream),
+            "isolation: cuMemcpyDtoDAsync");
+    }
+    check(d.cuStreamSynchronize(stream), "isolation: cuStreamSynchronize");
+  } catch (...) {
+    d.cuMemFree(block_);
+    throw;
+  }
+}
+
+DeviceCopies::~DeviceCopies() { driver().cuMemFree(block_); }
+
 namespace {
 
 struct HandleLess {

@@ -34,6 +34,13 @@ void bind_isolation(py::module_& m) {
       },
       py::arg("stream"), py::arg("ptr"), py::arg("nbytes"), py::arg("out"),
       "Copies nbytes at device address ptr into the writable buffer `out` (stream-ordered, then waited for).");
+  py::class_<DeviceCopies>(m, "DeviceCopies",
+                           "Exportable device copies of buffers that cannot be exported (lazytriton/isolation.h).")
+      .def(py::init([](uint64_t stream, const std::vector<std::pair<uint64_t, uint64_t>>& buffers) {
+             return without_gil([&] { return std::make_unique<DeviceCopies>(as_stream(stream), buffers); });
+           }),
+           py::arg("stream"), py::arg("buffers"))
+      .def_property_readonly("addresses", &DeviceCopies::addresses);
   m.def(
       "use_device",
       [](int device) { check(driver().cuCtxSetCurrent(primary_context(device)), "cuCtxSetCurrent"); },

@@ -424,7 +424,8 @@ def one_process(script: str, env: dict, pkg: str, caches: str, label: str, say=p
     iso = r.get("isolation") or {}
     if iso.get("jobs"):  # isolated first launches (issue 50): what they cost this row, and how buffers went
         split += (f"; {iso['jobs']} first launches isolated, {iso['isolated_s']:.2f} s (helper start included), "
-                  f"buffers: {iso['ipc_buffers']} by IPC, {iso['staged_buffers']} staged")
+                  f"buffers: {iso['ipc_buffers']} by IPC, {iso.get('copied_buffers', 0)} as device copies by IPC, "
+                  f"{iso['staged_buffers']} staged through host memory")
     say(f"  {label}: first {r['first_s']:.2f} s (import {r['import_s']:.2f} s)"
           + (f", compiles {r['compiles']}, tunes {r['tunes']}" if "compiles" in r else "") + split)
     return r

@@ -13,11 +13,13 @@ device memory back; a fault ends it at once, and the next job starts another.
 
 How each buffer reaches it: through CUDA IPC where the allocation allows it
 (cuIpcGetMemHandle on the allocation's base, plus the buffer's offset in it: memory
-from cudaMalloc / cuMemAlloc, which torch's and CuPy's default allocators and XLA's
-use), else staged through host memory (a file in /dev/shm the helper maps): pools of
-stream-ordered allocation, virtual-memory-managed memory. Either way the helper copies
-the bytes into memory of its own and closes the caller's before anything launches: the
-caller's memory is never written, not even by a wild store.
+from cudaMalloc / cuMemAlloc, which torch's and CuPy's default allocators use); else
+a copy of it, made in one block of this process's own cuMemAlloc memory, goes by IPC
+(pools of stream-ordered allocation, virtual-memory-managed memory: XLA's allocators);
+else (no room on the device for the copies, no IPC) its bytes are staged through host
+memory (a file in /dev/shm the helper maps). Either way the helper copies the bytes
+into memory of its own and closes the caller's before anything launches: the caller's
+memory is never written, not even by a wild store.
 
 `LAZYTRITON_ISOLATION=0` turns it off; `LAZYTRITON_ISOLATION_TIMEOUT` bounds a
 candidate's one launch (seconds, default 10).
@@ -55,13 +57,14 @@ SETUP_S = 300.0  # one job's copies and module load, before the launch the bound
 
 _HEADER = struct.Struct("<I")
 _stats = {"helpers": 0, "jobs": 0, "ok": 0, "faults": 0, "hangs": 0, "unchecked": 0, "ipc_buffers": 0,
-          "staged_buffers": 0, "isolated_s": 0.0, "start_s": 0.0}
+          "copied_buffers": 0, "staged_buffers": 0, "isolated_s": 0.0, "start_s": 0.0}
 
 
 def stats() -> dict:
     """What isolation did in this process: helpers started, jobs, their verdicts, buffers sent
-    through IPC or staged, seconds spent in jobs (waiting for a helper's start included) and the
-    last helper's start (spawn to ready: its interpreter, the core, its CUDA context), for tests
+    through IPC (ipc_buffers), as exportable device copies (copied_buffers) or staged through
+    host memory (staged_buffers), seconds spent in jobs (waiting for a helper's start included)
+    and the last helper's start (spawn to ready: its interpreter, the core, its CUDA context), for tests
     and benchmarks."""
     return dict(_stats)
 
@@ -70,7 +73,7 @@ def stats() -> dict:
 class Verdict:
     status: str  # "ok", "fault", "hang" or "unchecked" (could not be tried: the caller's trial decides)
     reason: str = ""
-    via: tuple = ()  # per buffer: "ipc", "host" (staged) or "empty"
+    via: tuple = ()  # per buffer: "ipc", "copy" (a device copy by IPC), "host" (staged) or "empty"
     seconds: float = 0.0
 
 
@@ -240,25 +243,41 @@ class _Staging:
                 os.unlink(self.path)
 
 
-def buffer_sources(buffers: list[tuple[int, int]], staging: _Staging) -> tuple[list, tuple]:
+def buffer_sources(buffers: list[tuple[int, int]], stream: int, staging: _Staging) -> tuple[list, tuple, Any]:
     """Where the helper takes each buffer (address, nbytes) from: ("ipc", handle, offset, nbytes,
-    address) where its allocation can be exported, else ("host", at, nbytes, address) in the
-    staging file (empty ones: their address alone); and per buffer the way chosen."""
-    out, via = [], []
-    for address, nbytes in buffers:
+    address) where its allocation can be exported, or where an exportable device copy of it could
+    be made (_core.DeviceCopies, returned: it must live until the helper has copied), else
+    ("host", at, nbytes, address) in the staging file (empty ones: their address alone); and per
+    buffer the way chosen ("ipc", "copy", "host" or "empty")."""
+    out: list = [None] * len(buffers)
+    via: list = [None] * len(buffers)
+    unexported = []
+    for i, (address, nbytes) in enumerate(buffers):
         if not nbytes:  # an empty buffer: its address alone (nothing to read; XLA's may be no allocation)
-            out.append(("host", staging.add(address, 0), 0, address))
-            via.append("empty")
+            out[i], via[i] = ("host", staging.add(address, 0), 0, address), "empty"
             continue
         handle, offset, why = _core.ipc_export(address)
         if handle is not None:
-            out.append(("ipc", handle, offset, nbytes, address))
-            via.append("ipc")
+            out[i], via[i] = ("ipc", handle, offset, nbytes, address), "ipc"
         else:
-            log.debug("buffer at 0x%x: staged through host memory (%s)", address, why)
-            out.append(("host", staging.add(address, nbytes), nbytes, address))
-            via.append("host")
-    return out, tuple(via)
+            log.debug("buffer at 0x%x: not exportable (%s)", address, why)
+            unexported.append(i)
+    copies = None
+    if unexported:
+        try:
+            copies = _core.DeviceCopies(stream, [buffers[i] for i in unexported])
+            for i, at in zip(unexported, copies.addresses):
+                handle, offset, why = _core.ipc_export(at)
+                if handle is None:
+                    raise _core.RuntimeFailure(f"its device copy cannot be exported either ({why})")
+                out[i], via[i] = ("ipc", handle, offset, buffers[i][1], buffers[i][0]), "copy"
+        except _core.RuntimeFailure as exc:
+            log.debug("staging %d buffer(s) through host memory: %s", len(unexported), exc)
+            copies = None
+            for i in unexported:
+                address, nbytes = buffers[i]
+                out[i], via[i] = ("host", staging.add(address, nbytes), nbytes, address), "host"
+    return out, tuple(via), copies
 
 
 def run_job(device: int, stream: int, job: dict, buffers: list[tuple[int, int]], what: str) -> Verdict:
@@ -269,13 +288,15 @@ def run_job(device: int, stream: int, job: dict, buffers: list[tuple[int, int]],
     staging = _Staging()
     with _lock:
         try:
-            sources, via = buffer_sources(buffers, staging)
+            sources, via, copies = buffer_sources(buffers, stream, staging)
             job = {**job, "buffers": sources, "staged": staging.write(stream)}
             _stats["jobs"] += 1
             _stats["ipc_buffers"] += via.count("ipc")
+            _stats["copied_buffers"] += via.count("copy")
             _stats["staged_buffers"] += via.count("host")
             verdict = _ask(device, job, what)
         finally:
+            copies = None  # freed once the helper has answered (it copied them before launching)
             staging.remove()
     verdict.via, verdict.seconds = via, time.perf_counter() - t0
     _stats["isolated_s"] += verdict.seconds

@@ -153,6 +153,8 @@ PYTHON_TO_C = (
     Crossing(CORE, "allocation_extent", ("ptr",), "int: bytes of the allocation from ptr on", "cpp.embed"),
     Crossing(CORE, "ipc_export", ("ptr",), "(64-byte handle | None, offset, why): the allocation holding ptr, "
              "exported for CUDA IPC", "runtime.isolation"),
+    Crossing(CORE, "DeviceCopies", ("stream", "buffers"), "exportable device copies of (address, nbytes) "
+             "buffers: .addresses", "runtime.isolation"),
     Crossing(CORE, "copy_to_host", ("stream", "ptr", "nbytes", "out"), "None: device bytes into a writable buffer",
              "runtime.isolation"),
     Crossing(CORE, "use_device", ("device",), "None: the device's primary context made current",

@@ -298,7 +298,13 @@ CUresult cuMemAllocAsync(CUdeviceptr* p, size_t n, CUstream s) { (void)s; return
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)p, (void)s; OK; }
 CUresult cuMemAllocHost(void** p, size_t n) { *p = malloc(n ? n : 1); OK; }
 CUresult cuMemFreeHost(void* p) { free(p); OK; }
-CUresult cuMemGetInfo(size_t* free_b, size_t* total_b) { *free_b = (size_t)64 << 30; *total_b = (size_t)80 << 30; OK; }
+CUresult cuMemGetInfo(size_t* free_b, size_t* total_b) {
+  // $FAKE_CUDA_FREE_BYTES: a device with that little memory free (default 64 GiB of 80).
+  const char* f = getenv("FAKE_CUDA_FREE_BYTES");
+  *free_b = f ? (size_t)strtoull(f, 0, 10) : (size_t)64 << 30;
+  *total_b = (size_t)80 << 30;
+  OK;
+}
 CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   if (p == 0) return 500;  // CUDA_ERROR_NOT_FOUND: no allocation holds it (XLA's zero-size buffers)
   *base = p;
