@@ -395,10 +395,10 @@ def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypa
     _until(lambda: all(t.future.done() for t in later + [running, urgent]))
 
 
-def test_back_ends_made_ahead_start_stream_by_stream_in_the_order_asked_for(monkeypatch):
-    """Kernels compiled ahead (a program's, in the order it calls them): the first one's jobs start
-    before a later one's costlier ones, each stream's costliest first, so that the first kernel's
-    first call waits for its own compiles alone."""
+def test_back_ends_made_ahead_start_costliest_first_across_kernels_ties_in_the_order_asked_for(monkeypatch):
+    """Kernels compiled ahead (a program's, in the order it calls them): the costliest job of any
+    of them starts first, for the longest compile is what the program's first step waits for,
+    wherever it is called; equal guesses start in the order the kernels were asked for."""
     from lazytriton.compile import schedule
 
     pool = FakePool(1)
@@ -409,17 +409,41 @@ def test_back_ends_made_ahead_start_stream_by_stream_in_the_order_asked_for(monk
     first, second = schedule.next_order(), schedule.next_order()
     later = [_ticket(n, schedule.BACKGROUND, cost, order) for n, cost, order in (
         ("matmul 1", 9.0, (second, 0)), ("matmul 2", 8.0, (second, 1)), ("add 1", 1.0, (first, 0)),
-        ("add 2", 2.0, (first, 1)))]
+        ("add 2", 2.0, (first, 1)), ("gelu 1", 9.0, (first, 2)))]
     for t in later:
         schedule.submit(t)
     _until(lambda: all(t.state == "ready" for t in later))
-    for name in ("running", "add 2", "add 1", "matmul 1"):
+    want = ["running", "gelu 1", "matmul 1", "matmul 2", "add 2", "add 1"]
+    for name in want[:-1]:
         pool.finish(name)
         time.sleep(0.02)
-    _until(lambda: len(pool.names()) == 5)
-    assert pool.names() == ["running", "add 2", "add 1", "matmul 1", "matmul 2"]
-    pool.finish("matmul 2")
+    _until(lambda: len(pool.names()) == 6)
+    assert pool.names() == want
+    pool.finish("add 1")
     _until(lambda: all(t.future.done() for t in later + [running]))
+
+
+def test_front_ends_made_ahead_wait_while_a_call_tries_candidates_a_calls_do_not(monkeypatch):
+    """A call trying candidates (schedule.trying: its isolated launches and trials, which need the
+    GIL back at each step) holds the front ends made ahead; a call's own front ends run."""
+    from lazytriton.compile import schedule
+
+    pool = FakePool(8)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    ran = []
+    with schedule.trying():
+        ahead = _ticket("ahead", schedule.BACKGROUND, ran=ran)
+        schedule.submit(ahead)
+        call = _ticket("call", schedule.URGENT, ran=ran)
+        schedule.submit(call)
+        _until(lambda: ran == ["call"])
+        time.sleep(0.2)
+        assert ran == ["call"] and ahead.state == "front"
+    _until(lambda: ran == ["call", "ahead"])
+    for name in ("call", "ahead"):
+        _until(lambda: name in pool.names())
+        pool.finish(name)
+    _until(lambda: ahead.future.done() and call.future.done())
 
 
 class StartingPool(FakePool):

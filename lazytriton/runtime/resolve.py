@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from .. import _core, distributed
 from ..cache import (BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings,
                      verdicts)
+from ..compile import schedule
 from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, compile_stream
 from ..compile.targets import device_target
 from ..model import pre_hooks, tensor_desc, tuples
@@ -159,6 +160,12 @@ class Resolution:
         self.options, _ = k.split_extras(args)
 
     def run(self):
+        # A call: the front ends made ahead wait while it needs the GIL, not while it waits for a
+        # compile (compile.schedule.trying; the tuner's stream lets them run meanwhile).
+        with schedule.trying():
+            return self._run()
+
+    def _run(self):
         _stats["resolves"] += 1
         k = self.k
         self.device = _core.current_device()
