@@ -902,13 +902,15 @@ def test_field_sections_from_a_measurement(tmp_path):
 
 def test_a_field_row_says_what_isolated_first_launches_cost_it(tmp_path):
     """lazytriton/bench/field.py one_process: a row's line names its isolated first launches, their
-    seconds and how the buffers went (IPC or staged), so a GPU run answers which path XLA's take."""
+    seconds and how the buffers went (IPC, device copies by IPC, or staged), so a GPU run answers which
+    path XLA's take."""
     from lazytriton.bench import field
 
     script = ("import json, sys; json.dump({'first_s': 1.5, 'import_s': 0.5, 'isolation': {'jobs': 76, "
-              "'isolated_s': 0.84, 'ipc_buffers': 0, 'staged_buffers': 228}}, open(sys.argv[1], 'w'))")
+              "'isolated_s': 0.84, 'ipc_buffers': 0, 'copied_buffers': 200, 'staged_buffers': 28}}, "
+              "open(sys.argv[1], 'w'))")
     said = []
     r = field.one_process(script, {}, str(tmp_path), str(tmp_path), "row", say=said.append)
     assert r["isolation"]["jobs"] == 76
     assert said == ["  row: first 1.50 s (import 0.50 s); 76 first launches isolated, 0.84 s (helper start "
-                    "included), buffers: 0 by IPC, 228 staged"]
+                    "included), buffers: 0 by IPC, 200 as device copies by IPC, 28 staged through host memory"]

@@ -423,27 +423,28 @@ def test_back_ends_made_ahead_start_costliest_first_across_kernels_ties_in_the_o
     _until(lambda: all(t.future.done() for t in later + [running]))
 
 
-def test_front_ends_made_ahead_wait_while_a_call_tries_candidates_a_calls_do_not(monkeypatch):
-    """A call trying candidates (schedule.trying: its isolated launches and trials, which need the
-    GIL back at each step) holds the front ends made ahead; a call's own front ends run."""
+def test_while_calls_resolve_threads_switch_sooner_and_the_programs_interval_comes_back():
+    """schedule.resolving (Resolution.run): the front ends keep running beside a call, which gets
+    the GIL back every 0.5 ms instead of 5; the interval the program had comes back when the last
+    call ends, unless the program set one of its own meanwhile."""
+    import sys
+
     from lazytriton.compile import schedule
 
-    pool = FakePool(8)
-    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
-    ran = []
-    with schedule.trying():
-        ahead = _ticket("ahead", schedule.BACKGROUND, ran=ran)
-        schedule.submit(ahead)
-        call = _ticket("call", schedule.URGENT, ran=ran)
-        schedule.submit(call)
-        _until(lambda: ran == ["call"])
-        time.sleep(0.2)
-        assert ran == ["call"] and ahead.state == "front"
-    _until(lambda: ran == ["call", "ahead"])
-    for name in ("call", "ahead"):
-        _until(lambda: name in pool.names())
-        pool.finish(name)
-    _until(lambda: ahead.future.done() and call.future.done())
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        with schedule.resolving():
+            assert sys.getswitchinterval() == 0.0005
+            with schedule.resolving():  # a second call (another thread's, say): the first still resolves after it
+                pass
+            assert sys.getswitchinterval() == 0.0005
+        assert sys.getswitchinterval() == 0.004
+        with schedule.resolving():
+            sys.setswitchinterval(0.002)  # the program's own, set meanwhile: kept
+        assert sys.getswitchinterval() == 0.002
+    finally:
+        sys.setswitchinterval(before)
 
 
 class StartingPool(FakePool):

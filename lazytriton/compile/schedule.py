@@ -3,9 +3,9 @@ which back end starts next and where. Every ordering decision is here.
 
 A candidate is a `Ticket`. One thread runs front ends (Triton's, in this
 process: they hold the GIL, so more threads would not run them sooner): a
-call's candidates before those compiled ahead of time, which wait while a call
-tries candidates (`trying`); the costliest first (`compile_cost`), across
-kernels, ties in the order asked for. A front end's job (its TTIR text and this
+call's candidates before those compiled ahead of time (a call resolving meanwhile
+gets the GIL back sooner: `resolving`); the costliest first (`compile_cost`),
+across kernels, ties in the order asked for. A front end's job (its TTIR text and this
 process's Triton state, compile.ir_text) waits among the ready jobs in the same
 order; it starts as soon as a slot is free: in the compile server
 (compile.pool), one job per worker, up to twice that for a call's (compiles made
@@ -24,6 +24,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from typing import Callable
@@ -83,7 +84,7 @@ _threads: cf.ThreadPoolExecutor | None = None  # back ends in this process
 _waiting_for_server = False
 _history: collections.deque = collections.deque(maxlen=4096)
 _orders = itertools.count()
-_trying = 0  # calls trying candidates on the device now (trying())
+_calls, _SWITCH_S = [0, 0.0], 0.0005  # calls resolving now, the switch interval before the first; resolving()'s
 
 
 def submit(ticket: Ticket) -> None:
@@ -121,7 +122,6 @@ def promote(ticket: Ticket) -> None:
         ticket.times["promoted"] = time.perf_counter()
         if ticket.state == "front":  # a second entry, ahead; the first is skipped when popped
             _push_front(ticket)
-            _cv.notify()
         elif ticket.state == "ready":
             _push_ready(ticket)
     _dispatch()
@@ -129,8 +129,8 @@ def promote(ticket: Ticket) -> None:
 
 def _front_ends() -> None:
     while True:
-        with _cv:  # a call's front ends run beside its trials; those made ahead wait for them to end
-            while not _fronts or (_trying > 0 and _fronts[0][0] == BACKGROUND):
+        with _cv:
+            while not _fronts:
                 _cv.wait()
             prio, *_, ticket = heapq.heappop(_fronts)
             if ticket.state != "front" or prio != ticket.priority:  # cancelled, or promoted since
@@ -287,20 +287,23 @@ def next_order() -> int:
 
 
 @contextlib.contextmanager
-def trying(n: int = 1):
-    """A call tries candidates (isolated first launches, trials): front ends made ahead wait, for
-    they would hold the GIL each step of the trials needs back (a first call of 3 candidates on
-    the recording driver: 39 ms alone, 264-288 ms beside front ends). trying(-1) inside it: the
-    call waits for a compile, and they run meanwhile."""
-    global _trying
+def resolving():
+    """A call resolves: threads switch every 0.5 ms, not 5, so each step of its trials gets the GIL
+    back soon from the front ends running beside it (3 cached candidates, recording driver: 40 ms
+    alone, 260-480 ms beside front ends, 80-140 ms so; holding those front ends instead left an
+    H200's field run's next kernels waiting for their compiles)."""
     with _cv:
-        _trying += n
+        _calls[0] += 1
+        if _calls[0] == 1:
+            _calls[1] = sys.getswitchinterval()
+            sys.setswitchinterval(_SWITCH_S)
     try:
         yield
     finally:
         with _cv:
-            _trying -= n
-            _cv.notify()
+            _calls[0] -= 1
+            if not _calls[0] and sys.getswitchinterval() == _SWITCH_S:  # unless the program set its own since
+                sys.setswitchinterval(_calls[1])
 
 
 def history() -> list[dict]:

@@ -225,13 +225,12 @@ class Session:
 
     def _wait_for_one(self) -> list[Arm]:
         """The live candidates, waiting for a first one to compile; AllCandidatesFailed if none can."""
-        with schedule.trying(-1):  # waiting for a compile: the front ends made ahead run meanwhile
-            while not self._live():
-                if self._compiled:
-                    if self._compile_error is not None and not self._arms:
-                        raise self._compile_error
-                    raise AllCandidatesFailed(self.name, self._seen or self.cands)
-                self._cv.wait()
+        while not self._live():
+            if self._compiled:
+                if self._compile_error is not None and not self._arms:
+                    raise self._compile_error
+                raise AllCandidatesFailed(self.name, self._seen or self.cands)
+            self._cv.wait()
         return self._live()
 
     # -- each call -------------------------------------------------------------------------

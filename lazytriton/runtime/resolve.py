@@ -160,9 +160,7 @@ class Resolution:
         self.options, _ = k.split_extras(args)
 
     def run(self):
-        # A call: the front ends made ahead wait while it needs the GIL, not while it waits for a
-        # compile (compile.schedule.trying; the tuner's stream lets them run meanwhile).
-        with schedule.trying():
+        with schedule.resolving():  # a call: it gets the GIL back sooner from front ends made ahead
             return self._run()
 
     def _run(self):

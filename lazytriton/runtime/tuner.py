@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterable
 
 from .. import _core
 from .. import settings
-from ..compile import schedule
 from ..compile.compiler import AllCandidatesFailed, Candidate
 from ..model.ir_analysis import written_pointer_args
 from . import fixed
@@ -207,31 +206,24 @@ def tune(kernel_name: str, candidates: Iterable[Candidate], names: list[str], va
 
         return isolation.first_launch(c, names, values, arrays, table, grid_of(c), stream, prepare)
 
-    def take(c: Candidate) -> None:  # a compiled candidate: isolated first, then timed once there are two
-        why = _core.check_fits(c.binary.metadata, device)
-        if why:
-            c.error = f"does not fit the device: {why}"
-            log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
-            return
-        if not isolated_first_launch(c):
-            return
-        ok.append(c)
-        if len(ok) == 2 and not time_alone:
-            log.info("kernel %s: tuning on the call's buffers, starting as candidates compile", kernel_name)
-            trial(ok[0])
-        if len(ok) >= 2 or time_alone:
-            trial(c)
-
-    stream_of = iter(candidates)
     try:
-        while True:
-            with schedule.trying(-1):  # waiting for a compile: the front ends made ahead run meanwhile
-                c = next(stream_of, None)
-            if c is None:
-                break
+        for c in candidates:
             seen.append(c)
-            if c.binary is not None:
-                take(c)
+            if c.binary is None:
+                continue
+            why = _core.check_fits(c.binary.metadata, device)
+            if why:
+                c.error = f"does not fit the device: {why}"
+                log.warning("kernel %s: %s skipped: %s", kernel_name, c.label, c.error)
+                continue
+            if not isolated_first_launch(c):
+                continue
+            ok.append(c)
+            if len(ok) == 2 and not time_alone:
+                log.info("kernel %s: tuning on the call's buffers, starting as candidates compile", kernel_name)
+                trial(ok[0])
+            if len(ok) >= 2 or time_alone:
+                trial(c)
         if len(ok) > 1:
             t0 = time.perf_counter()
             _retime(kernel_name, [c for c in ok if c.error is None], names, values, arrays, table, grid_of,
