@@ -9,6 +9,7 @@ never launched here."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -119,9 +120,16 @@ def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict,
     for c in candidates:
         sig = c.bound.flat_signature
         runtime = [n for n in names if sig.get(n, "constexpr") != "constexpr"]
-        written = written_pointer_args(c.binary.ttir, runtime) if c.binary.ttir else None
+        written = _written(c.binary.ttir, tuple(runtime)) if c.binary.ttir else None
         out |= set(written) if written is not None else {n for n in runtime if n in arrays}
     return sorted(n for n in out if n in arrays and arrays[n][1] != 0)  # an empty buffer: nothing to save
+
+
+@functools.lru_cache(maxsize=32)
+def _written(ttir: str, runtime: tuple) -> frozenset | None:
+    # Asked twice per candidate (its isolated launch, its trial): its TTIR is parsed once.
+    written = written_pointer_args(ttir, list(runtime))
+    return None if written is None else frozenset(written)
 
 
 def _buffers(arrays: dict, names) -> list[tuple[int, int]]:
