@@ -84,7 +84,7 @@ _threads: cf.ThreadPoolExecutor | None = None  # back ends in this process
 _waiting_for_server = False
 _history: collections.deque = collections.deque(maxlen=4096)
 _orders = itertools.count()
-_calls, _SWITCH_S = [0, 0.0], 0.0005  # calls resolving now, the switch interval before the first; resolving()'s
+_calls, _SWITCH_S = [0, 0.0], 0.0005  # resolving(): calls now, the interval before them; the interval meanwhile
 
 
 def submit(ticket: Ticket) -> None:
@@ -106,9 +106,9 @@ def _push_front(t: Ticket) -> None:
 
 
 def _push_ready(t: Ticket) -> None:
-    # As the front ends, costliest first across streams: the longest compile of a program's kernels
-    # is what its first step waits for, wherever it is called (an H200's program of 16, in stream
-    # order: its third kernel's compiles ended at 2.5 s, ended first its first step took 1.20x, not 1.43x).
+    # As the front ends, costliest first across streams: a program's first step waits for its longest
+    # compile wherever it is called (an H200's program of 16: stream by stream, the third kernel's
+    # compiles ended 2.5 s in; costliest first, the same run's step took 1.20x its reference, not 1.43x).
     heapq.heappush(_ready, (t.priority, -t.cost, t.order[:1], next(_seq), t))
 
 
@@ -290,7 +290,7 @@ def next_order() -> int:
 def resolving():
     """A call resolves: threads switch every 0.5 ms, not 5, so each step of its trials gets the GIL
     back soon from the front ends running beside it (3 cached candidates, recording driver: 40 ms
-    alone, 260-480 ms beside front ends, 80-140 ms so; holding those front ends instead left an
+    alone, 260-480 ms beside front ends, 80-140 ms with this; holding those front ends instead left an
     H200's field run's next kernels waiting for their compiles)."""
     with _cv:
         _calls[0] += 1

@@ -3,9 +3,9 @@ headers, registered with JAX for CUDA, and the Python side of its slow path
 (resolving a call site on its first execution)."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import json
-import concurrent.futures as cf
 import logging
 import os
 import threading
@@ -232,9 +232,9 @@ _lowering_queue = None
 
 def _lowered():
     """One thread takes the sites in the order they were lowered (the program's order, which XLA
-    kept for the field benchmark's 16 independent calls), so their compiles queue in that order: a thread per site
-    let them race (an H200's 16-site program had its third matmul's front ends behind three
-    later kernels', and its first step waited 1.05 s for that matmul's compiles)."""
+    kept for the field benchmark's 16 independent calls), so that their compiles queue in that
+    order: a thread per site let them race (an H200's 16-site program had its third matmul's
+    front ends behind three later kernels', and its first step waited 1.05 s for that matmul)."""
     global _lowering_queue
     if _lowering_queue is None:
         _lowering_queue = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytriton-compile-ahead-site")
