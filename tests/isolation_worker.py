@@ -28,7 +28,8 @@ helpers_after_ahead = None
 n = int(args[0])
 x_address = int(args[1], 0) if len(args) > 1 else 0x7F0000000000
 OUT = 0x7F1000000000
-grid = lambda meta: (triton.cdiv(n, meta["B"]),)  # noqa: E731
+switch_intervals = []  # the interpreter's switch interval each time the grid is asked (trials, then the launch)
+grid = lambda meta: (switch_intervals.append(sys.getswitchinterval()), (triton.cdiv(n, meta["B"]),))[1]  # noqa: E731
 
 
 def jax_first_execution() -> None:
@@ -66,5 +67,6 @@ try:
 except Exception as exc:  # noqa: BLE001 (reported)
     next_work = f"{type(exc).__name__}: {exc}"
 print(json.dumps({"error": error, "next_cuda_work": next_work, "isolation": isolation.stats(),
-                  "helpers_after_ahead": helpers_after_ahead,
+                  "helpers_after_ahead": helpers_after_ahead, "switch_intervals": switch_intervals,
+                  "switch_interval_after": sys.getswitchinterval(),
                   "stats": lazytriton.stats()}), flush=True)

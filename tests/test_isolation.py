@@ -106,6 +106,16 @@ def test_a_faulting_config_never_launches_here_and_the_call_goes_on(tmp_path, fa
     assert warm["stats"]["record_hits"] == 1 and warm["isolation"]["helpers"] == 0, warm
 
 
+def test_a_first_call_resolves_with_the_short_switch_interval_and_gives_it_back(tmp_path, fake_driver):
+    """compile.schedule.resolving around Resolution.run: the trials (their grids) see threads switch
+    every 0.5 ms, so front ends running beside a call give its steps the GIL back soon; the
+    program's interval is back once the call is resolved (its launch, and after)."""
+    r, _ = run(tmp_path, fake_driver)
+    assert r["error"] is None, r
+    during, default = r["switch_intervals"], r["switch_interval_after"]
+    assert default == 0.005 and during[0] == 0.0005 and during[-1] == default, (during, default)
+
+
 def test_the_jax_face_isolates_the_first_execution_alike(tmp_path, fake_driver):
     pytest.importorskip("jax")
     r, launches = run(tmp_path, fake_driver, jax=True, FAKE_CUDA_FAULT_BLOCK="64")
