@@ -9,7 +9,6 @@ never launched here."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -120,16 +119,9 @@ def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict,
     for c in candidates:
         sig = c.bound.flat_signature
         runtime = [n for n in names if sig.get(n, "constexpr") != "constexpr"]
-        written = _written(c.binary.ttir, tuple(runtime)) if c.binary.ttir else None
+        written = written_pointer_args(c.binary.ttir, runtime) if c.binary.ttir else None
         out |= set(written) if written is not None else {n for n in runtime if n in arrays}
     return sorted(n for n in out if n in arrays and arrays[n][1] != 0)  # an empty buffer: nothing to save
-
-
-@functools.lru_cache(maxsize=32)
-def _written(ttir: str, runtime: tuple) -> frozenset | None:
-    # Asked twice per candidate (its isolated launch, its trial): its TTIR is parsed once.
-    written = written_pointer_args(ttir, list(runtime))
-    return None if written is None else frozenset(written)
 
 
 def _buffers(arrays: dict, names) -> list[tuple[int, int]]:
@@ -153,8 +145,12 @@ class _Saved:
         self.restore_value, self.scratch, self.stream = restore_value, scratch, stream
         self.names_saved: list[str] = []
         self.snapshot = None
+        self.covered: set[int] = set()  # id() of the candidates covered (its isolated launch, then its trial)
 
     def cover(self, c: Candidate) -> None:
+        if id(c) in self.covered:  # its TTIR read once: the saved set only grows
+            return
+        self.covered.add(id(c))
         need = [n for n in written_buffers([c], self.names, self.arrays, self.restore_value) if n not in self.scratch]
         more = [n for n in need if n not in self.names_saved]
         if not more:
