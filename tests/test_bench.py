@@ -871,6 +871,12 @@ def test_field_sections_from_a_measurement(tmp_path):
     assert abs(ref["tail_tunes_s"] - 0.15) < 1e-9 and abs(ref["tail_ref_s"] - 1.35) < 1e-9
     # Timings from before the tuner counted its seconds: the tails.
     assert abs(field.reference([{k: v for k, v in t.items() if k != "tune_s"} for t in timings])["ref_s"] - 1.35) < 1e-9
+    # The less noisy reference: each kernel's median over the serial runs, then the same sum.
+    runs = [timings, [dict(t, compiled_s=t["compiled_s"] + 0.9, tune_s=t["tune_s"] / 2) for t in timings],
+            [dict(t, compiled_s=t["compiled_s"] - 0.1) for t in timings]]
+    med = field.median_timings(runs)
+    assert [t["compiled_s"] for t in med] == [0.6, 1.2] and [t["tune_s"] for t in med] == [0.2, 0.1]
+    assert abs(field.reference(med)["ref_s"] - 1.5) < 1e-9
     res = {"lazytriton": {"first_s": 1.3, "all_first_s": [1.2, 1.3, 1.4]},
            "threads": {"first_s": 1.35, "all_first_s": [1.3, 1.35, 1.5]},
            "triton": {"failed": True, "error": "RuntimeError: no GPU"},

@@ -450,6 +450,18 @@ def reference(timings: list[dict]) -> dict:
             "compile_s": sum(t.get("compile_s", 0.0) for t in timings), "cores": cores, "floor_s": floor}
 
 
+def median_timings(runs: list[list[dict]]) -> list[dict]:
+    """Each kernel's median over the runs of every number the reference reads: one serial run's
+    slowest compile or sum of tunes moves by tenths of a second from run to run, each kernel's
+    median far less."""
+    keys = ("compiled_s", "tuned_s", "tune_s", "compile_s")
+    out = []
+    for per_kernel in zip(*runs):
+        out.append({k: sorted(t[k] for t in per_kernel)[len(per_kernel) // 2]
+                    for k in keys if all(k in t for t in per_kernel)})
+    return out
+
+
 def write_package(root: str) -> str:
     """The field package (`ltfield`: the kernels, and their lazytriton build) under root/pkg;
     returns root/pkg, the directory one_process puts on sys.path."""
@@ -493,7 +505,8 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         for name, rs in runs.items():
             if rs:
                 rs.sort(key=lambda r: r["first_s"])
-                res[name] = dict(rs[len(rs) // 2], all_first_s=[r["first_s"] for r in rs])
+                res[name] = dict(rs[len(rs) // 2], all_first_s=[r["first_s"] for r in rs],
+                                 all_timings=[r["timings"] for r in rs if r.get("timings")])
             else:
                 res[name] = {"failed": True}
         return dirs
@@ -514,6 +527,7 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         res["jax_warm"] = one_process(JAX16, {}, pkg, dirs["jax_ahead"], "JAX, warm start, new process", say)
         if "timings" in res["jax_serial"]:
             res["jax_reference"] = reference(res["jax_serial"]["timings"])
+            res["jax_reference_medians"] = reference(median_timings(res["jax_serial"]["all_timings"]))
     if "standalone" not in skip:
         say("the same 16 calls, standalone face, first calls (fresh process and caches):")
         dirs = cold([("sa_ahead", STANDALONE16, {"LT_AHEAD": "1"}, "standalone, compile_ahead at start"),
@@ -524,6 +538,7 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         res["sa_warm"] = one_process(STANDALONE16, {}, pkg, dirs["sa_ahead"], "standalone, warm start, new process", say)
         if "timings" in res["sa_serial"]:
             res["sa_reference"] = reference(res["sa_serial"]["timings"])
+            res["sa_reference_medians"] = reference(median_timings(res["sa_serial"]["all_timings"]))
     shutil.rmtree(root, ignore_errors=True)
     return res
 
@@ -564,6 +579,11 @@ def main(argv: list[str] | None = None) -> int:
             line(f"{face} {what}, compiled ahead, kernels wrapped after the data", "sa_late", ref.get("ref_s"),
                  "reference")
         line(f"{face} reference (slowest compile + sum of tunes)", ref.get("ref_s"))
+        med = res.get(f"{p}_reference_medians", {}).get("ref_s")
+        if med and len(res.get(serial, {}).get("all_timings", [])) > 1:
+            line(f"{face} {what}, compiled ahead, against the reference from each kernel's medians over the "
+                 "serial runs", ahead, med, "median reference")
+            line(f"{face} reference from each kernel's medians over the serial runs", med)
         line(f"{face} {what}, compiled ahead, against the tails of the tunes (the reference until the tuner "
              "counted its seconds)", ahead, ref.get("tail_ref_s"), "slowest compile + tails")
         line(f"{face} floor (all compile seconds / cores + last tune)", ref.get("floor_s"))
