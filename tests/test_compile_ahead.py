@@ -63,3 +63,38 @@ def test_a_first_call_waits_for_compiles_under_way(cache_dir, caplog, monkeypatc
     assert "3 candidate(s) already compiling in this process: waiting for them" in caplog.text
     assert resolve.counters()["compiles"] - before == 3
     assert not compiler._inflight
+
+
+FORKED = r"""
+import os, sys
+sys.path.insert(0, {tests!r})
+from test_compile_ahead import ahead_kernel, X, TARGET
+import lazytriton
+k = lazytriton.kernel(ahead_kernel)
+print("parent", k.compile_ahead(X, 4096 + 32, target=TARGET).result(timeout=120), flush=True)
+pid = os.fork()
+if pid == 0:  # the child's compile_ahead must not wait for its parent's pool threads
+    try:
+        print("child", k.compile_ahead(X, 4096 + 48, target=TARGET).result(timeout=60), flush=True)
+        os._exit(0)
+    except BaseException as exc:
+        print("child failed", repr(exc), flush=True)
+        os._exit(1)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_compiles_ahead(tmp_path):
+    """A child forked after compile_ahead ran in its parent gets threads of its own (the parent's
+    pool counted idle threads the child does not have: its job waited forever)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "lt"), "TRITON_CACHE_DIR": str(tmp_path / "tr")}
+    r = subprocess.run([sys.executable, "-c", FORKED.format(tests=str(Path(__file__).parent))], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "parent 3" in r.stdout and "child 3" in r.stdout and "child exit 0" in r.stdout, r.stdout + r.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+import os
 import sys
 import threading
 from typing import Any
@@ -651,6 +652,16 @@ def _ahead():
 
         _ahead_pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="lazytriton-compile-ahead")
     return _ahead_pool
+
+
+def _after_fork() -> None:
+    # A forked child has none of the pool's threads, while the pool counts its parent's idle
+    # ones: its first job would wait for a thread that is not there.
+    global _ahead_pool
+    _ahead_pool = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def config_keywords(spec: KernelSpec) -> dict[str, str]:
