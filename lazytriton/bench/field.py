@@ -245,8 +245,18 @@ OUT = sys.argv[1]
 def server_timeline(t):  # the compile server's start-up on the clock of the call at t
     from lazytriton.compile import pool
     return {k: (v - t if k.endswith("_at") else v) for k, v in pool.server_timeline().items()}
+import gc
+GC = []  # the interpreter's collections after the imports: (generation, start, seconds), a pause of the caller
+def _gc_pause(phase, info, _t=[0.0]):
+    if phase == "start":
+        _t[0] = time.perf_counter()
+    else:
+        GC.append((info["generation"], _t[0], time.perf_counter() - _t[0]))
+gc.callbacks.append(_gc_pause)
 def done(r):
     r["import_s"] = t_import
+    if "t0" in r:  # the full collections during the step
+        r["gc"] = [(g, s - r["t0"], d) for g, s, d in GC if g == 2 and s >= r["t0"]]
     with open(OUT, "w") as f:
         json.dump(r, f)
 """
@@ -421,6 +431,9 @@ def one_process(script: str, env: dict, pkg: str, caches: str, label: str, say=p
         split += (f"; compile server ready {sv['ready_at']:+.2f} s from the call (started {sv['started_at']:+.2f}, "
                   f"imports done {sv['imports_done_at']:+.2f}, then {sv['waited_for_hash_s']:.2f} s waiting for "
                   "Triton's installation hash)")
+    if r.get("gc"):
+        split += "; full collections of the interpreter in the step: " + ", ".join(
+            f"{d * 1e3:.0f} ms at {s:+.2f} s" for _, s, d in r["gc"])
     iso = r.get("isolation") or {}
     if iso.get("jobs"):  # isolated first launches (issue 50): what they cost this row, and how buffers went
         split += (f"; {iso['jobs']} first launches isolated, {iso['isolated_s']:.2f} s (helper start included), "

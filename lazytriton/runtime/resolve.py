@@ -314,11 +314,16 @@ class Resolution:
         return blocks
 
     def _ckey(self, c: Candidate) -> str:
-        b = c.bound
-        # extern_libs holds absolute install paths: leaving them out lets a bundle
-        # move between machines (the Triton version in the key pins libdevice).
-        opts = {kk: vv for kk, vv in b.options.__dict__.items() if kk != "extern_libs"}
-        return keys.compile_key(self.spec.fn, b.signature, b.constexprs, b.attrs, opts, self.target)
+        # Once per candidate (a resolution asks up to four times): the key reads the kernel's
+        # globals as they are now, and one call looks up and stores under the same key.
+        if "compile_key" not in c.extra:
+            b = c.bound
+            # extern_libs holds absolute install paths: leaving them out lets a bundle
+            # move between machines (the Triton version in the key pins libdevice).
+            opts = {kk: vv for kk, vv in b.options.__dict__.items() if kk != "extern_libs"}
+            c.extra["compile_key"] = keys.compile_key(self.spec.fn, b.signature, b.constexprs, b.attrs, opts,
+                                                      self.target)
+        return c.extra["compile_key"]
 
     def _first(self, cands: list[Candidate]) -> Candidate:
         """The first config that compiles, untuned and not persisted."""
