@@ -95,6 +95,6 @@ def test_a_forked_child_compiles_ahead(tmp_path):
 
     env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(tmp_path / "lt"), "TRITON_CACHE_DIR": str(tmp_path / "tr")}
     r = subprocess.run([sys.executable, "-c", FORKED.format(tests=str(Path(__file__).parent))], env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "parent 3" in r.stdout and "child 3" in r.stdout and "child exit 0" in r.stdout, r.stdout + r.stderr

@@ -41,7 +41,15 @@ def mm(a, b):
                            grid=lambda meta: (triton.cdiv(m, meta["BM"]), triton.cdiv(n, meta["BN"])))
 
 
-def test_lowering_an_8_config_matmul_compiles_nothing(cache_dir):
+@pytest.fixture(autouse=True)
+def _earlier_sites_compiled():
+    """On a GPU machine every lowering compiles ahead in the background: an earlier test's sites
+    (this process's) are done before a test counts compiles or records what is asked."""
+    jax_ffi.compiled_ahead(timeout=300)
+
+
+def test_lowering_an_8_config_matmul_compiles_nothing(cache_dir, monkeypatch):
+    monkeypatch.setenv("LAZYTRITON_COMPILE_AHEAD", "0")  # a GPU machine's compiles ahead are the next test's
     before = lazytriton.stats()
     a = jax.ShapeDtypeStruct((512, 256), jnp.float16)
     b = jax.ShapeDtypeStruct((256, 384), jnp.float16)
@@ -351,14 +359,22 @@ def test_sites_compiled_ahead_queue_in_the_order_they_were_lowered(cache_dir, mo
     """On a GPU machine, lowering starts each site's compiles (jax.ffi.compile_ahead); their place
     in the compile queue is the program's order, however long each site takes to set up. The
     first site is held up here: with a thread per site, the later ones queued before it."""
+    import concurrent.futures as cf
     import threading
     import time
     from lazytriton.runtime.kernel import LazyKernel
 
     asked, done = [], threading.Event()
     monkeypatch.setattr(jax_ffi, "cuda_present", lambda: True)
-    monkeypatch.setattr(LazyKernel, "compile_ahead",
-                        lambda self, *a, **k: (asked.append(self.name), len(asked) == 3 and done.set()))
+    def record(self, *a, **k):
+        asked.append(self.name)
+        if len(asked) == 3:
+            done.set()
+        f = cf.Future()
+        f.set_result(0)
+        return f
+
+    monkeypatch.setattr(LazyKernel, "compile_ahead", record)
     real = jax_ffi.Site
 
     class SlowFirst(real):
@@ -380,3 +396,30 @@ def test_sites_compiled_ahead_queue_in_the_order_they_were_lowered(cache_dir, mo
     lower(program, F32, F32)
     assert done.wait(30), asked
     assert asked == ["add_kernel", "add_one_kernel", "inc_inplace_kernel"]
+
+
+def test_compiled_ahead_waits_for_every_site_lowered_so_far(cache_dir, monkeypatch):
+    """jax.ffi.compiled_ahead: returns once the compiles ahead of every site lowered so far are done."""
+    import concurrent.futures as cf
+    import threading
+    from lazytriton.runtime.kernel import LazyKernel
+
+    finished = []
+
+    def slow_compile_ahead(self, *a, **k):
+        f = cf.Future()
+        threading.Timer(0.5, lambda: (finished.append(self.name), f.set_result(1))).start()
+        return f
+
+    monkeypatch.setattr(jax_ffi, "cuda_present", lambda: True)
+    monkeypatch.setattr(LazyKernel, "compile_ahead", slow_compile_ahead)
+    monkeypatch.setattr(jax_ffi, "_sites", {})
+
+    def program(x, y):
+        grid = lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)  # noqa: E731
+        a = ltj.triton_call(x, y, 1000, kernel=jaxk.add_kernel, out_type=F32, grid=grid, BLOCK=256)
+        return ltj.triton_call(a, 1000, kernel=jaxk.add_one_kernel, out_type=F32, grid=grid, BLOCK=256)
+
+    lower(program, F32, F32)
+    jax_ffi.compiled_ahead(timeout=30)
+    assert sorted(finished) == ["add_kernel", "add_one_kernel"]

@@ -220,11 +220,24 @@ def compile_ahead(payload: str, nbytes: list[int]) -> None:
                 site = _sites.setdefault(payload, Site(json.loads(payload)))
             buffers = tuple((_AHEAD_BASE + i * _AHEAD_STRIDE, n) for i, n in enumerate(nbytes))
             pos, kw = site.lazy.as_call(site.call_args(buffers), site.options)
-            site.lazy.compile_ahead(*pos, **kw)
+            f = site.lazy.compile_ahead(*pos, **kw)
+            _ahead_futures.add(f)
+            f.add_done_callback(_ahead_futures.discard)
         except Exception as exc:  # noqa: BLE001  (the first execution resolves again and raises)
             log.debug("%s: compiling ahead failed: %s", payload[:80], exc)
 
     _lowered().submit(run)
+
+
+_ahead_futures: set = set()  # the sites' compiles made ahead and not done yet
+
+
+def compiled_ahead(timeout: float | None = None) -> None:
+    """Waits until every call site lowered so far in this process is compiled ahead (or has
+    failed to: its first execution then compiles and reports). For a program that must not
+    share its cores with background compiles from some point on (a benchmark, a fork)."""
+    _lowered().submit(lambda: None).result(timeout)  # one thread takes the sites in order: all asked
+    cf.wait(_ahead_futures.copy(), timeout)
 
 
 _lowering_queue = None
@@ -244,6 +257,7 @@ def _lowered():
 def _after_fork() -> None:  # a forked child has no thread of its parent's: it starts its own
     global _lowering_queue
     _lowering_queue = None
+    _ahead_futures.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
