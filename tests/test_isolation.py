@@ -12,6 +12,7 @@ config, a proven binary needs no helper, a warm start none at all); every config
 one error naming the kernel, each config and its reason, the caller's context alive; a
 hang abandoned within the bound; IPC, a device copy by IPC or host staging per buffer; the settings."""
 import json
+import logging
 import os
 import pickle
 import struct
@@ -318,6 +319,26 @@ def test_a_corrupt_verdict_is_discarded(tmp_path, caplog):
     path = next((tmp_path / "c").glob(f"**/{verdicts.SUBDIR}/{bid}{verdicts.EXT}"))
     path.write_bytes(path.read_bytes()[:-3] + b"xyz")
     assert verdicts.lookup(cache, bid) is None and not path.exists()
+    assert "invalid verdict" in caplog.text
+
+
+def test_verdicts_skip_the_fsync_and_one_a_power_cut_left_empty_is_a_miss(tmp_path, monkeypatch, caplog):
+    """Documents are published by rename without fsync (entries keep it): a power cut can leave
+    one's name with no bytes, which reads as absent and is removed."""
+    from lazytriton.cache import files
+
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    cache = Cache(tmp_path / "c")
+    bid = verdicts.binary_id(b"image")
+    verdicts.record(cache, bid, "cd" * 32, "k", "default config", verdicts.OK)
+    assert synced == [] and verdicts.lookup(cache, bid)["verdict"] == "ok"
+    files.atomic_write(tmp_path / "entry", b"an entry")  # binaries and records: file and directory
+    assert len(synced) == 2
+    path = next((tmp_path / "c").glob(f"**/{verdicts.SUBDIR}/{bid}{verdicts.EXT}"))
+    path.write_bytes(b"")
+    with caplog.at_level(logging.INFO, logger="lazytriton.cache"):  # said as a warning once a process
+        assert verdicts.lookup(cache, bid) is None and not path.exists()
     assert "invalid verdict" in caplog.text
 
 

@@ -88,7 +88,7 @@ class Documents:
             path = self._path(cache, key)
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                files.atomic_write(path, self.seal(key, doc))
+                files.atomic_write(path, self.seal(key, doc), durable=False)  # sealed: lost, never wrong
                 self._memory.pop((str(cache.dir), key), None)
                 return
             except OSError as exc:

@@ -3,7 +3,13 @@ by many hosts (NFS, Lustre, GPFS...):
 
 - publish = write a unique temp file in the target directory, fsync, rename:
   rename within one directory is atomic on local filesystems and on NFS, so a
-  reader sees the old entry or the whole new one, never a partial one;
+  reader sees the old entry or the whole new one, never a partial one. The
+  fsyncs (file, then directory) only make an entry survive a power cut: every
+  file carries a checksum, so one cut short is a miss, never a wrong entry.
+  The small documents beside the entries (measurements, verdicts: nine on a
+  first call of four candidates, each fsync 0.2 ms on a local disk and more on
+  a shared one, on the call's path) are published without them: a crash can
+  lose one, and its configs are then measured or isolated again;
 - temp names carry the pid and a random part, so writers on different hosts
   never share one;
 - file locks only avoid duplicated work, never guard correctness: a lock that
@@ -47,8 +53,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one;
+    `durable`: on disk before this returns (fsync), not only in the page cache."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
     # 0o666 & ~umask, like a normal file, so shared caches stay shareable.
@@ -60,7 +67,8 @@ def atomic_write(path: Path, data: bytes) -> None:
             written += os.write(fd, view[written:written + _WRITE_CHUNK])
             if _chunk_hook is not None:
                 _chunk_hook(str(tmp), written)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.close(fd)
         fd = -1
         os.replace(tmp, path)
@@ -70,7 +78,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def read_file(path: Path) -> tuple[bytes, os.stat_result]:
