@@ -38,6 +38,26 @@ def test_compile_ahead_fills_the_cache_the_first_call_reads(cache_dir):
     assert again == 3 and resolve.counters()["compiles"] - before["compiles"] == 3
 
 
+def test_binaries_compiled_ahead_carry_the_buffers_they_write(cache_dir, monkeypatch):
+    """A binary's TTIR is read for the parameters it writes when it is stored (compile_ahead's
+    thread), and that travels with it: a first call of it does not read the TTIR again."""
+    from lazytriton.cache import Cache, decode_binary
+    from lazytriton.runtime import tuner
+
+    k = lazytriton.kernel(ahead_kernel)
+    assert k.compile_ahead(X, 4096 + 80, target=TARGET).result(timeout=300) == 3
+    cache = Cache(cache_dir)
+    stored = [decode_binary(p.name.split(".")[0], p.read_bytes()) for p in cache.dir.glob("binaries/*")]
+    assert len(stored) == 3 and all(b.written == ["x"] for b in stored), [b.written for b in stored]
+
+    def unread(*a):
+        raise AssertionError("the TTIR was read again")
+
+    monkeypatch.setattr(tuner, "written_pointer_args", unread)
+    cand = compiler.Candidate(0, None, None, binary=stored[0])
+    assert tuner.written_buffers([cand], ["x", "n"], {"x": (0x7F0000000000, 4096 * 4)}, []) == ["x"]
+
+
 def test_a_first_call_waits_for_compiles_under_way(cache_dir, caplog, monkeypatch):
     """Two streams over the same compile keys in one process: the second waits
     for the first's compiles (one compile per candidate in all)."""

@@ -85,6 +85,9 @@ class CompiledBinary:
     metadata: dict
     asm_names: list[str] = dataclasses.field(default_factory=list)
     ttir: Optional[str] = None
+    # The parameters its TTIR may write (runtime.tuner.writes): read once, when it is stored, so
+    # that a first call of a binary compiled ahead does not read it on its way. None: not read yet.
+    written: Optional[list[str]] = None
 
     @classmethod
     def from_triton(cls, kernel: Any) -> "CompiledBinary":
@@ -222,6 +225,7 @@ def encode_binary(key: str, binary: CompiledBinary) -> bytes:
         "asm_names": list(binary.asm_names),
         "ttir": binary.ttir,
         "cubin_size": len(binary.cubin),
+        **({"written": binary.written} if binary.written is not None else {}),
     })
     return _frame(KIND_BINARY, _JSON_LEN.pack(len(head)) + head + bytes(binary.cubin))
 
@@ -251,9 +255,18 @@ def decode_binary(key: str, data: bytes) -> CompiledBinary:
         raise BadEntry("cubin size mismatch")
     try:
         return CompiledBinary(name=head["name"], cubin=cubin, metadata=head["metadata"],
-                              asm_names=list(head.get("asm_names") or []), ttir=head.get("ttir"))
+                              asm_names=list(head.get("asm_names") or []), ttir=head.get("ttir"),
+                              written=_written(head.get("written")))
     except (KeyError, TypeError) as exc:
         raise BadEntry(f"malformed binary header: {exc!r}") from None
+
+
+def _written(v: Any) -> Optional[list[str]]:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(n, str) for n in v):
+        raise BadEntry("malformed binary header: written")
+    return v
 
 
 def encode_record(key: str, record: TuningRecord) -> bytes:

@@ -27,7 +27,7 @@ from ..model.specialize import OPTION_NAMES, Shape
 from ..settings import isolation as isolation_enabled
 from . import online
 from .isolation import Isolation, failed_error, prestart
-from .tuner import TuneOptions, tune
+from .tuner import TuneOptions, tune, writes
 
 
 class Resolvable(Protocol):
@@ -368,6 +368,8 @@ class Resolution:
 
         def store(c, binary):
             _stats["compiles"] += 1
+            if self.leaf_names is not None:  # read here: off a first call's path when compiled ahead
+                writes(binary, c.bound, self.leaf_names)
             cache.store_binary(ckeys[id(c)], binary)
 
         return ckeys, compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(ckeys[id(c)]),

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 from .. import _core
 from .. import settings
 from ..compile.compiler import AllCandidatesFailed, Candidate
+from ..cache import CompiledBinary
 from ..model.ir_analysis import written_pointer_args
 from . import fixed
 
@@ -113,14 +114,23 @@ def trial_entry(kernel_name: str, c: Candidate, names: list[str], values: tuple,
                        grid, table, names, values, {n: arrays[n][0] for n in names if n in arrays})
 
 
+def writes(binary: CompiledBinary, bound: Any, names: list[str]) -> list[str]:
+    """The parameters (of the call's leaf `names`) a binary may write, from its TTIR; every
+    runtime parameter where the TTIR is not understood. Kept on the binary, so that it is read
+    once: when the binary is stored (resolve), or here for one stored without it."""
+    if binary.written is None:
+        sig = bound.flat_signature
+        runtime = [n for n in names if sig.get(n, "constexpr") != "constexpr"]
+        written = written_pointer_args(binary.ttir, runtime) if binary.ttir else None
+        binary.written = sorted(written) if written is not None else runtime
+    return binary.written
+
+
 def written_buffers(candidates: list[Candidate], names: list[str], arrays: dict, restore_value: list[str]) -> list[str]:
     """Pointer arguments any candidate may write (from its TTIR), plus restore_value."""
     out = set(restore_value)
     for c in candidates:
-        sig = c.bound.flat_signature
-        runtime = [n for n in names if sig.get(n, "constexpr") != "constexpr"]
-        written = written_pointer_args(c.binary.ttir, runtime) if c.binary.ttir else None
-        out |= set(written) if written is not None else {n for n in runtime if n in arrays}
+        out |= set(writes(c.binary, c.bound, names))
     return sorted(n for n in out if n in arrays and arrays[n][1] != 0)  # an empty buffer: nothing to save
 
 
