@@ -645,3 +645,28 @@ def test_a_compile_server_that_cannot_start_leaves_the_candidates_to_this_proces
         done = list(compile_stream(spec, TARGET, cands, wait_for_server=True))
     assert len(done) == 2 and all(c.binary is not None for c in done), [c.error for c in done]
     assert "the compile server could not start" in caplog.text
+
+
+@triton.jit
+def _fails_in_its_front_end(x, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)  # BLOCK=3: not a power of 2
+    tl.store(x + offs, 1.0)
+
+
+def test_the_front_end_thread_keeps_nothing_of_a_failed_compile():
+    """Once a candidate's front end failed, the thread that ran it waits for the next one holding
+    none of it: Triton's error frames (its MLIR objects, which Triton's bindings reported as leaked
+    when the test process exited) go with the candidate."""
+    import gc
+
+    from lazytriton.compile import schedule
+
+    spec = kernel_spec(_fails_in_its_front_end)
+    c = Candidate(0, None, Binder(spec, TARGET).bind((DeviceArray(0x7F0000000000, "fp32", 64, (16,)),), {"BLOCK": 3}))
+    compile_all(spec, TARGET, [c])
+    assert c.binary is None and "power of 2" in c.error
+    del c
+    gc.collect()
+    alive = [t for t in gc.get_objects() if isinstance(t, schedule.Ticket)
+             and t.times.get("label", "").startswith("_fails_in_its_front_end")]
+    assert not alive, [t.times for t in alive]

@@ -129,6 +129,7 @@ def promote(ticket: Ticket) -> None:
 
 def _front_ends() -> None:
     while True:
+        ticket = job = work = None  # this thread waits with nothing of a kernel held (its error's frames)
         with _cv:
             while not _fronts:
                 _cv.wait()
@@ -143,8 +144,6 @@ def _front_ends() -> None:
             ticket.times["front_end_done"] = time.perf_counter()
             _finish(ticket, exc, None, counted=False)
             continue
-        finally:
-            work = None  # this thread waits on with nothing of the kernel held
         ticket.times["front_end_done"] = time.perf_counter()
         with _cv:
             ticket.state, ticket.job = "ready", job
