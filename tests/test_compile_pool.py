@@ -117,6 +117,44 @@ def test_the_servers_installation_hash_comes_from_its_child_or_is_computed_there
     assert triton_cache.triton_key is real and real() == real()
 
 
+def test_the_server_takes_the_callers_installation_hash_when_it_comes_first(monkeypatch):
+    """The caller computes Triton's installation hash too (pool._installation_hash) and sends it
+    with Triton's directory: the server takes the first answer and ends the child still hashing;
+    a caller's answer for another Triton's directory, or an error, leaves it to the child's."""
+    from triton.runtime import cache as triton_cache
+
+    from lazytriton.compile import server
+
+    real = triton_cache.triton_key
+    monkeypatch.setattr(triton_cache, "triton_key", real)
+    here = os.path.realpath(os.path.dirname(triton.__file__))
+
+    def answer(data: bytes | None) -> int:  # None: a writer that never answers (a child still hashing)
+        r, w = os.pipe()
+        if data is not None:
+            os.write(w, data)
+            os.close(w)
+        return r
+
+    def child():  # a child still hashing
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        return pid
+
+    pid = child()
+    t = time.perf_counter()
+    server._take_installation_hash(answer(None), pid, answer(f"ok 3.6.0-caller\n{here}".encode()))
+    assert triton_cache.triton_key() == "3.6.0-caller" and time.perf_counter() - t < 10
+    with pytest.raises(ChildProcessError):  # killed and reaped
+        os.waitpid(pid, os.WNOHANG)
+    for caller in (f"ok 3.6.0-caller\n{here}-elsewhere".encode(), b"error OSError()"):
+        monkeypatch.setattr(triton_cache, "triton_key", real)
+        server._take_installation_hash(answer(b"ok 3.6.0-child"), None, answer(caller))
+        assert triton_cache.triton_key() == "3.6.0-child"
+
+
 def test_the_server_reports_its_start_up_on_the_callers_clock(fresh_triton_cache):
     pool = compile_pool.get_pool()
     spec, cands = demo_candidates(DEMO_CONFIGS[:1])
@@ -362,7 +400,9 @@ def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypa
     """One worker, busy with a compile made ahead: the ready jobs behind it start
     by priority (a call's before those made ahead), then the costliest first; a
     call's job starts beside the busy worker (those made ahead run niced), and
-    a promoted job (a call now waits for it) goes ahead of the others made ahead."""
+    a promoted job (a call now waits for it) goes ahead of the others made ahead.
+    A call's jobs take at most every worker: a second waits for the first, not for
+    the one made ahead."""
     from lazytriton.compile import schedule
 
     pool = FakePool(1)
@@ -378,15 +418,18 @@ def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypa
     assert pool.names() == ["running"]  # its one slot is taken
     schedule.promote(later[-1])
     _until(lambda: len(pool.names()) == 2)
-    assert pool.names()[1] == "promoted"  # beside the busy worker: a call's jobs take up to twice its slots
+    assert pool.names()[1] == "promoted"  # beside the busy worker, niced: a call's jobs take every worker
     urgent = _ticket("urgent", schedule.URGENT)
     schedule.submit(urgent)
     _until(lambda: urgent.state == "ready")
-    assert len(pool.names()) == 2  # both slots a call may take are taken
+    assert len(pool.names()) == 2  # the one worker a call's jobs may take is taken
     pool.finish("running")
+    time.sleep(0.05)
+    assert len(pool.names()) == 2  # a call's second job waits for its first, not beside it
+    pool.finish("promoted")
     _until(lambda: len(pool.names()) == 3)
     assert pool.names()[2] == "urgent" and [nice for _, nice, _ in pool.sent] == [True, False, False]
-    for name in ("promoted", "urgent", "dear", "mid", "mid2"):
+    for name in ("urgent", "dear", "mid", "mid2"):
         pool.finish(name)
         time.sleep(0.02)
     _until(lambda: len(pool.names()) == 7)
@@ -534,6 +577,130 @@ def test_compile_cost_ranks_the_slowest_compiles_first():
     elementwise = max(schedule.compile_cost({"BLOCK": b}, w) for b, w in ((1024, 4), (4096, 8), (4096, 16)))
     assert min(cost) > elementwise
     assert schedule.compile_cost({"N": 1 << 30}, 4) == schedule.compile_cost({"N": 4096}, 4)
+
+
+def test_with_their_code_size_the_gelu_matmuls_slowest_tiles_rank_above_every_other_matmuls():
+    """The same tiles compile for 0.4 s with no epilogue and 1.5 s with a GELU one (measured as
+    above): KernelSpec.code_size (the kernel's operations, its @jit helpers' through the closure
+    cell that holds them, tl.erf as the routine it unrolls into) ranks mm_gelu's three slowest
+    configs above every config of the field's other matmuls, and its slowest above theirs for
+    each tile. Without the code size the four kernels' tiles tie."""
+    import sys
+    import tempfile
+
+    from lazytriton.bench.field import write_package
+    from lazytriton.compile import schedule
+    from lazytriton.model.spec import kernel_spec
+
+    sys.path.insert(0, write_package(tempfile.mkdtemp()))
+    try:
+        import ltfield.kernels as K
+    finally:
+        sys.path.pop(0)
+    specs = {n: kernel_spec(getattr(K, n)) for n in ("mm_plain", "mm_relu", "mm_gelu", "mm_silu")}
+    size = {n: s.code_size() for n, s in specs.items()}
+    assert size["mm_gelu"] > size["mm_silu"] > size["mm_relu"] > size["mm_plain"] > 10, size
+    cost = {n: [schedule.compile_cost(c.kwargs, c.num_warps, size[n]) for c in s.configs] for n, s in specs.items()}
+    gelu_slowest = [1, 6, 7]  # 1.38, 1.55, 1.50 s
+    others = [c for n, cs in cost.items() if n != "mm_gelu" for c in cs]
+    assert min(cost["mm_gelu"][i] for i in gelu_slowest) > max(others)
+    assert all(cost["mm_gelu"][i] > cost[n][i] for n in cost if n != "mm_gelu" for i in range(8))
+    bare = {n: [schedule.compile_cost(c.kwargs, c.num_warps) for c in s.configs] for n, s in specs.items()}
+    assert len({tuple(b) for b in bare.values()}) == 1
+
+
+def test_code_size_follows_helpers_routines_and_libdevice():
+    """KernelSpec.code_size: operations in the kernel, plus at each call of a @jit helper the
+    helper's (a global, a closure cell, a module attribute), a routine-sized count for a call
+    that unrolls into one (tl.erf, libdevice's functions), 1 for a kernel with no source."""
+    import dataclasses
+    import types
+
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    from lazytriton.model.spec import kernel_spec
+
+    @triton.jit
+    def helper(v):
+        return v * 2.0 + 1.0
+
+    def make(epilogue):
+        @triton.jit
+        def k(x, B: tl.constexpr):
+            o = tl.arange(0, B)
+            tl.store(x + o, epilogue(tl.load(x + o)))
+        return k
+
+    @triton.jit
+    def ident(v):
+        return v
+
+    @triton.jit
+    def twice(v):
+        return helper(helper(v))
+
+    @triton.jit
+    def erf(v):
+        return tl.erf(v)
+
+    @triton.jit
+    def tanh(v):
+        return libdevice.tanh(v)
+
+    n = {name: kernel_spec(make(f)).code_size() for name, f in
+         (("ident", ident), ("twice", twice), ("erf", erf), ("tanh", tanh))}
+    assert n["twice"] == n["ident"] + 2 * (1 + 2)  # each call site counts the helper's two operations
+    assert n["erf"] == n["ident"] + 34 and n["tanh"] == n["ident"] + 25
+    unread = dataclasses.replace(kernel_spec(make(ident)), fn=types.SimpleNamespace(src="not python ("))
+    assert unread.code_size() == 1  # a source that does not parse: the guess falls back
+
+
+def test_a_programs_compiles_asked_for_soon_queue_as_a_calls(monkeypatch):
+    """Compiles asked for `soon` (a JAX program's sites at its lowering: its execution needs them
+    all) queue as a call's, costliest first across kernels, ahead of compiles made ahead and not
+    niced; a call reaching one keeps its place (no promotion reorders them), and they take at
+    most every worker. Like compiles made ahead, no call waits for them yet: while the server
+    starts they wait for it rather than run on a thread here."""
+    import threading
+
+    from lazytriton.compile import schedule
+
+    pool = StartingPool(2)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    here = []
+    monkeypatch.setattr(schedule, "_back_end_here", lambda ticket, job: here.append(job["name"]))
+    gate = threading.Event()
+    blocker = _ticket("blocker", schedule.BACKGROUND, gate=gate)
+    schedule.submit(blocker)
+    _until(lambda: blocker.state == "running")
+    order = schedule.next_order()
+    soon = [schedule.Ticket(_ticket(n, schedule.URGENT).work, schedule.URGENT, n, (order, i), cost, ahead=True)
+            for i, (n, cost) in enumerate((("plain", 1.0), ("gelu", 3.0), ("relu", 2.0)))]
+    for t in soon:
+        schedule.submit(t)
+    gate.set()
+    _until(lambda: all(t.state == "ready" for t in soon + [blocker]))
+    time.sleep(0.05)
+    assert here == [] and pool.names() == []  # the server still starts: they wait for it
+    schedule.promote(soon[0])  # the program's first site runs
+    assert "promoted" not in soon[0].times
+    pool.is_ready = True
+    schedule._server_ready()
+    _until(lambda: len(pool.names()) == 2)
+    time.sleep(0.05)
+    # Two of the three (every worker), the costliest first, not niced; none left for the one made ahead.
+    assert pool.names() == ["gelu", "relu"] and [nice for _, nice, _ in pool.sent] == [False, False]
+    pool.finish("gelu")
+    _until(lambda: len(pool.names()) == 3)
+    assert pool.names()[2] == "plain"
+    pool.finish("relu")
+    _until(lambda: len(pool.names()) == 4)
+    assert pool.sent[3][:2] == ("blocker", True)  # on the worker left, niced
+    for n in ("blocker", "plain"):
+        pool.finish(n)
+    _until(lambda: all(t.future.done() for t in soon + [blocker]))
 
 
 def test_the_front_end_thread_runs_a_waiting_calls_candidates_first(monkeypatch):

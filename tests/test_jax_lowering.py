@@ -356,9 +356,10 @@ def test_python_ints_outside_int32_are_typed_as_triton_types_them(n, t):
 
 
 def test_sites_compiled_ahead_queue_in_the_order_they_were_lowered(cache_dir, monkeypatch):
-    """On a GPU machine, lowering starts each site's compiles (jax.ffi.compile_ahead); their place
-    in the compile queue is the program's order, however long each site takes to set up. The
-    first site is held up here: with a thread per site, the later ones queued before it."""
+    """On a GPU machine, lowering starts each site's compiles (jax.ffi.compile_ahead), asked for
+    `soon` (the program's execution needs them all); their place in the compile queue is the
+    program's order, however long each site takes to set up. The first site is held up here:
+    with a thread per site, the later ones queued before it."""
     import concurrent.futures as cf
     import threading
     import time
@@ -366,8 +367,8 @@ def test_sites_compiled_ahead_queue_in_the_order_they_were_lowered(cache_dir, mo
 
     asked, done = [], threading.Event()
     monkeypatch.setattr(jax_ffi, "cuda_present", lambda: True)
-    def record(self, *a, **k):
-        asked.append(self.name)
+    def record(self, *a, soon=False, **k):
+        asked.append(self.name if soon else f"{self.name} (not soon)")  # their execution needs them all
         if len(asked) == 3:
             done.set()
         f = cf.Future()

@@ -23,13 +23,13 @@ PROBE = textwrap.dedent("""
 
     before = "torch" in sys.modules
     if sys.argv[1] in ("wrap", "wrap-then-import"):  # priming starts in the background when a kernel is wrapped
-        import lazytriton, lazytriton.compile.compiler as compiler
+        import lazytriton, lazytriton.model.specialize as specialize
         lazytriton.kernel(k)
         if sys.argv[1] == "wrap-then-import":  # while the priming thread may be running: this thread sees torch
             import torch
             assert torch.IMPORTED
-        compiler._priming.join(60)
-        assert compiler._specializer_primed
+        specialize._priming.join(60)
+        assert specialize._specializer_primed
     if sys.argv[1] != "triton":
         b = Binder(kernel_spec(k), default_target()).bind((PointerArg(256, "fp16"), 32), {"BLOCK": 64})
         sig = b.signature

@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import logging
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from .targets import ast_source, target_label
 from ..model import tuples
 from ..cache import CompiledBinary
 from ..model.spec import KernelSpec
-from ..model.specialize import WIDE_FLOAT
+from ..model.specialize import WIDE_FLOAT, prime_in_background, prime_specializer
 
 log = logging.getLogger("lazytriton.compile.compiler")
 
@@ -84,76 +83,12 @@ class Bound:
         return tuples.flat_signature(self.signature)
 
 
-_specializer_ready = threading.Lock()
-_specializer_primed = False
-
-
-def prime_specializer() -> None:
-    """Makes the first use of Triton's native specializer (3.5+), which imports
-    modules (Gluon's, about 0.1 s) and, in a process that has not imported
-    torch, would import torch only to register a fast path for torch.Tensor:
-    seconds of a first call in a JAX process. This first use runs with torch
-    hidden from this thread's imports (other threads still import it); torch
-    tensors still specialize identically, through the specializer's data_ptr
-    fallback."""
-    global _specializer_primed
-    if _specializer_primed:
-        return
-    with _specializer_ready:
-        if _specializer_primed:
-            return
-        try:
-            from triton._C.libtriton import native_specialize_impl
-            from triton.backends.compiler import BaseBackend
-        except ImportError:  # a Triton without the native specializer imports nothing extra
-            native_specialize_impl = None
-        if native_specialize_impl is not None:
-            hide = "torch" not in sys.modules
-            if hide:
-                _HideTorch.thread = threading.get_ident()
-                sys.meta_path.insert(0, _HideTorch)  # `import torch` raises ImportError, which Triton clears
-            try:
-                native_specialize_impl(BaseBackend, 16, False, True, True)
-            finally:
-                if hide:
-                    sys.meta_path.remove(_HideTorch)
-                    _HideTorch.thread = None
-        _specializer_primed = True
-
-
-class _HideTorch:
-    thread: int | None = None  # the thread priming the specializer
-
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name == "torch" and threading.get_ident() == cls.thread:
-            raise ModuleNotFoundError("hidden while Triton's specializer starts", name="torch")
-        return None
-
-
-_priming: threading.Thread | None = None
-
-
 def warm_up() -> None:
     """Starts, in the background, what a first call that compiles will wait
     for: the compile server (a process) and Triton's specializer (a thread).
     Called when a kernel is wrapped; nothing is compiled."""
-    global _priming
     compile_pool.start()
-    if _priming is None and not _specializer_primed:
-        # Not a daemon: a process that ends while it primes (a short script
-        # whose first call found its winner on disk) waits for it; a daemon
-        # thread stopped inside Triton's C++ at exit aborts the process
-        # ("terminate called ... FATAL: exception not rethrown").
-        _priming = threading.Thread(target=_prime_quietly, name="lazytriton-prime-specializer", daemon=False)
-        _priming.start()
-
-
-def _prime_quietly() -> None:
-    try:
-        prime_specializer()
-    except Exception as exc:  # the first bind calls it again and raises where a caller sees it
-        log.debug("priming Triton's specializer failed: %s", exc)
+    prime_in_background()
 
 
 # Options JITFunction.run sets from Triton's knobs on every call (3.6: instrumentation_mode;
@@ -263,7 +198,7 @@ def _forget(k: str, ticket: schedule.Ticket, _=None) -> None:
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
                    max_workers: int | None = None, key=None, wait_for_server: bool = False,
-                   order: int | None = None, in_order: bool = False) -> Iterator[Candidate]:
+                   order: int | None = None, in_order: bool = False, soon: bool = False) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
     start on the first. Each candidate takes one of three routes: a candidate
@@ -272,10 +207,10 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     compiled again; else Triton's front end runs here (compile.schedule's
     thread) and its back end in the compile server; or, with no server
     (max_workers set, LAZYTRITON_COMPILE_WORKERS=0, or not ready yet for a
-    call's candidate), on a thread here. `wait_for_server`: compiles made
-    ahead of time, which no call waits for yet (they go after a call's, niced,
-    and wait for the server). `order` (compile.schedule.next_order(), taken
-    when the compiles were asked for) places them among those of their priority.
+    call's candidate), on a thread here. `wait_for_server`: compiles made ahead,
+    no call waits for them yet (they wait for the server, go after a call's and
+    run niced, unless `soon`: a program about to run needs them all). `order`
+    (compile.schedule.next_order(), taken when asked for) places them among those of their priority.
     `in_order`: the candidates' own order is the queue's (online tuning lists the
     likeliest winner, or the quickest compile, first), not the costliest first."""
     todo = []
@@ -299,8 +234,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             log.warning("kernel %s: the compile server could not start (%s): compiling in this process", spec.name,
                         exc)
             pool = None
-    priority = schedule.BACKGROUND if wait_for_server else schedule.URGENT
+    priority = schedule.BACKGROUND if wait_for_server and not soon else schedule.URGENT
     order = schedule.next_order() if order is None else order
+    code = 1 if in_order else spec.code_size()
     futures: dict[cf.Future, Candidate] = {}
     mine: list[tuple[str | None, schedule.Ticket]] = []
     joined: list[schedule.Ticket] = []
@@ -315,9 +251,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                 c.extra["joined"] = True
                 continue
             cost = (schedule.in_order_cost(rank, len(todo)) if in_order else
-                    schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None)))
+                    schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None), code))
             t = schedule.Ticket(functools.partial(_front_end, spec, target, c), priority, f"{spec.name} {c.label}",
-                                (order, rank), cost, here=pool is None)
+                                (order, rank), cost, here=pool is None, ahead=wait_for_server)
             if k is not None:
                 _inflight[k] = t
                 t.future.add_done_callback(functools.partial(_forget, k, t))

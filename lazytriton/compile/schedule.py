@@ -8,11 +8,12 @@ gets the GIL back sooner: `resolving`); the costliest first (`compile_cost`),
 across kernels, ties in the order asked for. A front end's job (its TTIR text and this
 process's Triton state, compile.ir_text) waits among the ready jobs in the same
 order; it starts as soon as a slot is free: in the compile server
-(compile.pool), one job per worker, up to twice that for a call's (compiles made
-ahead run niced there); on a thread of this process when there is no server
+(compile.pool), a call's jobs on up to every worker and those made ahead (niced
+there) on the workers left; on a thread of this process when there is no server
 (disabled, refused, or not ready yet for a call's candidate while no front end
 made ahead is queued; compiles made ahead wait for it). A call that reaches a
-candidate still queued ahead of time (`promote`) moves it among the call's.
+candidate still queued ahead of time (`promote`) moves it among the call's; those
+asked for `soon` (a JAX program's sites, at its lowering: it runs them all) are there.
 """
 from __future__ import annotations
 
@@ -46,12 +47,13 @@ class Ticket:
     thread) and returns the job: compile.ir_text.front_end's output and the
     target. `future` gets (CompiledBinary, the back end's seconds, "worker" or "thread"), or the error."""
 
-    __slots__ = ("work", "priority", "order", "cost", "state", "job", "here", "future", "times")
+    __slots__ = ("work", "priority", "ahead", "order", "cost", "state", "job", "here", "future", "times")
 
     def __init__(self, work: Callable[[], dict], priority: int, label: str = "", order: tuple = (),
-                 cost: float = 0.0, here: bool = False) -> None:
+                 cost: float = 0.0, here: bool = False, ahead: bool = False) -> None:
         self.work = work
         self.priority = priority
+        self.ahead = ahead or priority == BACKGROUND  # no call waits for it yet: it waits for the server
         self.order = order  # among tickets of one priority: (its stream's next_order(), its rank there)
         self.cost = cost  # compile_cost
         self.here = here  # its back end runs in this process (no compile server)
@@ -78,7 +80,7 @@ _cv = threading.Condition()  # every ticket's state and priority, both heaps, th
 _fronts: list = []  # (priority, stream order, -cost, rank, seq, ticket): front ends to run
 _ready: list = []  # (priority, stream order, -cost, seq, ticket): jobs waiting for a slot
 _seq = itertools.count()
-_running = 0  # back ends under way, in the server and here
+_running = {URGENT: 0, BACKGROUND: 0}  # back ends under way (server and here), by the priority they started with
 _thread: threading.Thread | None = None
 _threads: cf.ThreadPoolExecutor | None = None  # back ends in this process
 _waiting_for_server = False
@@ -116,14 +118,14 @@ def promote(ticket: Ticket) -> None:
     """A call now waits for this candidate: what is left of it goes ahead of
     every compile made ahead of time (a back end already running stays as it is)."""
     with _cv:
-        if ticket.priority == URGENT:
-            return
-        ticket.priority = URGENT
-        ticket.times["promoted"] = time.perf_counter()
-        if ticket.state == "front":  # a second entry, ahead; the first is skipped when popped
-            _push_front(ticket)
-        elif ticket.state == "ready":
-            _push_ready(ticket)
+        ticket.ahead = False  # a call waits for it now
+        if ticket.priority != URGENT:  # else asked for as a call's (`soon`): its place stays
+            ticket.priority = URGENT
+            ticket.times["promoted"] = time.perf_counter()
+            if ticket.state == "front":  # a second entry, ahead; the first is skipped when popped
+                _push_front(ticket)
+            elif ticket.state == "ready":
+                _push_ready(ticket)
     _dispatch()
 
 
@@ -153,7 +155,7 @@ def _front_ends() -> None:
 
 def _dispatch() -> None:
     """Starts ready jobs while slots are free: the one place back ends start."""
-    global _running, _waiting_for_server
+    global _waiting_for_server
     pool = compile_pool.get_pool()
     while True:
         with _cv:
@@ -169,18 +171,18 @@ def _dispatch() -> None:
             # ends made ahead are queued: a back end on a thread here then shares the GIL with
             # them (an H200's field run: 2.7-2.9 s for a matmul that takes 0.3-0.6 s in a worker).
             wait = not here and not server and pool.starting() and (
-                ticket.priority == BACKGROUND or any(t.state == "front" and t.priority == BACKGROUND
-                                                     for *_, t in _fronts))
+                ticket.ahead or any(t.state == "front" and t.ahead for *_, t in _fronts))
             if wait:
                 wait, _waiting_for_server = not _waiting_for_server, True
                 break
-            # A call's jobs start beside compiles made ahead (niced in the server) rather than after them.
-            cap = pool.workers * (2 if ticket.priority == URGENT else 1) if server else (os.cpu_count() or 1)
-            if _running >= cap:
+            # A call's jobs start beside compiles made ahead (niced there) rather than after them.
+            if (_running[URGENT] if ticket.priority == URGENT and server else sum(_running.values())) >= (
+                    pool.workers if server else os.cpu_count() or 1):
                 return
             heapq.heappop(_ready)
             ticket.state = "running"
-            _running += 1
+            _running[ticket.priority] += 1
+            ticket.times["ran_as"] = ticket.priority  # what it counts against until it ends
             job = dict(ticket.job, nice=ticket.priority == BACKGROUND)
         if server:
             try:
@@ -228,10 +230,9 @@ def _settled(ticket: Ticket, fut: cf.Future) -> None:
 
 
 def _finish(ticket: Ticket, exc: BaseException | None, result, counted: bool = True) -> None:
-    global _running
     with _cv:
         if counted:
-            _running -= 1
+            _running[ticket.times["ran_as"]] -= 1
         job, ticket.state, ticket.work, ticket.job = ticket.job, "done", None, None  # what it held of the kernel goes
     if job is not None:
         release(job["ir"])
@@ -244,32 +245,31 @@ def _finish(ticket: Ticket, exc: BaseException | None, result, counted: bool = T
 
 
 def _after_fork() -> None:  # a forked child has none of this process's threads: it starts its own
-    global _cv, _thread, _threads, _running, _waiting_for_server
+    global _cv, _thread, _threads, _waiting_for_server
     _cv = threading.Condition()
     _fronts.clear()
     _ready.clear()
     _thread = _threads = None
-    _running, _waiting_for_server = 0, False
+    _running[URGENT] = _running[BACKGROUND] = _waiting_for_server = 0
 
 
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def compile_cost(constexprs: dict, num_warps: int | None) -> float:
+def compile_cost(constexprs: dict, num_warps: int | None, code: int = 1) -> float:
     """A guess at a candidate's compile time, to start the longest compiles first: the
     last one then ends soonest (longest-processing-time first), where a program's first
     step waits for it. What a thread unrolls is its share of the tile it holds: the two
     largest block sizes (the int constexprs above 1: rows and columns of an output or
     accumulator tile; flags stay out) over the warps. A further block (a reduction's,
-    looped over rather than held) counts by its square root. On the field benchmark's
-    four matmuls (8 configs each, compile times measured alone on an H200) it ranks the
-    three slowest of each first, and every matmul before elementwise kernels; the
-    product of every block size and the stages, over the warps, ranked a 64x256 tile
-    on 4 warps (1.50 s) with 64x128 ones (0.79 s). Only the order matters: a wrong
-    guess costs time, never a result."""
+    looped over rather than held) counts by its square root. Times `code`, the operations
+    applied to it (model.spec.code_size): a 256x128 tile took 1.9 s with a GELU epilogue,
+    0.42 s with none. On the field benchmark's four matmuls (compile times measured on an
+    H200) it ranks the three slowest of each first, GELU's above the others', and every
+    matmul before elementwise kernels. Only the order matters: a wrong guess costs time."""
     sizes = sorted(min(v, 4096) for v in constexprs.values() if type(v) is int and v > 1)  # a length is no tile
     held = math.prod(sizes[-2:])
-    return float(held * math.sqrt(math.prod(sizes[:-2])) / max(1, num_warps or 4))
+    return float(held * math.sqrt(math.prod(sizes[:-2])) / max(1, num_warps or 4) * max(1, code))
 
 
 def in_order_cost(rank: int, n: int) -> float:

@@ -220,7 +220,7 @@ def compile_ahead(payload: str, nbytes: list[int]) -> None:
                 site = _sites.setdefault(payload, Site(json.loads(payload)))
             buffers = tuple((_AHEAD_BASE + i * _AHEAD_STRIDE, n) for i, n in enumerate(nbytes))
             pos, kw = site.lazy.as_call(site.call_args(buffers), site.options)
-            f = site.lazy.compile_ahead(*pos, **kw)
+            f = site.lazy.compile_ahead(*pos, soon=True, **kw)  # the program's execution waits for every site
             _ahead_futures.add(f)
             f.add_done_callback(_ahead_futures.discard)
         except Exception as exc:  # noqa: BLE001  (the first execution resolves again and raises)

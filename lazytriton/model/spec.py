@@ -2,6 +2,7 @@
 autotune/heuristics wrappers, its parameters, candidate configs and tuning rules."""
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import importlib
@@ -169,6 +170,14 @@ class KernelSpec:
                     return set(names)
         return found
 
+    def code_size(self) -> int:
+        """How much code the kernel applies to what its threads hold, a guess at its compile
+        time (compile.schedule.compile_cost): its operations (arithmetic, comparisons, calls,
+        subscripts), and at each call of another @jit function that one's, found where
+        Triton finds it (the caller's globals and closure cells, modules' attributes). 1 for
+        a kernel whose source cannot be read."""
+        return max(1, _operations(self.fn, 0))
+
     def prune(self, configs: list[triton.Config], named_args: dict, kwargs: dict) -> list[triton.Config]:
         """Triton's prune_configs_by semantics: early_config_prune, then perf_model/top_k."""
         pruned = configs
@@ -192,6 +201,49 @@ class KernelSpec:
                 order = sorted(range(len(pruned)), key=lambda i: est[i])
                 pruned = [pruned[i] for i in order[:top_k]]
         return pruned
+
+
+_OPERATIONS = (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Call, ast.IfExp, ast.AugAssign, ast.Subscript)
+# Calls that unroll into a routine per element, not an instruction: how many PTX instructions
+# each took per element (sm_90, Triton 3.9); exp, sqrt, rsqrt, floor, divisions took 1-2.
+_ROUTINES = {"erf": 34, "log": 39, "log2": 42, "sin": 97, "cos": 97}
+_LIBDEVICE = 25  # its functions: tanh 25, exp 16, pow 106
+
+
+def _routine(fn: Any) -> int:
+    module = getattr(fn, "__module__", None) or ""
+    if not module.startswith("triton.language"):
+        return 0
+    return _LIBDEVICE if "libdevice" in module else _ROUTINES.get(getattr(fn, "__name__", ""), 0)
+
+
+def _operations(fn: Any, depth: int) -> int:
+    """KernelSpec.code_size of one @jit function."""
+    try:
+        tree, py = ast.parse(fn.src), fn.fn
+        cells, glob = dict(zip(py.__code__.co_freevars, py.__closure__ or ())), py.__globals__
+    except (AttributeError, SyntaxError, TypeError, ValueError):
+        return 0
+
+    def resolve(node):  # a name, or a module's attribute: what a call calls
+        if isinstance(node, ast.Name):
+            try:
+                return cells[node.id].cell_contents if node.id in cells else glob.get(node.id)
+            except ValueError:  # an empty cell
+                return None
+        base = resolve(node.value) if isinstance(node, ast.Attribute) else None
+        return getattr(base, node.attr, None) if inspect.ismodule(base) else None
+
+    n = 0
+    for node in ast.walk(tree):
+        n += isinstance(node, _OPERATIONS)
+        if isinstance(node, ast.Call):
+            callee = resolve(node.func)
+            if isinstance(callee, JITFunction) and depth < 8:
+                n += _operations(callee, depth + 1)
+            else:
+                n += max(0, _routine(callee) - 1)
+    return n
 
 
 def _strings(code) -> set[str]:

@@ -6,15 +6,19 @@ shape of a call (`Shape`, whose `digest` names stubs and enters tuning keys),
 the kernel parameter type and C type of each slot, the bundle's spec suffix
 ("16"/"1"/""), the annotated scalar types and their ranges, the checks of
 values Triton's launcher refuses, the tuple-element defaults, JAX's fp64 rule
-and the compile options each face takes. The stubs (stubgen), the bundles
+and the compile options each face takes; and Triton's own native specializer,
+primed off a first call's path (`prime_specializer`). The stubs (stubgen), the bundles
 (lazytriton.cpp.bundle), the JAX face and the cache key read them here; none
 restates one. The C++ encoders (csrc/) follow the same rules.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import struct
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,3 +395,74 @@ def check_option(name: str, value: Any, what: str) -> None:
             raise TypeError(f"{what}: {name}={value!r}: {name} takes True or False")
     elif name == "ir_override" and not isinstance(value, str):
         raise TypeError(f"{what}: ir_override={value!r}: ir_override takes the name of an IR file (a str)")
+
+
+# -- Triton's native specializer, primed off a first call's path -------------------------
+
+_specializer_ready = threading.Lock()
+_specializer_primed = False
+
+
+def prime_specializer() -> None:
+    """Makes the first use of Triton's native specializer (3.5+), which imports
+    modules (Gluon's, about 0.1 s) and, in a process that has not imported
+    torch, would import torch only to register a fast path for torch.Tensor:
+    seconds of a first call in a JAX process. This first use runs with torch
+    hidden from this thread's imports (other threads still import it); torch
+    tensors still specialize identically, through the specializer's data_ptr
+    fallback."""
+    global _specializer_primed
+    if _specializer_primed:
+        return
+    with _specializer_ready:
+        if _specializer_primed:
+            return
+        try:
+            from triton._C.libtriton import native_specialize_impl
+            from triton.backends.compiler import BaseBackend
+        except ImportError:  # a Triton without the native specializer imports nothing extra
+            native_specialize_impl = None
+        if native_specialize_impl is not None:
+            hide = "torch" not in sys.modules
+            if hide:
+                _HideTorch.thread = threading.get_ident()
+                sys.meta_path.insert(0, _HideTorch)  # `import torch` raises ImportError, which Triton clears
+            try:
+                native_specialize_impl(BaseBackend, 16, False, True, True)
+            finally:
+                if hide:
+                    sys.meta_path.remove(_HideTorch)
+                    _HideTorch.thread = None
+        _specializer_primed = True
+
+
+class _HideTorch:
+    thread: int | None = None  # the thread priming the specializer
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "torch" and threading.get_ident() == cls.thread:
+            raise ModuleNotFoundError("hidden while Triton's specializer starts", name="torch")
+        return None
+
+
+_priming: threading.Thread | None = None
+
+
+def prime_in_background() -> None:
+    """prime_specializer on a thread of its own, once (when a kernel is wrapped)."""
+    global _priming
+    if _priming is None and not _specializer_primed:
+        # Not a daemon: a process that ends while it primes (a short script
+        # whose first call found its winner on disk) waits for it; a daemon
+        # thread stopped inside Triton's C++ at exit aborts the process
+        # ("terminate called ... FATAL: exception not rethrown").
+        _priming = threading.Thread(target=_prime_quietly, name="lazytriton-prime-specializer", daemon=False)
+        _priming.start()
+
+
+def _prime_quietly() -> None:
+    try:
+        prime_specializer()
+    except Exception as exc:  # the first bind calls it again and raises where a caller sees it
+        logging.getLogger(__name__).debug("priming Triton's specializer failed: %s", exc)

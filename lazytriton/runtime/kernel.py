@@ -245,7 +245,7 @@ class LazyKernel(_core.LaunchBase):
             raise RuntimeError(f"kernel {self.name}: internal error: the stub built for these arguments rejected them")
         return args, shape, key
 
-    def compile_ahead(self, *args, target: Any = None, **kwargs) -> "Future[int]":
+    def compile_ahead(self, *args, target: Any = None, soon: bool = False, **kwargs) -> "Future[int]":
         """Starts compiling, in the background, every candidate config of a
         call with these arguments, and persists the binaries; nothing is tuned
         or launched. That call's first execution then only tunes (or waits for
@@ -255,7 +255,11 @@ class LazyKernel(_core.LaunchBase):
         that know their calls early (the JAX face does this for every call
         site when a program is lowered). `target`: a compile target
         (``lazytriton.compile.target_for("sm_90")``), default the current
-        device's. Returns a Future of the number of candidates compiled."""
+        device's. `soon`: the program runs this call next, with the others
+        asked for so: their compiles then queue as a call's, the costliest
+        first across them, not after every call's and niced (the JAX face's
+        sites of a program being lowered: its execution needs them all).
+        Returns a Future of the number of candidates compiled."""
         from ..compile import schedule
         from ..compile.targets import device_target
 
@@ -264,7 +268,7 @@ class LazyKernel(_core.LaunchBase):
             target = device_target(_core.device_info(_core.current_device()))
         # Queued in the order asked for (a program's lowering order), not the order the threads get to them.
         order = schedule.next_order()
-        return _ahead().submit(Resolution(self, key, args, 0, None, shape).compile_ahead, target, order)
+        return _ahead().submit(Resolution(self, key, args, 0, None, shape).compile_ahead, target, order, soon)
 
     def _bind_call(self, args: tuple, kwargs: dict) -> tuple:
         """The positional call tuple the stubs read."""

@@ -359,7 +359,7 @@ class Resolution:
         return pruned
 
     def compile_candidates(self, cache: Cache, cands: list[Candidate], background: bool = False,
-                        order: int | None = None, in_order: bool = False):
+                        order: int | None = None, in_order: bool = False, soon: bool = False):
         """compile_stream over the cache: binaries found there are not compiled,
         those compiled are stored, and a candidate another thread of this
         process is compiling already (compile_ahead, a first call of another
@@ -374,9 +374,9 @@ class Resolution:
 
         return ckeys, compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(ckeys[id(c)]),
                                      store=store, key=lambda c: ckeys[id(c)], wait_for_server=background,
-                                     order=order, in_order=in_order)
+                                     order=order, in_order=in_order, soon=soon)
 
-    def compile_ahead(self, target, order: int | None = None) -> int:
+    def compile_ahead(self, target, order: int | None = None, soon: bool = False) -> int:
         """Compiles every candidate of this specialization for `target` and
         persists the binaries, tuning nothing and launching nothing: a later
         first call of it finds them (or waits for those still compiling).
@@ -387,7 +387,7 @@ class Resolution:
             cands = cands[:1]
         # No first call waits on these: they wait for the compile server rather than
         # compiling on threads of this process beside the program's own work.
-        _, ready = self.compile_candidates(self.k.cache, cands, background=True, order=order)
+        _, ready = self.compile_candidates(self.k.cache, cands, background=True, order=order, soon=soon)
         if len(cands) > 1:
             self._prestart_isolation(cands)
         done = list(ready)
