@@ -38,6 +38,21 @@ def test_compile_ahead_fills_the_cache_the_first_call_reads(cache_dir):
     assert again == 3 and resolve.counters()["compiles"] - before["compiles"] == 3
 
 
+def test_compiles_asked_for_soon_queue_as_a_calls_and_the_others_as_made_ahead(cache_dir):
+    """compile_ahead(soon=True) (the JAX face's sites at their lowering; a program whose calls come
+    next): its compiles queue as a call's, so that the costliest of the whole program starts
+    first and none runs niced; without it, after every call's (compile.schedule.history)."""
+    from lazytriton.compile import schedule
+
+    k = lazytriton.kernel(ahead_kernel)
+    for n, soon in ((4096, True), (4097, False)):  # two specializations (n % 16)
+        start = len(schedule.history())
+        assert k.compile_ahead(X, n, target=TARGET, soon=soon).result(timeout=300) == 3
+        mine = [h for h in schedule.history()[start:] if h["label"].startswith("ahead_kernel")]
+        want = schedule.URGENT if soon else schedule.BACKGROUND
+        assert len(mine) == 3 and all(h["priority"] == want and h["ran_as"] == want for h in mine), mine
+
+
 def test_binaries_compiled_ahead_carry_the_buffers_they_write(cache_dir, monkeypatch):
     """A binary's TTIR is read for the parameters it writes when it is stored (compile_ahead's
     thread), and that travels with it: a first call of it does not read the TTIR again."""

@@ -117,44 +117,6 @@ def test_the_servers_installation_hash_comes_from_its_child_or_is_computed_there
     assert triton_cache.triton_key is real and real() == real()
 
 
-def test_the_server_takes_the_callers_installation_hash_when_it_comes_first(monkeypatch):
-    """The caller computes Triton's installation hash too (pool._installation_hash) and sends it
-    with Triton's directory: the server takes the first answer and ends the child still hashing;
-    a caller's answer for another Triton's directory, or an error, leaves it to the child's."""
-    from triton.runtime import cache as triton_cache
-
-    from lazytriton.compile import server
-
-    real = triton_cache.triton_key
-    monkeypatch.setattr(triton_cache, "triton_key", real)
-    here = os.path.realpath(os.path.dirname(triton.__file__))
-
-    def answer(data: bytes | None) -> int:  # None: a writer that never answers (a child still hashing)
-        r, w = os.pipe()
-        if data is not None:
-            os.write(w, data)
-            os.close(w)
-        return r
-
-    def child():  # a child still hashing
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(60)
-            os._exit(0)
-        return pid
-
-    pid = child()
-    t = time.perf_counter()
-    server._take_installation_hash(answer(None), pid, answer(f"ok 3.6.0-caller\n{here}".encode()))
-    assert triton_cache.triton_key() == "3.6.0-caller" and time.perf_counter() - t < 10
-    with pytest.raises(ChildProcessError):  # killed and reaped
-        os.waitpid(pid, os.WNOHANG)
-    for caller in (f"ok 3.6.0-caller\n{here}-elsewhere".encode(), b"error OSError()"):
-        monkeypatch.setattr(triton_cache, "triton_key", real)
-        server._take_installation_hash(answer(b"ok 3.6.0-child"), None, answer(caller))
-        assert triton_cache.triton_key() == "3.6.0-child"
-
-
 def test_the_server_reports_its_start_up_on_the_callers_clock(fresh_triton_cache):
     pool = compile_pool.get_pool()
     spec, cands = demo_candidates(DEMO_CONFIGS[:1])

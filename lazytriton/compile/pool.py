@@ -94,17 +94,9 @@ class CompilePool:
         path = [here] + [p for p in sys.path if p and not shadows(p, here)]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(path))
         stderr = tempfile.TemporaryFile()
-        r, w = os.pipe()  # this process's answer to Triton's installation hash (server.BOOTSTRAP)
-        try:
-            proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers), str(r)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=here,
-                                    close_fds=True, pass_fds=(r,), start_new_session=True)
-        except BaseException:
-            os.close(w)
-            raise
-        finally:
-            os.close(r)
-        threading.Thread(target=_installation_hash, args=(w,), name="lazytriton-triton-key", daemon=True).start()
+        proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=here, close_fds=True,
+                                start_new_session=True)
         self._proc, self._stderr, self.timeline, self._on_ready = proc, stderr, {"started_at": time.perf_counter()}, []
         self._outbox = queue.SimpleQueue()
         threading.Thread(target=self._write_frames, args=(proc, self._outbox), name="lazytriton-compile-pool-writer",
@@ -255,25 +247,6 @@ def get_pool() -> CompilePool | None:
             _pool = CompilePool(n)
             atexit.register(_pool.close)
         return _pool
-
-
-def _installation_hash(fd: int) -> None:
-    """Triton's installation hash (``triton_key()``) for the server starting, and Triton's
-    directory: this process imported Triton already, and reading and hashing release the GIL,
-    so it often answers before the server's own child has imported Triton (the server takes
-    the first answer, for its Triton only)."""
-    try:
-        import triton
-        from triton.runtime import cache
-
-        out = f"ok {cache.triton_key()}\n{os.path.realpath(os.path.dirname(triton.__file__))}".encode()
-    except Exception as exc:  # noqa: BLE001  (the server's child answers)
-        out = f"error {exc!r}".encode()
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(out)
-    except OSError:  # the server took its child's answer, or is gone
-        pass
 
 
 def start() -> None:

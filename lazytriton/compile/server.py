@@ -34,14 +34,12 @@ import sys
 import time
 from typing import Any
 
-# The server's command line (``python -c BOOTSTRAP N FD``). Its first act after
+# The server's command line (``python -c BOOTSTRAP N``). Its first act after
 # importing Triton is to fork a child that computes Triton's installation hash
 # (``triton_key()``: sha256 of the 400-500 MB libtriton.so, about 0.3 s alone) and
 # writes it to a pipe, so that the hash overlaps importing lazytriton and the
 # warm-up compile instead of following them. A thread would contend with them for
 # the GIL at every 1 MB chunk: on the device that stretched the hash to 0.75 s.
-# The caller computes it too, from its start (pool.py), and writes it to pipe FD:
-# the first of the two answers is taken.
 BOOTSTRAP = """\
 import os, sys
 from triton.runtime import cache
@@ -58,7 +56,7 @@ if pid == 0:
     os._exit(0)
 os.close(w)
 from lazytriton.compile.server import serve
-serve(int(sys.argv[1]), r, pid, int(sys.argv[2]))
+serve(int(sys.argv[1]), r, pid)
 """
 
 _HEADER = struct.Struct("<Q")
@@ -202,30 +200,16 @@ def _warm_up() -> None:
                 os.environ["TRITON_CACHE_DIR"] = saved
 
 
-def _take_installation_hash(key_fd: int, pid: int | None, caller_fd: int = -1) -> None:
-    """Makes Triton's ``triton_key()`` return the hash the child `pid` computed, or the
-    caller (for this very Triton: its directory comes along), whichever answers first, as
-    Triton's own compile warm-up pool does in its workers (``triton/_compile_warmup_pool.py``),
-    so that this process and its children never compute it again. Where neither could,
-    it is computed here (or its error raised)."""
-    import triton
+def _take_installation_hash(key_fd: int, pid: int | None) -> None:
+    """Makes Triton's ``triton_key()`` return the hash the child `pid` computed, as Triton's
+    own compile warm-up pool does in its workers (``triton/_compile_warmup_pool.py``),
+    so that this process and its children never compute it again. Where the child
+    failed, it is computed here (or its error raised)."""
     from triton.runtime import cache as triton_cache
 
-    sel, data = selectors.DefaultSelector(), b""
-    for fd in (key_fd, caller_fd) if caller_fd >= 0 else (key_fd,):
-        sel.register(fd, selectors.EVENT_READ)
-    while sel.get_map() and not data.startswith(b"ok "):
-        fd = sel.select()[0][0].fd
-        sel.unregister(fd)
-        with os.fdopen(fd, "rb") as f:
-            data, _, where = f.read().partition(b"\n")
-        if fd == caller_fd and where.decode(errors="replace") != os.path.realpath(os.path.dirname(triton.__file__)):
-            data = b""  # another Triton than this process's
-    for key in sel.get_map():
-        os.close(key)
+    with os.fdopen(key_fd, "rb") as f:
+        data = f.read()
     if pid is not None:
-        if data.startswith(b"ok ") and caller_fd >= 0:
-            os.kill(pid, signal.SIGKILL)  # the caller's came first; a child still hashing is not waited for
         os.waitpid(pid, 0)
     status, _, value = data.partition(b" ")
     if status == b"ok" and value:
@@ -237,10 +221,10 @@ def _take_installation_hash(key_fd: int, pid: int | None, caller_fd: int = -1) -
         triton_cache.triton_key()
 
 
-def serve(workers: int, key_fd: int, key_pid: int, caller_fd: int = -1) -> None:
+def serve(workers: int, key_fd: int, key_pid: int) -> None:
     """The server's loop; `key_fd` reads Triton's installation hash from the
-    child BOOTSTRAP forked to compute it (`key_pid`), `caller_fd` from the caller.
-    `workers` is the caller's bound on jobs at once (compile.schedule keeps to it)."""
+    child BOOTSTRAP forked to compute it (`key_pid`). `workers` is the caller's
+    bound on jobs at once (compile.schedule keeps to it)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
     t0 = time.perf_counter()
@@ -250,7 +234,7 @@ def serve(workers: int, key_fd: int, key_pid: int, caller_fd: int = -1) -> None:
         print(f"lazytriton compile server: warm-up failed: {reason(exc)}", file=sys.stderr)
     t1 = time.perf_counter()
     try:
-        _take_installation_hash(key_fd, key_pid, caller_fd)
+        _take_installation_hash(key_fd, key_pid)
     except Exception as exc:  # each child then computes it, or reports its error
         print(f"lazytriton compile server: Triton's installation hash: {reason(exc)}", file=sys.stderr)
     waited_s = time.perf_counter() - t1
