@@ -22,8 +22,7 @@ Rows (one matmul of the package, 8 configs, standalone face):
 Rows (the 16-kernel program):
   JAX, first step           (compiled ahead at lowering; and LAZYTRITON_COMPILE_AHEAD=0)
   JAX, warm start           (a new process: 0 compiles, 0 tunes)
-  standalone, first step    (k.compile_ahead(..., soon=True) at start: the calls come next; without it;
-                            and with the kernels wrapped
+  standalone, first step    (k.compile_ahead at start; without it; and with the kernels wrapped
                             after the data, so that the compile server's start is on the way)
   reference                 slowest single kernel compile + the sum of the tunes (from the serial run)
 
@@ -395,9 +394,9 @@ for kk in elementwise:
     calls.append((kk, (e1, e2, E, torch.empty_like(e1)), lambda m: (triton.cdiv(E, m["BLOCK"]),)))
 torch.cuda.synchronize()
 t = time.perf_counter()
-if ahead:  # what a program that knows its calls, and makes them next, does at start-up
+if ahead:  # what a program that knows its calls does at start-up
     for k, args, _ in calls:
-        k.compile_ahead(*args, soon=True)
+        k.compile_ahead(*args)
 for k, args, grid in calls:
     k[grid](*args)
 torch.cuda.synchronize()
