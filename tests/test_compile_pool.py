@@ -616,7 +616,7 @@ def test_code_size_follows_helpers_routines_and_libdevice():
     assert n["twice"] == n["ident"] + 2 * (1 + 2)  # each call site counts the helper's two operations
     assert n["erf"] == n["ident"] + 34 and n["tanh"] == n["ident"] + 25
     unread = dataclasses.replace(kernel_spec(make(ident)), fn=types.SimpleNamespace(src="not python ("))
-    assert unread.code_size() == 1  # a source that does not parse: the guess falls back
+    assert unread.code_size() == 1  # no source to parse: the guess falls back
 
 
 def test_a_programs_compiles_asked_for_soon_queue_as_a_calls(monkeypatch):

@@ -176,7 +176,7 @@ class KernelSpec:
         subscripts), and at each call of another @jit function that one's, found where
         Triton finds it (the caller's globals and closure cells, modules' attributes). 1 for
         a kernel whose source cannot be read."""
-        return max(1, _operations(self.fn, 0))
+        return max(1, _operations(self.fn, 0, {}))
 
     def prune(self, configs: list[triton.Config], named_args: dict, kwargs: dict) -> list[triton.Config]:
         """Triton's prune_configs_by semantics: early_config_prune, then perf_model/top_k."""
@@ -217,10 +217,14 @@ def _routine(fn: Any) -> int:
     return _LIBDEVICE if "libdevice" in module else _ROUTINES.get(getattr(fn, "__name__", ""), 0)
 
 
-def _operations(fn: Any, depth: int) -> int:
-    """KernelSpec.code_size of one @jit function."""
+def _operations(fn: Any, depth: int, sizes: dict) -> int:
+    """KernelSpec.code_size of one @jit function; `sizes`: those counted already (a helper
+    called at many sites, or by many helpers, is read once)."""
+    if id(fn) in sizes:
+        return sizes[id(fn)]
+    sizes[id(fn)] = 0  # a helper that calls itself back adds nothing more
     try:
-        tree, py = ast.parse(fn.src), fn.fn
+        tree, py = fn.parse(), fn.fn  # Triton's parse: one thread at a time (compile.compiler.PARSE_LOCK)
         cells, glob = dict(zip(py.__code__.co_freevars, py.__closure__ or ())), py.__globals__
     except (AttributeError, SyntaxError, TypeError, ValueError):
         return 0
@@ -240,9 +244,10 @@ def _operations(fn: Any, depth: int) -> int:
         if isinstance(node, ast.Call):
             callee = resolve(node.func)
             if isinstance(callee, JITFunction) and depth < 8:
-                n += _operations(callee, depth + 1)
+                n += _operations(callee, depth + 1, sizes)
             else:
                 n += max(0, _routine(callee) - 1)
+    sizes[id(fn)] = n
     return n
 
 
