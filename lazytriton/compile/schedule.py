@@ -250,7 +250,8 @@ def _after_fork() -> None:  # a forked child has none of this process's threads:
     _fronts.clear()
     _ready.clear()
     _thread = _threads = None
-    _running[URGENT] = _running[BACKGROUND] = _waiting_for_server = 0
+    _running[URGENT] = _running[BACKGROUND] = 0
+    _waiting_for_server = False
 
 
 os.register_at_fork(after_in_child=_after_fork)
