@@ -236,7 +236,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             pool = None
     priority = schedule.BACKGROUND if wait_for_server and not soon else schedule.URGENT
     order = schedule.next_order() if order is None else order
-    code = 1 if in_order else spec.code_size()
+    code = None  # spec.code_size(), read once a candidate is queued here (not for those joined)
     futures: dict[cf.Future, Candidate] = {}
     mine: list[tuple[str | None, schedule.Ticket]] = []
     joined: list[schedule.Ticket] = []
@@ -250,6 +250,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                 futures[_follow(other.future)] = c
                 c.extra["joined"] = True
                 continue
+            code = code or (1 if in_order else spec.code_size())
             cost = (schedule.in_order_cost(rank, len(todo)) if in_order else
                     schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None), code))
             t = schedule.Ticket(functools.partial(_front_end, spec, target, c), priority, f"{spec.name} {c.label}",
