@@ -11,6 +11,7 @@ FORMAT_VERSION`` (used by the on-disk cache) stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -18,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import types
 from typing import Any, Mapping
 
@@ -241,6 +243,33 @@ def _stable_code_key(fn: Any, seen: frozenset = frozenset()) -> list:
             bool(getattr(fn, "noinline", False)), callees]
 
 
+_reading = threading.local()
+
+
+@contextlib.contextmanager
+def one_reading():
+    """Within it, this thread reads each kernel's fingerprint (its globals' values) and the
+    environment once: one call's keys (its tuning key, each candidate's compile key, its
+    measurements') see one state, read at the call; the next call reads again."""
+    if getattr(_reading, "memo", None) is not None:
+        yield
+        return
+    _reading.memo = {}
+    try:
+        yield
+    finally:
+        _reading.memo = None
+
+
+def _once(what: tuple, read):
+    memo = getattr(_reading, "memo", None)
+    if memo is None:
+        return read()
+    if what not in memo:
+        memo[what] = read()
+    return memo[what]
+
+
 def kernel_fingerprint(fn: Any) -> str:
     """Identity of a @triton.jit function's code, the same in every process.
 
@@ -254,6 +283,10 @@ def kernel_fingerprint(fn: Any) -> str:
     that a new process finds the winner a former one persisted.
     """
     fn = _unwrap_jit(fn)
+    return _once(("kernel", id(fn)), lambda: _fingerprint(fn))
+
+
+def _fingerprint(fn: Any) -> str:
     triton_key = fn.cache_key  # computing it also fills fn.used_global_vals
     used = _all_used_global_vals(fn)
     if any(_has_address(v[0] if isinstance(v, tuple) else v) for v in used.values()):
@@ -275,15 +308,11 @@ def kernel_fingerprint(fn: Any) -> str:
 # --------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
 def lazytriton_version() -> str:
-    # importlib.metadata instead of `import lazytriton` so that computing keys
-    # never pulls in the runtime (and works from a source checkout).
-    from importlib import metadata
-    try:
-        return metadata.version("lazytriton")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    # The package's own, read from its metadata once at its import (reading it again searched
+    # sys.path: 60-90 ms of a process's first compile key on the device).
+    from .. import __version__
+    return __version__
 
 
 def triton_version() -> str:
@@ -326,6 +355,10 @@ def invalidating_env_vars() -> dict:
 
 def environment_parts() -> dict:
     """Everything outside the call itself that can change a binary."""
+    return _once(("environment",), _environment_parts)
+
+
+def _environment_parts() -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "triton_version": triton_version(),

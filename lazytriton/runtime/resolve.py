@@ -160,7 +160,9 @@ class Resolution:
         self.options, _ = k.split_extras(args)
 
     def run(self):
-        with schedule.resolving():  # a call: it gets the GIL back sooner from front ends made ahead
+        # A call: it gets the GIL back sooner from front ends made ahead, and its keys read the
+        # kernel's state once (each key read it again: 1-2 ms of a first call's own work).
+        with schedule.resolving(), keys.one_reading():
             return self._run()
 
     def _run(self):
@@ -387,7 +389,8 @@ class Resolution:
             cands = cands[:1]
         # No first call waits on these: they wait for the compile server rather than
         # compiling on threads of this process beside the program's own work.
-        _, ready = self.compile_candidates(self.k.cache, cands, background=True, order=order, soon=soon)
+        with keys.one_reading():
+            _, ready = self.compile_candidates(self.k.cache, cands, background=True, order=order, soon=soon)
         if len(cands) > 1:
             self._prestart_isolation(cands)
         done = list(ready)
