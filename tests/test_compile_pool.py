@@ -390,7 +390,7 @@ def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypa
     assert len(pool.names()) == 2  # a call's second job waits for its first, not beside it
     pool.finish("promoted")
     _until(lambda: len(pool.names()) == 3)
-    assert pool.names()[2] == "urgent" and [nice for _, nice, _ in pool.sent] == [True, False, False]
+    assert pool.names()[2] == "urgent" and [nice for _, nice, _ in pool.sent] == [10, 0, 0]
     for name in ("urgent", "dear", "mid", "mid2"):
         pool.finish(name)
         time.sleep(0.02)
@@ -400,10 +400,11 @@ def test_back_ends_start_by_priority_then_cost_and_a_promoted_one_first(monkeypa
     _until(lambda: all(t.future.done() for t in later + [running, urgent]))
 
 
-def test_back_ends_made_ahead_start_costliest_first_across_kernels_ties_in_the_order_asked_for(monkeypatch):
-    """Kernels compiled ahead (a program's, in the order it calls them): the costliest job of any
-    of them starts first, for the longest compile is what the program's first step waits for,
-    wherever it is called; equal guesses start in the order the kernels were asked for."""
+def test_back_ends_made_ahead_start_the_long_poles_first_ties_in_the_order_asked_for(monkeypatch):
+    """Kernels compiled ahead (a program's, in the order it calls them), one worker: the costliest
+    job of any of them starts first, for the longest compile is what the program's first step
+    waits for, wherever it is called; equal guesses start in the order the kernels were asked for.
+    With one worker each job left is, in its turn, the pole of what is left."""
     from lazytriton.compile import schedule
 
     pool = FakePool(1)
@@ -619,12 +620,49 @@ def test_code_size_follows_helpers_routines_and_libdevice():
     assert unread.code_size() == 1  # no source to parse: the guess falls back
 
 
+def test_jobs_other_than_the_long_poles_run_niced_a_little_more(monkeypatch):
+    """A job's nice increment: 0 for a call's, 10 for one made ahead, 5 more unless it is a long
+    pole (its cost at least POLE times that of the costliest ticket of its kind not ended yet: the
+    step waits for the longest compile, and on a busy machine the others yield the cores to it).
+    Relative to what is left: once the longest has ended, the next longest runs at 0."""
+    import threading
+
+    from lazytriton.compile import schedule
+
+    pool = FakePool(4)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    before = {p: dict(c) for p, c in schedule._live.items()}  # another test's tickets not ended
+    gate = threading.Event()
+    first = [_ticket(n, schedule.URGENT, cost, gate=gate) for n, cost in (("dear", 9.0), ("mid", 7.0), ("cheap", 1.0))]
+    ahead = _ticket("ahead", schedule.BACKGROUND, 1.0, gate=gate)
+    for t in first + [ahead]:
+        schedule.submit(t)
+    gate.set()
+    _until(lambda: len(pool.names()) == 4)
+    assert [(n, nice) for n, nice, _ in pool.sent] == [("dear", 0), ("mid", 0), ("cheap", 5), ("ahead", 10)]
+    pool.finish("dear")
+    pool.finish("ahead")
+    later = _ticket("later", schedule.URGENT, 2.0)  # no pole beside mid, still running
+    schedule.submit(later)
+    _until(lambda: len(pool.names()) == 5)
+    pool.finish("mid")
+    last = _ticket("last", schedule.URGENT, 1.5)  # the longest left is later's 2.0
+    schedule.submit(last)
+    _until(lambda: len(pool.names()) == 6)
+    assert [nice for _, nice, _ in pool.sent[4:]] == [5, 0]
+    for n in ("cheap", "later", "last"):
+        pool.finish(n)
+    _until(lambda: all(t.future.done() for t in first + [ahead, later, last]))
+    assert {p: dict(c) for p, c in schedule._live.items()} == before  # every ended ticket left the live costs
+
+
 def test_a_programs_compiles_asked_for_soon_queue_as_a_calls(monkeypatch):
     """Compiles asked for `soon` (a JAX program's sites at its lowering: its execution needs them
-    all) queue as a call's, costliest first across kernels, ahead of compiles made ahead and not
-    niced; a call reaching one keeps its place (no promotion reorders them), and they take at
-    most every worker. Like compiles made ahead, no call waits for them yet: while the server
-    starts they wait for it rather than run on a thread here."""
+    all, in an order XLA decides) queue as a call's, in one place (schedule.TOGETHER): costliest
+    first across kernels, the poles not niced, ahead of compiles made ahead; a call reaching one
+    keeps its place (no promotion reorders them), and they take at most every worker. Like
+    compiles made ahead, no call waits for them yet: while the server starts they wait for it
+    rather than run on a thread here."""
     import threading
 
     from lazytriton.compile import schedule
@@ -637,9 +675,9 @@ def test_a_programs_compiles_asked_for_soon_queue_as_a_calls(monkeypatch):
     blocker = _ticket("blocker", schedule.BACKGROUND, gate=gate)
     schedule.submit(blocker)
     _until(lambda: blocker.state == "running")
-    order = schedule.next_order()
-    soon = [schedule.Ticket(_ticket(n, schedule.URGENT).work, schedule.URGENT, n, (order, i), cost, ahead=True)
-            for i, (n, cost) in enumerate((("plain", 1.0), ("gelu", 3.0), ("relu", 2.0)))]
+    soon = [schedule.Ticket(_ticket(n, schedule.URGENT).work, schedule.URGENT, n, (schedule.TOGETHER, 0), cost,
+                            ahead=True)  # four kernels' sites, lowered in this order
+            for n, cost in (("plain", 1.0), ("gelu", 3.0), ("relu", 2.0), ("silu", 1.5))]
     for t in soon:
         schedule.submit(t)
     gate.set()
@@ -652,14 +690,16 @@ def test_a_programs_compiles_asked_for_soon_queue_as_a_calls(monkeypatch):
     schedule._server_ready()
     _until(lambda: len(pool.names()) == 2)
     time.sleep(0.05)
-    # Two of the three (every worker), the costliest first, not niced; none left for the one made ahead.
-    assert pool.names() == ["gelu", "relu"] and [nice for _, nice, _ in pool.sent] == [False, False]
+    # Two of the four (every worker), the poles, costliest first, not niced; none left for the one made ahead.
+    assert pool.names() == ["gelu", "relu"] and [nice for _, nice, _ in pool.sent] == [0, 0]
     pool.finish("gelu")
     _until(lambda: len(pool.names()) == 3)
-    assert pool.names()[2] == "plain"
     pool.finish("relu")
     _until(lambda: len(pool.names()) == 4)
-    assert pool.sent[3][:2] == ("blocker", True)  # on the worker left, niced
+    assert [s[:2] for s in pool.sent[2:]] == [("silu", 0), ("plain", 0)]  # each the pole of what is left
+    pool.finish("silu")
+    _until(lambda: len(pool.names()) == 5)
+    assert pool.sent[4][:2] == ("blocker", 10)  # on the worker left, niced
     for n in ("blocker", "plain"):
         pool.finish(n)
     _until(lambda: all(t.future.done() for t in soon + [blocker]))
@@ -758,6 +798,36 @@ def test_queued_in_the_order_the_compiles_were_asked_for(monkeypatch):
     assert ran == ["first-dear", "first-cheap", "second-a", "second-b"]
     for n in pool.names():
         pool.finish(n)
+
+
+def test_front_ends_run_the_long_poles_first_then_the_others_in_the_order_asked_for(monkeypatch):
+    """A program's kernels asked for in its call order: the long poles (cost at least POLE times
+    the costliest not ended) first, costliest first, wherever they are called; then the others in
+    the order asked for, each stream's costliest first, so that the program's first sites are
+    ready to tune while the poles compile (costliest first across the program, the first site's
+    cheap candidates went last and it waited for nearly every compile)."""
+    import threading
+
+    from lazytriton.compile import schedule
+
+    pool = FakePool(8)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    gate, ran = threading.Event(), []
+    blocker = _ticket("blocker", schedule.BACKGROUND, gate=gate)
+    schedule.submit(blocker)
+    _until(lambda: blocker.state == "running")
+    o1, o2, o3 = (schedule.next_order() for _ in range(3))
+    tickets = [_ticket(n, schedule.URGENT, cost, order, ran=ran) for n, cost, order in (
+        ("site1 cheap", 1.0, (o1, 0)), ("site1 dear", 2.0, (o1, 1)), ("site2 pole", 9.0, (o2, 0)),
+        ("site2 mid", 5.0, (o2, 1)), ("site3 pole", 6.0, (o3, 0)), ("site3 mid", 3.0, (o3, 1)))]
+    for t in tickets:
+        schedule.submit(t)
+    gate.set()
+    _until(lambda: len(ran) == 6)
+    assert ran == ["site2 pole", "site3 pole", "site1 dear", "site1 cheap", "site2 mid", "site3 mid"]
+    for n in pool.names():
+        pool.finish(n)
+    _until(lambda: all(t.future.done() for t in tickets + [blocker]))
 
 
 def test_a_compile_server_that_cannot_start_leaves_the_candidates_to_this_process(fresh_triton_cache, monkeypatch,

@@ -355,11 +355,11 @@ def test_python_ints_outside_int32_are_typed_as_triton_types_them(n, t):
     assert (slot.kind, slot.int_type) == ("int", t)
 
 
-def test_sites_compiled_ahead_queue_in_the_order_they_were_lowered(cache_dir, monkeypatch):
+def test_sites_compiled_ahead_are_asked_for_soon_in_the_order_they_were_lowered(cache_dir, monkeypatch):
     """On a GPU machine, lowering starts each site's compiles (jax.ffi.compile_ahead), asked for
-    `soon` (the program's execution needs them all); their place in the compile queue is the
-    program's order, however long each site takes to set up. The first site is held up here:
-    with a thread per site, the later ones queued before it."""
+    `soon` (the program's execution needs them all: they share one place in the compile queue,
+    costliest first), one site after the other in the order lowered, however long each takes
+    to set up. The first site is held up here."""
     import concurrent.futures as cf
     import threading
     import time

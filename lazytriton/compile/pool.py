@@ -55,9 +55,9 @@ def default_workers() -> int:
     return max(1, min(cores, 32))
 
 
-def worker_job(ir: dict, target, nice: bool = False) -> dict:
+def worker_job(ir: dict, target, nice: int = 0) -> dict:
     """What a worker needs to compile one candidate (`ir`: compile.ir_text.front_end's
-    output); `nice`: compiled ahead of time, no call waits for it yet."""
+    output); `nice`: the worker's nice increment (compile.schedule decides it)."""
     return {"ir": ir, "target": target, "nice": nice}
 
 

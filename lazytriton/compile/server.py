@@ -12,9 +12,9 @@ A child takes the caller's Triton state (``ir_text.apply_state``: its knobs
 and the environment they read, as they were when the job was made), compiles
 the candidate's TTIR text with ``triton.compile`` (``compile.ir_text``: the
 caller ran the front end) and returns the CompiledBinary (Triton's own cache
-is filled as a side effect). It never imports user code. A job made ahead of
-time (``job["nice"]``) runs niced, so that the cores go first to what a call
-waits for.
+is filled as a side effect). It never imports user code. A job runs at the
+nice increment the caller gave it (``job["nice"]``): made ahead of time, or
+short beside a longer one, it yields the cores.
 
 Protocol: length-prefixed pickles. The caller writes ``(job id, pickled
 job)``; the server answers ``(job id, status, value, seconds)`` with status
@@ -61,7 +61,6 @@ serve(int(sys.argv[1]), r, pid)
 
 _HEADER = struct.Struct("<Q")
 READY = -1  # the job id of the frame the server sends once, when it is ready to fork
-_BACKGROUND_NICE = 10
 
 
 class WorkerUnavailable(Exception):
@@ -139,9 +138,9 @@ def _child(data: bytes, wfd: int) -> None:
         job = {"unreadable": f"{type(exc).__name__}: {exc}"}
     if job.get("crash_for_test"):  # tests: a worker that dies as a compiler crash would kill it
         os.kill(os.getpid(), signal.SIGKILL)
-    if job.get("nice"):  # compiled ahead of time: the cores go first to what a call waits for
+    if job.get("nice"):  # the caller's choice (compile.schedule): the cores go first to what a call waits for
         try:
-            os.nice(_BACKGROUND_NICE)
+            os.nice(int(job["nice"]))
         except OSError:
             pass
     try:

@@ -244,10 +244,9 @@ _lowering_queue = None
 
 
 def _lowered():
-    """One thread takes the sites in the order they were lowered (the program's order, which XLA
-    kept for the field benchmark's 16 independent calls), so that their compiles queue in that
-    order: a thread per site let them race (an H200's 16-site program had its third matmul's
-    front ends behind three later kernels', and its first step waited 1.05 s for that matmul)."""
+    """One thread sets the sites up (their Site, their arguments) in the order they were lowered,
+    off the lowering; each site's compiles then queue `soon`, in the one place a program's sites
+    share in the compile queue (XLA decides the order they run in: the costliest first)."""
     global _lowering_queue
     if _lowering_queue is None:
         _lowering_queue = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytriton-compile-ahead-site")

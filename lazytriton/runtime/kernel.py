@@ -256,7 +256,7 @@ class LazyKernel(_core.LaunchBase):
         site when a program is lowered). `target`: a compile target
         (``lazytriton.compile.target_for("sm_90")``), default the current
         device's. `soon`: the program runs this call next, with the others
-        asked for so: their compiles then queue as a call's, the costliest
+        asked for so: their compiles then queue as a call's, the longest
         first across them, not after every call's and niced (the JAX face's
         sites of a program being lowered: its execution needs them all).
         Returns a Future of the number of candidates compiled."""
@@ -266,8 +266,11 @@ class LazyKernel(_core.LaunchBase):
         args, shape, key = self._keyed_call(args, kwargs)
         if target is None:
             target = device_target(_core.device_info(_core.current_device()))
-        # Queued in the order asked for (a program's lowering order), not the order the threads get to them.
-        order = schedule.next_order()
+        # Queued in the order asked for (a program's calling order), not the order the threads get to
+        # them. Compiles asked for `soon` share one place, the longest first across them: a JAX
+        # program's sites run in the order XLA schedules them, which lowering does not tell (an H200's
+        # 16-site program ran its fourth-lowered matmul second).
+        order = schedule.TOGETHER if soon else schedule.next_order()
         return _ahead().submit(Resolution(self, key, args, 0, None, shape).compile_ahead, target, order, soon)
 
     def _bind_call(self, args: tuple, kwargs: dict) -> tuple:
