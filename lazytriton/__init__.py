@@ -10,13 +10,7 @@ from __future__ import annotations
 import os as _os
 import sys as _sys
 
-try:
-    from importlib.metadata import version as _version
-
-    __version__ = _version("lazytriton")
-except Exception:  # running from a source tree
-    __version__ = "0+unknown"
-
+from .version import __version__
 
 
 def _installed_elsewhere() -> str | None:

@@ -309,9 +309,7 @@ def _fingerprint(fn: Any) -> str:
 
 
 def lazytriton_version() -> str:
-    # The package's own, read from its metadata once at its import (reading it again searched
-    # sys.path: 60-90 ms of a process's first compile key on the device).
-    from .. import __version__
+    from ..version import __version__  # read once (reading the metadata again took 60-90 ms of a first call)
     return __version__
 
 
