@@ -772,21 +772,31 @@ def test_a_call_promotes_the_candidates_compiled_ahead_that_it_waits_for(fresh_t
         pool.close()
 
 
-def test_queued_in_the_order_the_compiles_were_asked_for(monkeypatch):
-    """compile.schedule: among background tickets, the order taken when the
-    compiles were asked for (next_order: a program's lowering order) beats the
-    order in which the compile-ahead threads queued them; within a stream, the
-    costliest front end first (its back end then starts first)."""
+def _front_ends_held(monkeypatch):
+    """A FakePool(8), and the front-end thread held by a ticket made ahead until `gate` is set:
+    what is submitted meanwhile queues whole. Returns (pool, gate, ran, blocker); `ran`: for
+    the tickets' names as their front ends run."""
     import threading
 
     from lazytriton.compile import schedule
 
     pool = FakePool(8)
     monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
-    gate, ran = threading.Event(), []
+    gate = threading.Event()
     blocker = _ticket("blocker", schedule.BACKGROUND, gate=gate)
     schedule.submit(blocker)
     _until(lambda: blocker.state == "running")
+    return pool, gate, [], blocker
+
+
+def test_queued_in_the_order_the_compiles_were_asked_for(monkeypatch):
+    """compile.schedule: among background tickets, the order taken when the
+    compiles were asked for (next_order: a program's lowering order) beats the
+    order in which the compile-ahead threads queued them; within a stream, the
+    costliest front end first (its back end then starts first)."""
+    from lazytriton.compile import schedule
+
+    pool, gate, ran, blocker = _front_ends_held(monkeypatch)
     first, second = schedule.next_order(), schedule.next_order()
     late = [_ticket(n, schedule.BACKGROUND, order=(second, i), ran=ran) for i, n in enumerate(("second-a", "second-b"))]
     early = [_ticket(n, schedule.BACKGROUND, cost, order=(first, i), ran=ran)
@@ -806,16 +816,9 @@ def test_front_ends_run_the_long_poles_first_then_the_others_in_the_order_asked_
     the order asked for, each stream's costliest first, so that the program's first sites are
     ready to tune while the poles compile (costliest first across the program, the first site's
     cheap candidates went last and it waited for nearly every compile)."""
-    import threading
-
     from lazytriton.compile import schedule
 
-    pool = FakePool(8)
-    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
-    gate, ran = threading.Event(), []
-    blocker = _ticket("blocker", schedule.BACKGROUND, gate=gate)
-    schedule.submit(blocker)
-    _until(lambda: blocker.state == "running")
+    pool, gate, ran, blocker = _front_ends_held(monkeypatch)
     o1, o2, o3 = (schedule.next_order() for _ in range(3))
     tickets = [_ticket(n, schedule.URGENT, cost, order, ran=ran) for n, cost, order in (
         ("site1 cheap", 1.0, (o1, 0)), ("site1 dear", 2.0, (o1, 1)), ("site2 pole", 9.0, (o2, 0)),
