@@ -39,8 +39,8 @@ from .ir_text import release
 
 log = logging.getLogger("lazytriton.compile")
 
-__all__ = ["BACKGROUND", "TOGETHER", "URGENT", "Ticket", "compile_cost", "history", "in_order_cost", "next_order", "promote",
-           "submit"]
+__all__ = ["BACKGROUND", "TOGETHER", "URGENT", "Ticket", "compile_cost", "history", "in_order_cost", "next_order",
+           "promote", "submit"]
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
@@ -134,7 +134,7 @@ _fronts = _Line("front")  # front ends to run
 _ready = _Line("ready")  # jobs waiting for a slot
 _seq = itertools.count()
 _running = {URGENT: 0, BACKGROUND: 0}  # back ends under way (server and here), by the priority they started with
-_live = {URGENT: collections.Counter(), BACKGROUND: collections.Counter()}  # costs of the tickets not ended, by priority
+_live = {URGENT: collections.Counter(), BACKGROUND: collections.Counter()}  # costs of tickets not ended, by priority
 _thread: threading.Thread | None = None
 _threads: cf.ThreadPoolExecutor | None = None  # back ends in this process
 _waiting_for_server = False
@@ -156,7 +156,6 @@ def submit(ticket: Ticket) -> None:
             _thread = threading.Thread(target=_front_ends, name="lazytriton-front-end", daemon=True)
             _thread.start()
         _cv.notify()
-
 
 
 def promote(ticket: Ticket) -> None:
