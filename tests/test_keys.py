@@ -155,6 +155,29 @@ def test_global_reassigned_after_first_key_changes_key(tmp_path):
     assert ckey(kernel) != before
 
 
+def test_one_call_reads_the_kernel_once_and_the_next_call_reads_it_again(tmp_path, monkeypatch):
+    """keys.one_reading (a call: Resolution.run, compile_ahead): every key of the call takes one
+    reading of the kernel's fingerprint and of the environment, not one per key; a global
+    reassigned between two calls is seen by the second, and outside a call every key reads."""
+    kernel = make_kernel(tmp_path)
+    module = sys.modules[kernel.__module__]
+    reads = []
+    real = keys._fingerprint
+    monkeypatch.setattr(keys, "_fingerprint", lambda fn: reads.append(fn) or real(fn))
+    with keys.one_reading():
+        first = [ckey(kernel), ckey(kernel, constexprs={(3, ): 256}), tkey(kernel)]
+        with keys.one_reading():  # nested: still the call's one reading
+            assert ckey(kernel) == first[0]
+    assert len(reads) == 1
+    module.SCALE = tl.constexpr(5)
+    with keys.one_reading():
+        second = [ckey(kernel), ckey(kernel, constexprs={(3, ): 256}), tkey(kernel)]
+    assert len(reads) == 2 and all(a != b for a, b in zip(first, second))
+    ckey(kernel)
+    ckey(kernel)
+    assert len(reads) == 4
+
+
 def test_jit_function_as_constexpr_value_uses_its_source(tmp_path, kernel):
     def fn_with(op):
         return load_module(tmp_path, f"""
