@@ -5,8 +5,9 @@ LAZYTRITON_TUNING=online).
 - **First call**: every candidate is queued to compile as on a first call that tunes, in the
   order of the evidence there is: the configs' times measured on this kernel's other
   specializations (cache/measurements.py `evidence`), the likeliest winner first; without any,
-  the quickest compile first (compile.schedule.compile_cost, lowest first). The first candidate
-  ready is launched on the caller's data: no trial, no snapshot. The others compile on.
+  the quickest compile first (compile.schedule.compile_cost, lowest first). Those in the cache
+  are ready at once. The first candidate ready is launched on the caller's data: no trial, no
+  snapshot. The others compile on.
 - **The calls that follow** (same specialization): each launches one candidate that still needs
   samples, timed by two CUDA events around that launch on the call's stream (_core.LaunchTimer:
   armed for the call, recorded by the launch core right around the driver's launch, after a write
@@ -63,6 +64,8 @@ class Resolving(Protocol):
     portable_key: tuple
 
     def family(self) -> str: ...
+
+    def load_cached(self, cache: Any, cands: list) -> tuple: ...
 
     def compile_candidates(self, cache: Any, cands: list, background: bool = False, order: int | None = None,
                         in_order: bool = False) -> tuple: ...
@@ -176,11 +179,20 @@ class Session:
         log.info("kernel %s: online tuning of %d candidate(s): the first call launches the first compiled (%s first)",
                  self.name, len(ordered), "the likeliest winner on other specializations" if evidence
                  else "the quickest compile")
+        self._places = {id(c): i for i, c in enumerate(ordered)}
+        # Those the cache holds are ready before the first call picks: which call launches what
+        # does not depend on how soon a thread loads them.
+        self.ckeys, found = res.load_cached(cache, ordered)
+        for c in found:
+            self._arrive(c)
+        todo = [c for c in ordered if c.binary is None]
+        if not todo:
+            self._compiled = True
+            return
         # The first in the queue compiles alone: the others, compiled beside it, would slow it down
         # (the first call waits for it); they start once it is ready (or failed).
-        self.ckeys, ready = res.compile_candidates(cache, ordered[:1], in_order=True)
-        self._places = {id(c): i for i, c in enumerate(ordered)}
-        threading.Thread(target=self._arrivals, args=(ready, ordered[1:]), name=f"lazytriton-online-{self.name}",
+        _, ready = res.compile_candidates(cache, todo[:1], in_order=True)
+        threading.Thread(target=self._arrivals, args=(ready, todo[1:]), name=f"lazytriton-online-{self.name}",
                          daemon=True).start()
 
     # -- candidates as they compile -----------------------------------------------------------

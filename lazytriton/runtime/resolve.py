@@ -360,6 +360,14 @@ class Resolution:
             log.info("kernel %s: pruned to %d of %d configs", self.k.name, len(pruned), len(cands))
         return pruned
 
+    def load_cached(self, cache: Cache, cands: list[Candidate]) -> tuple[dict, list[Candidate]]:
+        """The candidates whose binaries the cache holds, loaded now (the others keep no binary),
+        and every candidate's compile key."""
+        ckeys = {id(c): self._ckey(c) for c in cands}
+        for c in cands:
+            c.binary = cache.load_binary(ckeys[id(c)])
+        return ckeys, [c for c in cands if c.binary is not None]
+
     def compile_candidates(self, cache: Cache, cands: list[Candidate], background: bool = False,
                         order: int | None = None, in_order: bool = False, soon: bool = False):
         """compile_stream over the cache: binaries found there are not compiled,
