@@ -100,6 +100,40 @@ def test_a_first_call_waits_for_compiles_under_way(cache_dir, caplog, monkeypatc
     assert not compiler._inflight
 
 
+@triton.jit
+def ahead_variant(x, n, C: tl.constexpr, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(x + o, tl.load(x + o, mask=o < n) + C, mask=o < n)
+
+
+def test_every_kernel_compiled_ahead_reaches_the_queue_at_once(cache_dir, monkeypatch):
+    """compile_ahead for more kernels than any pool of threads would hold (a program of 40 call
+    sites): each one's candidates are queued at once, while none has compiled yet, so that the
+    compile queue orders all of them. A thread per kernel waits for its compiles; with 32 threads,
+    the 33rd kernel's compiles reached the queue only once a whole kernel had compiled."""
+    from lazytriton.compile import pool as compile_pool, schedule
+
+    gate = threading.Event()
+
+    def held(*a):  # no front end ends before every kernel's candidates are queued
+        gate.wait(60)
+        raise compile_pool.CompileFailed("held by the test")
+
+    monkeypatch.setattr(compiler, "_front_end", held)
+    k = lazytriton.kernel(ahead_variant)
+    start = len(schedule.history())
+    futures = [k.compile_ahead(X, 4096, C=c, B=64, target=TARGET, soon=True) for c in range(40)]
+    deadline = threading.Event()
+    threading.Timer(20, deadline.set).start()
+    while not deadline.is_set() and len(schedule.history()[start:]) < 40:
+        deadline.wait(0.02)
+    queued = len([h for h in schedule.history()[start:] if h["label"].startswith("ahead_variant")])
+    gate.set()
+    assert queued == 40, queued
+    for f in futures:
+        assert f.exception(timeout=60) is not None  # every candidate failed: held, then refused
+
+
 FORKED = r"""
 import os, sys
 sys.path.insert(0, {tests!r})

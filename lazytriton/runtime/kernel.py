@@ -652,12 +652,15 @@ _ahead_pool = None
 
 def _ahead():
     """Threads for compile_ahead: one per kernel being compiled ahead, so that
-    every kernel's candidates reach the compile server at once."""
+    every kernel's candidates reach the compile queue at once (the queue orders
+    them and bounds the work; a thread only waits for its kernel's compiles and
+    stores them). With a cap, the kernels past it reached the queue only as whole
+    kernels ended. Idle threads are reused; the interpreter's exit waits for them."""
     global _ahead_pool
     if _ahead_pool is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        _ahead_pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="lazytriton-compile-ahead")
+        _ahead_pool = ThreadPoolExecutor(max_workers=sys.maxsize, thread_name_prefix="lazytriton-compile-ahead")
     return _ahead_pool
 
 
