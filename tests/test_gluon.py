@@ -149,7 +149,7 @@ def test_autotuned_gluon_resolution_binds_and_compiles_each_config(cache_dir):
     assert [(c.bound.options.num_warps, c.bound.constexprs[(5,)]) for c in cands] == [(2, 2), (4, 4), (8, 8)]
     compile_all(k.spec, SM90, cands, max_workers=0)
     assert all(c.binary is not None for c in cands), [c.error for c in cands]
-    assert len({res._ckey(c) for c in cands}) == 3
+    assert len({res.compile_key(c) for c in cands}) == 3
 
 
 @pytest.mark.skipif(lazytriton.gpu_available()[0], reason="resolves on fake addresses: CPU only")

@@ -364,7 +364,7 @@ def test_tutorial_09_compiles_with_the_hooks_blocks(cache_dir):
         # Triton's TMA box is the block, split to the swizzle width on the inner dimension.
         for m, name in zip(metas, ("a_desc", "b_desc", "c_desc")):
             assert m["block_size"][0] == c.extra["desc_blocks"][name][0]
-        keys = {res._ckey(c) for c in cands}
+        keys = {res.compile_key(c) for c in cands}
     assert len(keys) == 2
 
 

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .. import _core
@@ -356,7 +356,7 @@ class Isolation:
     kernel_name: str
     device: int
     device_name: str
-    compile_keys: dict = field(default_factory=dict)  # id(candidate) -> its compile key
+    compile_key: Callable[[Any], str]  # a candidate's key in the cache
 
     def proven(self, c) -> bool:
         doc = verdicts.lookup(self.cache, verdicts.binary_id(c.binary.cubin))
@@ -389,7 +389,7 @@ class Isolation:
                         v.reason)
             return True
         bid = verdicts.binary_id(binary.cubin)
-        doc = verdicts.record(self.cache, bid, self.compile_keys.get(id(c)), self.kernel_name, c.label,
+        doc = verdicts.record(self.cache, bid, self.compile_key(c), self.kernel_name, c.label,
                               v.status, v.reason, self.device_name)
         if v.status == "ok":
             log.info("%s: %s ran clean in its isolated first launch (%.3f s; buffers by %s)", where, c.label,

@@ -65,14 +65,16 @@ class Resolving(Protocol):
 
     def family(self) -> str: ...
 
-    def load_cached(self, cache: Any, cands: list) -> tuple: ...
+    def compile_key(self, c: Candidate) -> str: ...
+
+    def load_cached(self, cache: Any, cands: list) -> list: ...
 
     def compile_candidates(self, cache: Any, cands: list, background: bool = False, order: int | None = None,
-                        in_order: bool = False) -> tuple: ...
+                        in_order: bool = False) -> Any: ...
 
     def entry_of(self, c: Candidate) -> Any: ...
 
-    def store_record(self, cache: Any, tkey: str, cands: list, winner: Candidate, ckeys: dict, times: dict,
+    def store_record(self, cache: Any, tkey: str, cands: list, winner: Candidate, times: dict,
                      notes: dict, agreed=None, untuned: bool = False, extra: dict | None = None) -> Any: ...
 
 
@@ -182,8 +184,7 @@ class Session:
         self._places = {id(c): i for i, c in enumerate(ordered)}
         # Those the cache holds are ready before the first call picks: which call launches what
         # does not depend on how soon a thread loads them.
-        self.ckeys, found = res.load_cached(cache, ordered)
-        for c in found:
+        for c in res.load_cached(cache, ordered):
             self._arrive(c)
         todo = [c for c in ordered if c.binary is None]
         if not todo:
@@ -191,7 +192,7 @@ class Session:
             return
         # The first in the queue compiles alone: the others, compiled beside it, would slow it down
         # (the first call waits for it); they start once it is ready (or failed).
-        _, ready = res.compile_candidates(cache, todo[:1], in_order=True)
+        ready = res.compile_candidates(cache, todo[:1], in_order=True)
         threading.Thread(target=self._arrivals, args=(ready, todo[1:]), name=f"lazytriton-online-{self.name}",
                          daemon=True).start()
 
@@ -202,8 +203,7 @@ class Session:
             for c in ready:
                 self._arrive(c)
             if rest:
-                more, ready = self.res.compile_candidates(self.cache, rest, in_order=True)
-                self.ckeys.update(more)
+                ready = self.res.compile_candidates(self.cache, rest, in_order=True)
                 for c in ready:
                     self._arrive(c)
         except BaseException as exc:  # noqa: BLE001  (said by the call that finds no candidate)
@@ -349,7 +349,7 @@ class Session:
         measurements.record(self.cache, self.mkey, self.name, {
             measurements.config_id(a.cand.config): {
                 "config": keys.config_parts(a.cand.config) if a.cand.config is not None else {},
-                "time_ms": a.median(), "samples": list(a.samples), "compile_key": self.ckeys.get(id(a.cand))}
+                "time_ms": a.median(), "samples": list(a.samples), "compile_key": self.res.compile_key(a.cand)}
             for a in self._arms if a.samples}, family=self.family, publish=False)
 
     # -- the decision -------------------------------------------------------------------------
@@ -376,7 +376,7 @@ class Session:
     def _store(self, winner: Arm, medians: dict, agreed=None) -> Any:
         self._persist_samples()
         with self.cache.lock(self.tkey):
-            self.res.store_record(self.cache, self.tkey, self.cands, winner.cand, self.ckeys, medians,
+            self.res.store_record(self.cache, self.tkey, self.cands, winner.cand, medians,
                                   {a.cand.index: {"online_samples": len(a.samples)} for a in self._arms},
                                   agreed=agreed, extra={"online": True})
         return self._settled_entry(winner.cand)
@@ -399,22 +399,20 @@ class Session:
 
         index = rec["winner_index"]
         c = next(c for c in self.cands if c.index == index)
-        if c.binary is None and binary is not None and self.ckeys.get(id(c)) == rec.get("winner"):
+        if c.binary is None and binary is not None and self.res.compile_key(c) == rec.get("winner"):
             try:
                 self.cache.store_binary(rec["winner"], decode_binary(rec["winner"], binary))
             except BadEntry as exc:
                 log.warning("kernel %s: the winner's binary from rank %s is unusable (%s); compiling it here",
                             self.name, origin.get("rank"), exc)
         if c.binary is None:
-            more, ready = self.res.compile_candidates(self.cache, [c])
-            for _ in ready:
+            for _ in self.res.compile_candidates(self.cache, [c]):
                 pass
-            self.ckeys.update(more)
             if c.binary is None:
                 raise AllCandidatesFailed(self.name, [c])
         times = {n: line.get("time_ms") for n, line in enumerate(rec.get("candidates") or [])}  # in config order
         with self.cache.lock(self.tkey):
-            self.res.store_record(self.cache, self.tkey, self.cands, c, self.ckeys, times, {},
+            self.res.store_record(self.cache, self.tkey, self.cands, c, times, {},
                                   agreed=(rec, origin), extra={"online": True})
         log.info("kernel %s: rank %s decided first: this process launches its winner, config %d", self.name,
                  origin.get("rank"), index)

@@ -209,7 +209,7 @@ class Resolution:
         """Launch another process's winner; its binary, when it came along and is
         what this process would compile (same compile key), goes into the cache first."""
         cands = self._candidates()
-        if binary is not None and self._ckey(cands[rec["winner_index"]]) == rec.get("winner"):
+        if binary is not None and self.compile_key(cands[rec["winner_index"]]) == rec.get("winner"):
             try:
                 cache.store_binary(rec["winner"], decode_binary(rec["winner"], binary))
             except BadEntry as exc:  # then it compiles here
@@ -315,7 +315,8 @@ class Resolution:
                                       f"{list(block)}, but the descriptor has rank {self.descs[name].rank}")
         return blocks
 
-    def _ckey(self, c: Candidate) -> str:
+    def compile_key(self, c: Candidate) -> str:
+        """The candidate's key in the cache (its binary, its verdict, its line in the record)."""
         # Once per candidate (a resolution asks up to four times): the key reads the kernel's
         # globals as they are now, and one call looks up and stores under the same key.
         if "compile_key" not in c.extra:
@@ -360,13 +361,11 @@ class Resolution:
             log.info("kernel %s: pruned to %d of %d configs", self.k.name, len(pruned), len(cands))
         return pruned
 
-    def load_cached(self, cache: Cache, cands: list[Candidate]) -> tuple[dict, list[Candidate]]:
-        """The candidates whose binaries the cache holds, loaded now (the others keep no binary),
-        and every candidate's compile key."""
-        ckeys = {id(c): self._ckey(c) for c in cands}
+    def load_cached(self, cache: Cache, cands: list[Candidate]) -> list[Candidate]:
+        """The candidates whose binaries the cache holds, loaded now (the others keep no binary)."""
         for c in cands:
-            c.binary = cache.load_binary(ckeys[id(c)])
-        return ckeys, [c for c in cands if c.binary is not None]
+            c.binary = cache.load_binary(self.compile_key(c))
+        return [c for c in cands if c.binary is not None]
 
     def compile_candidates(self, cache: Cache, cands: list[Candidate], background: bool = False,
                         order: int | None = None, in_order: bool = False, soon: bool = False):
@@ -374,17 +373,17 @@ class Resolution:
         those compiled are stored, and a candidate another thread of this
         process is compiling already (compile_ahead, a first call of another
         key) is waited for, not compiled twice."""
-        ckeys = {id(c): self._ckey(c) for c in cands}
-
         def store(c, binary):
             _stats["compiles"] += 1
             if self.leaf_names is not None:  # read here: off a first call's path when compiled ahead
                 writes(binary, c.bound, self.leaf_names)
-            cache.store_binary(ckeys[id(c)], binary)
+            cache.store_binary(self.compile_key(c), binary)
 
-        return ckeys, compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(ckeys[id(c)]),
-                                     store=store, key=lambda c: ckeys[id(c)], wait_for_server=background,
-                                     order=order, in_order=in_order, soon=soon)
+        for c in cands:  # keyed now, on this call's reading of the kernel (keys.one_reading)
+            self.compile_key(c)
+        return compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(self.compile_key(c)),
+                              store=store, key=self.compile_key, wait_for_server=background,
+                              order=order, in_order=in_order, soon=soon)
 
     def compile_ahead(self, target, order: int | None = None, soon: bool = False) -> int:
         """Compiles every candidate of this specialization for `target` and
@@ -398,7 +397,7 @@ class Resolution:
         # No first call waits on these: they wait for the compile server rather than
         # compiling on threads of this process beside the program's own work.
         with keys.one_reading():
-            _, ready = self.compile_candidates(self.k.cache, cands, background=True, order=order, soon=soon)
+            ready = self.compile_candidates(self.k.cache, cands, background=True, order=order, soon=soon)
         if len(cands) > 1:
             self._prestart_isolation(cands)
         done = list(ready)
@@ -421,7 +420,7 @@ class Resolution:
         todo = [c for c in pruned if c.index not in prior]
         # Configs whose binary faulted or hung in an earlier isolated first launch: not compiled,
         # never launched (lazytriton.cache.verdicts).
-        docs = [verdicts.lookup(cache, self._ckey(c)) for c in todo]
+        docs = [verdicts.lookup(cache, self.compile_key(c)) for c in todo]
         failed = self._failed_before(todo, docs)
         kept = [(c, doc) for c, doc in zip(todo, docs) if not any(c is f for f in failed)]
         todo = [c for c, _ in kept]
@@ -429,9 +428,7 @@ class Resolution:
         # Trials start as soon as two candidates are compiled, while the others
         # still compile (tune() reads the stream).
         t0 = time.perf_counter()
-        ckeys, ready = self.compile_candidates(cache, todo)
-        if isolation is not None:
-            isolation.compile_keys = ckeys
+        ready = self.compile_candidates(cache, todo)
         winner = None
         with contextlib.closing(ready):
             try:
@@ -447,7 +444,7 @@ class Resolution:
         if winner is None and not prior:
             raise AllCandidatesFailed(k.name, failed)
         if prior:
-            winner = self._best_with_prior(cache, winner, pruned, todo, prior, ckeys)
+            winner = self._best_with_prior(cache, winner, pruned, todo, prior)
         timed = [c for c in todo if c.extra.get("time_ms") is not None]
         _stats["timed"] += len(timed)
         _stats["measured_before"] += len(prior)
@@ -455,7 +452,7 @@ class Resolution:
         if mkey is not None and timed:
             measurements.record(cache, mkey, k.name, {
                 measurements.config_id(c.config): {"config": keys.config_parts(c.config) if c.config else {},
-                                                   "time_ms": c.extra["time_ms"], "compile_key": ckeys[id(c)]}
+                                                   "time_ms": c.extra["time_ms"], "compile_key": self.compile_key(c)}
                 for c in timed}, family=self.family())
         _timings.append({"kernel": k.name, "candidates": len(pruned),
                          "compiled_s": max((c.extra.get("ready_s", 0.0) for c in pruned), default=0.0),
@@ -467,7 +464,7 @@ class Resolution:
                          "tuned_s": time.perf_counter() - t0,
                          "tune_s": winner.extra.get("tune_s", 0.0) if winner is not None else 0.0,
                          "at": time.perf_counter()})
-        self.store_record(cache, tkey, cands, winner, ckeys,
+        self.store_record(cache, tkey, cands, winner,
                           {c.index: prior.get(c.index, c.extra.get("time_ms")) for c in cands},
                           {c.index: {"measured_before": True} for c in cands if c.index in prior},
                           agreed=agreed, untuned=untuned)
@@ -477,14 +474,14 @@ class Resolution:
         """This kernel's measurements family on this device (measurements.family_key)."""
         return measurements.family_key(self.spec.fn, self.target, self.dev["name"], self.dev["driver_version"])
 
-    def store_record(self, cache: Cache, tkey: str, cands: list[Candidate], winner: Candidate, ckeys: dict,
-                     times: dict, notes: dict, agreed=None, untuned: bool = False, extra: dict | None = None):
+    def store_record(self, cache: Cache, tkey: str, cands: list[Candidate], winner: Candidate, times: dict,
+                     notes: dict, agreed=None, untuned: bool = False, extra: dict | None = None):
         """Persists `winner` as this key's tuning record: each candidate's time (`times` by
         index; `notes`: more fields of a candidate's line), the winner's launch info."""
         rec = TuningRecord(
-            kernel_name=self.k.name, winner=ckeys[id(winner)], winner_index=winner.index,
+            kernel_name=self.k.name, winner=self.compile_key(winner), winner_index=winner.index,
             candidates=[{"config": keys.config_parts(c.config) if c.config is not None else {},
-                         "compile_key": ckeys.get(id(c)) if c.binary is not None else None,
+                         "compile_key": self.compile_key(c) if c.binary is not None else None,
                          "time_ms": times.get(c.index), "error": c.error, **notes.get(c.index, {})} for c in cands],
             device_name=self.dev["name"], compute_capability=list(self.dev["capability"]),
             driver_version=self.dev["driver_version"],
@@ -527,7 +524,7 @@ class Resolution:
             return
         if dev.get("backend") != "cuda" or device_target(dev) != self.target:
             return
-        if any(verdicts.lookup(self.k.cache, self._ckey(c)) is None for c in cands):
+        if any(verdicts.lookup(self.k.cache, self.compile_key(c)) is None for c in cands):
             prestart(device)
 
     def _isolation(self, cache: Cache, docs: list[dict | None]) -> Isolation | None:
@@ -539,7 +536,7 @@ class Resolution:
             return None
         if any(doc is None or doc["verdict"] != verdicts.OK for doc in docs):
             prestart(self.device)
-        return Isolation(cache, self.k.name, self.device, self.dev["name"])
+        return Isolation(cache, self.k.name, self.device, self.dev["name"], self.compile_key)
 
     def _measured_before(self, cache: Cache, pruned: list[Candidate], timing: bool) -> tuple[str | None, dict]:
         """(the measurements' key, {candidate index: time_ms measured before}) for a tune of
@@ -563,7 +560,7 @@ class Resolution:
         return mkey, prior
 
     def _best_with_prior(self, cache: Cache, winner: Candidate | None, pruned: list[Candidate],
-                         todo: list[Candidate], prior: dict, ckeys: dict) -> Candidate:
+                         todo: list[Candidate], prior: dict) -> Candidate:
         """The fastest of this tune's winner and the configs measured before; a config measured
         before that wins is loaded from the cache (local or remote), else compiled alone."""
         cands = {c.index: c for c in pruned}
@@ -573,7 +570,7 @@ class Resolution:
             return winner
         best = cands[best_i]
         best.extra["time_ms"] = prior[best_i]
-        more, ready = self.compile_candidates(cache, [best])
+        ready = self.compile_candidates(cache, [best])
         with contextlib.closing(ready):
             for _ in ready:
                 pass
@@ -583,7 +580,6 @@ class Resolution:
             log.warning("kernel %s: config %d, measured before as the fastest, does not compile now (%s); using "
                         "config %d", self.k.name, best_i, best.error, winner.index)
             return winner
-        ckeys.update(more)
         log.info("kernel %s: winner config %d at %.4f ms, measured before (%s)", self.k.name, best_i, prior[best_i],
                  ", ".join(f"{i}: {t:.4f}" for i, t in sorted(
                      {**prior, **{c.index: c.extra["time_ms"] for c in todo if c.extra.get("time_ms")}}.items())))
@@ -608,7 +604,7 @@ class Resolution:
 
     def entry_of(self, c: Candidate):
         info = self._launch_info(c)
-        return self._make_entry(self._ckey(c), c.binary, info["is_param"], info["meta"])
+        return self._make_entry(self.compile_key(c), c.binary, info["is_param"], info["meta"])
 
     def _make_entry(self, ckey: str, binary, is_param: list, meta: dict):
         # A slot the stub reads as a constexpr packs nothing: a winner that takes a kernel
