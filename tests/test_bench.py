@@ -906,6 +906,36 @@ def test_field_sections_from_a_measurement(tmp_path):
     assert (tmp_path / "field.png").exists() and (tmp_path / "field_program.png").exists()
 
 
+def test_a_field_programs_step_is_broken_down_where_it_went():
+    """lazytriton/bench/field.py step_breakdown: from a run's compile history and timings (the step's
+    clock from t0): when the first compile was queued, the compile that ended last, the full
+    collections, and the sites that ended after it (their trials, isolated first launches, the rest)."""
+    from lazytriton.bench import field
+
+    t0 = 100.0
+    hist = [{"label": "body config 1 (BM: 128)", "queued": t0 + 0.1, "front_end": t0 + 0.15,
+             "front_end_done": t0 + 0.17, "job_done": t0 + 1.9, "job_s": 1.7},
+            {"label": "body config 7 (BM: 64)", "queued": t0 + 0.1, "front_end": t0 + 0.3,
+             "front_end_done": t0 + 0.33, "job_done": t0 + 2.1, "job_s": 1.75},
+            {"label": "body config 0 (BLOCK: 256)", "queued": t0 + 0.12, "front_end": t0 + 0.5,
+             "front_end_done": t0 + 0.52, "job_done": t0 + 0.8, "job_s": 0.25}]
+    timings = [{"at": t0 + 1.8, "tune_s": 0.05, "isolated_s": 0.01},  # ended before the last compile
+               {"at": t0 + 2.3, "tune_s": 0.12, "isolated_s": 0.02},
+               {"at": t0 + 2.5, "tune_s": 0.1, "isolated_s": 0.03}]
+    run = {"t0": t0, "first_s": 2.5, "compile_history": hist, "timings": timings, "gc": [[2, 0.18, 0.13]]}
+    b = field.step_breakdown(run)
+    assert abs(b["first_queued_s"] - 0.1) < 1e-9 and b["last_compile"]["label"].startswith("body config 7")
+    assert abs(b["last_compile"]["front_end_s"] - 0.3) < 1e-9 and abs(b["last_compile"]["done_s"] - 2.1) < 1e-9
+    assert b["full_collections"] == [[0.18, 0.13]] and b["sites_after"] == 2
+    assert abs(b["tail_s"] - 0.4) < 1e-9 and abs(b["tail_trials_s"] - 0.22) < 1e-9
+    assert abs(b["tail_isolated_s"] - 0.05) < 1e-9 and abs(b["tail_other_s"] - 0.13) < 1e-9
+    (note,) = field.breakdown_notes({"jax_ahead": run, "sa_ahead": {"first_s": 3.0}})  # no history: no note
+    assert note.startswith("JAX 16 sites, compiled ahead, the median run: first compile queued at +0.10 s; the last "
+                           "compile to end (body config 7) started its front end at +0.30 s, ran 1.75 s"), note
+    assert "full collections: 0.13 s at +0.18 s; then 2 sites in 0.40 s: trials 0.22 s" in note, note
+    assert field.step_breakdown({"first_s": 1.0}) is None
+
+
 def test_a_field_row_says_what_isolated_first_launches_cost_it(tmp_path):
     """lazytriton/bench/field.py one_process: a row's line names its isolated first launches, their
     seconds and how the buffers went (IPC, device copies by IPC, or staged), so a GPU run answers which
