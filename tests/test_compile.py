@@ -132,8 +132,8 @@ def test_failing_config_is_skipped_with_its_reason(caplog, monkeypatch, late):
 
         front, back = compiler._front_end, ir_text.compile_text
 
-        def marked(spec, target, c):
-            job = front(spec, target, c)
+        def marked(spec, fn, target, c):
+            job = front(spec, fn, target, c)
             return dict(job, ir=dict(job["ir"], late=c.index == late))
 
         def slow(ir, target):

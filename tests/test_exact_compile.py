@@ -46,7 +46,7 @@ from lazytriton.compile import ir_text, pool as compile_pool
 from lazytriton.compile.compiler import Binder, Candidate, compile_stream
 from lazytriton.compile.targets import ast_source
 from lazytriton.model.arrays import DeviceArray
-from lazytriton.model.spec import kernel_spec
+from lazytriton.model.spec import as_read_now, kernel_spec
 
 from exact_corpus import helpers, kernels as ek
 
@@ -192,6 +192,61 @@ def test_use_ir_loc_set_in_code(server, tmp_path, monkeypatch):
         ck = triton.compile(ir_text.TextSource(ir), target=TARGET, options=ir["options"])
     assert same_bytes(c.binary.cubin) == same_bytes(ck.asm["cubin"]) and c.binary.ttir == ck.asm["ttir"]
     assert c.binary.cubin != off.binary.cubin
+
+
+class _Assigns:
+    """A global that assigns another global in its module whenever its ``__module__`` is read:
+    the program's thread, assigning a global at the moment a front end iterates the module's
+    globals (Triton's CodeGenerator reads each one's ``__module__`` as it copies them)."""
+
+    def __init__(self, module):
+        self.module, self.assigned = module, []
+
+    def __getattribute__(self, name):
+        if name == "__module__":
+            module, assigned = object.__getattribute__(self, "module"), object.__getattribute__(self, "assigned")
+            assigned.append(f"_assigned_{len(assigned)}")
+            setattr(module, assigned[-1], len(assigned))
+        return object.__getattribute__(self, name)
+
+
+QUEUED = {  # a kernel, and what the program changes while its compile waits in the queue
+    "constexpr and dtype globals": (ek.reads_globals, lambda mp: (
+        mp.setattr(ek, "K", tl.constexpr(5)), mp.setattr(ek, "DT", tl.bfloat16))),
+    "helper called by name replaced": (ek.defaults, lambda mp: mp.setattr(ek, "_scaled", helpers.op_b)),
+}
+
+
+@pytest.mark.parametrize("case", list(QUEUED))
+def test_a_front_end_run_later_reads_the_kernel_as_it_was_when_its_compile_was_asked_for(server, tmp_path,
+                                                                                          monkeypatch, case):
+    """Front ends run on the queue's thread, after the call that asked for them and beside the
+    program (online tuning's other candidates, compile_ahead, a JAX program's sites). They read
+    the kernel as it was when its compile was asked for (model.spec.as_read_now, which
+    Resolution.compile_candidates passes with the keys it reads then), never the live globals:
+    - the program changes what the kernel reads before the front end runs: the binary is the one
+      Triton builds at the call (on the live globals: the changed value, under the call's key);
+    - it assigns a global while the front end runs: Triton's front end iterates the globals (on the
+      live dict: "dictionary changed size during iteration", the candidate lost; CI, stop 57).
+    The next compile asked for reads the change."""
+    kernel, change = QUEUED[case]
+    spec = kernel_spec(kernel)
+    c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": 128}))
+    stream = compile_stream(spec, TARGET, [c], fn=as_read_now(spec.fn))  # nothing runs until it is read
+    asked = reference(kernel, c, tmp_path / "asked")  # Triton in the caller, at the call
+    change(monkeypatch)
+    assigns = _Assigns(ek)
+    monkeypatch.setattr(ek, "_assigns", assigns, raising=False)
+    try:
+        (c,) = stream
+    finally:
+        for name in assigns.assigned:
+            delattr(ek, name)
+    assert c.error is None, c.error
+    assert c.binary.ttir == asked.asm["ttir"] and same_bytes(c.binary.cubin) == same_bytes(asked.asm["cubin"])
+    monkeypatch.delattr(ek, "_assigns")
+    now = check(kernel, tmp_path)
+    assert same_bytes(now.cubin) != same_bytes(c.binary.cubin)  # the change matters, and the next compile sees it
 
 
 def test_dropped_kernels_are_not_kept_alive(server):

@@ -23,7 +23,7 @@ from .server import reason
 from .targets import ast_source, target_label
 from ..model import tuples
 from ..cache import CompiledBinary
-from ..model.spec import KernelSpec
+from ..model.spec import KernelSpec, as_read_now
 from ..model.specialize import WIDE_FLOAT, prime_in_background, prime_specializer
 
 log = logging.getLogger("lazytriton.compile.compiler")
@@ -198,7 +198,8 @@ def _forget(k: str, ticket: schedule.Ticket, _=None) -> None:
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
                    max_workers: int | None = None, key=None, wait_for_server: bool = False,
-                   order: int | None = None, in_order: bool = False, soon: bool = False) -> Iterator[Candidate]:
+                   order: int | None = None, in_order: bool = False, soon: bool = False,
+                   fn: Any = None) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every
     candidate as soon as it has its binary or its error, so that tuning can
     start on the first. Each candidate takes one of three routes: a candidate
@@ -212,7 +213,10 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     run niced, unless `soon`: a program about to run needs them all). `order`
     (compile.schedule.next_order(), taken when asked for) places them among those of their priority.
     `in_order`: the candidates' own order is the queue's (online tuning lists the
-    likeliest winner, or the quickest compile, first), not the costliest first."""
+    likeliest winner, or the quickest compile, first), not the costliest first. `fn`: the kernel
+    the front ends read (model.spec.as_read_now, taken when the compile was asked for; by
+    default when the stream starts)."""
+    fn = as_read_now(spec.fn) if fn is None else fn
     todo = []
     for c in candidates:
         c.binary = load(c) if load else None
@@ -253,7 +257,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             code = code or (1 if in_order else spec.code_size())
             cost = (schedule.in_order_cost(rank, len(todo)) if in_order else
                     schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None), code))
-            t = schedule.Ticket(functools.partial(_front_end, spec, target, c), priority, f"{spec.name} {c.label}",
+            t = schedule.Ticket(functools.partial(_front_end, spec, fn, target, c), priority, f"{spec.name} {c.label}",
                                 (order, rank), cost, here=pool is None, ahead=wait_for_server)
             if k is not None:
                 _inflight[k] = t
@@ -308,13 +312,13 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     log.info("kernel %s: %d of %d candidate(s) compiled in %.2fs", spec.name, ok, len(todo), time.perf_counter() - t0)
 
 
-def _front_end(spec: KernelSpec, target: GPUTarget, c: Candidate) -> dict:
-    """One candidate's front end, on compile.schedule's thread: its job, or
+def _front_end(spec: KernelSpec, fn: Any, target: GPUTarget, c: Candidate) -> dict:
+    """One candidate's front end, on compile.schedule's thread, reading `fn`: its job, or
     CompileFailed with Triton's whole message."""
     t0 = time.perf_counter()
     b = c.bound
     try:
-        ir = ir_text.front_end(spec.fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
+        ir = ir_text.front_end(fn, target, b.signature, b.constexprs, b.attrs, b.options.__dict__)
     except Exception as exc:  # CompilationError and the like
         raise compile_pool.CompileFailed(reason(exc)) from None
     c.extra["front_end"] = "here"

@@ -3,6 +3,7 @@ autotune/heuristics wrappers, its parameters, candidate configs and tuning rules
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import functools
 import importlib
@@ -268,6 +269,32 @@ def _code_names(code) -> set[str]:
         if hasattr(c, "co_consts"):
             out |= _code_names(c)
     return out
+
+
+def as_read_now(fn: JITFunction) -> JITFunction:
+    """`fn` as Triton's front end reads it now, for a front end that runs later on another
+    thread: a copy of the function whose globals are a copy of its module's, and so for each
+    @jit function it calls by name. Triton's front end iterates a function's globals
+    (CodeGenerator's gscope); run beside the program, the live dict changed under it (a global
+    assigned: "dictionary changed size during iteration", a candidate lost), and a value changed
+    since the call would compile into the binary. Module attributes and closure cells stay live."""
+    views: dict[int, JITFunction] = {}
+    scopes: dict[int, dict] = {}  # one copy per module: its functions see one another's views
+
+    def view(f: JITFunction) -> JITFunction:
+        if id(f) not in views:
+            v = views[id(f)] = copy.copy(f)
+            live = f.__globals__
+            if id(live) not in scopes:
+                scopes[id(live)] = dict(live)  # one C call: no thread runs during the copy
+            v.__globals__ = scope = scopes[id(live)]
+            for name in _code_names(f.fn.__code__):
+                g = scope.get(name)
+                if isinstance(g, JITFunction) and all(g is not w for w in views.values()):
+                    scope[name] = view(g)
+        return views[id(f)]
+
+    return view(fn)
 
 
 def is_gluon(fn: Any) -> bool:

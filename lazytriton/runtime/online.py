@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from .. import _core
 from ..cache import keys, measurements
@@ -70,7 +70,7 @@ class Resolving(Protocol):
     def load_cached(self, cache: Any, cands: list) -> list: ...
 
     def compile_candidates(self, cache: Any, cands: list, background: bool = False, order: int | None = None,
-                        in_order: bool = False) -> Any: ...
+                           in_order: bool = False) -> Iterator[Candidate]: ...
 
     def entry_of(self, c: Candidate) -> Any: ...
 
@@ -191,20 +191,19 @@ class Session:
             self._compiled = True
             return
         # The first in the queue compiles alone: the others, compiled beside it, would slow it down
-        # (the first call waits for it); they start once it is ready (or failed).
+        # (the first call waits for it); they start once it is ready (or failed). Both streams
+        # are made now: their keys and front ends read the kernel as it is at this call.
         ready = res.compile_candidates(cache, todo[:1], in_order=True)
-        threading.Thread(target=self._arrivals, args=(ready, todo[1:]), name=f"lazytriton-online-{self.name}",
+        rest = res.compile_candidates(cache, todo[1:], in_order=True) if len(todo) > 1 else iter(())
+        threading.Thread(target=self._arrivals, args=(ready, rest), name=f"lazytriton-online-{self.name}",
                          daemon=True).start()
 
     # -- candidates as they compile -----------------------------------------------------------
 
-    def _arrivals(self, ready, rest: list[Candidate]) -> None:
+    def _arrivals(self, ready: Iterator[Candidate], rest: Iterator[Candidate]) -> None:
         try:
-            for c in ready:
-                self._arrive(c)
-            if rest:
-                ready = self.res.compile_candidates(self.cache, rest, in_order=True)
-                for c in ready:
+            for stream in (ready, rest):  # the rest's compiles are queued once the first is ready
+                for c in stream:
                     self._arrive(c)
         except BaseException as exc:  # noqa: BLE001  (said by the call that finds no candidate)
             self._compile_error = exc

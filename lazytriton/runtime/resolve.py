@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from .. import _core, distributed
 from ..cache import (BadEntry, Cache, TuningRecord, decode_binary, encode_binary, keys, measurements, settings,
@@ -22,7 +22,7 @@ from ..compile.compiler import AllCandidatesFailed, Candidate, compile_all, comp
 from ..compile.targets import device_target
 from ..model import pre_hooks, tensor_desc, tuples
 from ..model.arrays import PointerArg, array_info, is_array
-from ..model.spec import KernelSpecError, pre_hook_refusal
+from ..model.spec import KernelSpecError, as_read_now, pre_hook_refusal
 from ..model.specialize import OPTION_NAMES, Shape
 from ..settings import isolation as isolation_enabled
 from . import online
@@ -368,7 +368,8 @@ class Resolution:
         return [c for c in cands if c.binary is not None]
 
     def compile_candidates(self, cache: Cache, cands: list[Candidate], background: bool = False,
-                        order: int | None = None, in_order: bool = False, soon: bool = False):
+                           order: int | None = None, in_order: bool = False,
+                           soon: bool = False) -> Iterator[Candidate]:
         """compile_stream over the cache: binaries found there are not compiled,
         those compiled are stored, and a candidate another thread of this
         process is compiling already (compile_ahead, a first call of another
@@ -381,9 +382,10 @@ class Resolution:
 
         for c in cands:  # keyed now, on this call's reading of the kernel (keys.one_reading)
             self.compile_key(c)
+        # The front ends read the kernel as it is now too, wherever and whenever they run.
         return compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(self.compile_key(c)),
                               store=store, key=self.compile_key, wait_for_server=background,
-                              order=order, in_order=in_order, soon=soon)
+                              order=order, in_order=in_order, soon=soon, fn=as_read_now(self.spec.fn))
 
     def compile_ahead(self, target, order: int | None = None, soon: bool = False) -> int:
         """Compiles every candidate of this specialization for `target` and
