@@ -211,9 +211,10 @@ class _Assigns:
 
 
 QUEUED = {  # a kernel, and what the program changes while its compile waits in the queue
-    "constexpr and dtype globals": (ek.reads_globals, lambda mp: (
+    "constexpr and dtype globals": lambda: (ek.reads_globals, lambda mp: (
         mp.setattr(ek, "K", tl.constexpr(5)), mp.setattr(ek, "DT", tl.bfloat16))),
-    "helper called by name replaced": (ek.defaults, lambda mp: mp.setattr(ek, "_scaled", helpers.op_b)),
+    "helper called by name replaced": lambda: (ek.defaults, lambda mp: mp.setattr(ek, "_scaled", helpers.op_b)),
+    "closure cell": _closure_case,
 }
 
 
@@ -229,7 +230,7 @@ def test_a_front_end_run_later_reads_the_kernel_as_it_was_when_its_compile_was_a
     - it assigns a global while the front end runs: Triton's front end iterates the globals (on the
       live dict: "dictionary changed size during iteration", the candidate lost; CI, stop 57).
     The next compile asked for reads the change."""
-    kernel, change = QUEUED[case]
+    kernel, change = QUEUED[case]()
     spec = kernel_spec(kernel)
     c = Candidate(0, None, Binder(spec, TARGET).bind((X, X, 1000), {"B": 128}))
     stream = compile_stream(spec, TARGET, [c], fn=as_read_now(spec.fn))  # nothing runs until it is read

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -273,13 +274,18 @@ def _code_names(code) -> set[str]:
 
 def as_read_now(fn: JITFunction) -> JITFunction:
     """`fn` as Triton's front end reads it now, for a front end that runs later on another
-    thread: a copy of the function whose globals are a copy of its module's, and so for each
-    @jit function it calls by name. Triton's front end iterates a function's globals
-    (CodeGenerator's gscope); run beside the program, the live dict changed under it (a global
-    assigned: "dictionary changed size during iteration", a candidate lost), and a value changed
-    since the call would compile into the binary. Module attributes and closure cells stay live."""
+    thread: a copy of the function whose globals are a copy of its module's and whose closure
+    cells hold what they hold now, and so for each @jit function it calls by name. Triton's
+    front end iterates a function's globals (CodeGenerator's gscope); run beside the program,
+    the live dict changed under it (a global assigned: "dictionary changed size during
+    iteration", a candidate lost), and a value changed since the call would compile into the
+    binary. Attributes of modules stay live."""
     views: dict[int, JITFunction] = {}
     scopes: dict[int, dict] = {}  # one copy per module: its functions see one another's views
+
+    def now(value: Any) -> Any:
+        mine = isinstance(value, JITFunction) and all(value is not w for w in views.values())
+        return view(value) if mine else value
 
     def view(f: JITFunction) -> JITFunction:
         if id(f) not in views:
@@ -289,12 +295,29 @@ def as_read_now(fn: JITFunction) -> JITFunction:
                 scopes[id(live)] = dict(live)  # one C call: no thread runs during the copy
             v.__globals__ = scope = scopes[id(live)]
             for name in _code_names(f.fn.__code__):
-                g = scope.get(name)
-                if isinstance(g, JITFunction) and all(g is not w for w in views.values()):
-                    scope[name] = view(g)
+                if name in scope:
+                    scope[name] = now(scope[name])
+            if f.fn.__closure__:
+                v.fn = _with_cells(f.fn, tuple(_cell_now(c, now) for c in f.fn.__closure__))
         return views[id(f)]
 
     return view(fn)
+
+
+def _cell_now(cell: types.CellType, now: Callable[[Any], Any]) -> types.CellType:
+    try:
+        return types.CellType(now(cell.cell_contents))
+    except ValueError:  # a cell not assigned yet
+        return types.CellType()
+
+
+def _with_cells(py: types.FunctionType, cells: tuple) -> types.FunctionType:
+    """`py` with other closure cells: what Triton reads of a @jit function's Python function."""
+    out = types.FunctionType(py.__code__, py.__globals__, py.__name__, py.__defaults__, cells)
+    out.__kwdefaults__, out.__qualname__, out.__module__ = py.__kwdefaults__, py.__qualname__, py.__module__
+    out.__doc__, out.__annotations__ = py.__doc__, dict(py.__annotations__)
+    out.__dict__.update(py.__dict__)
+    return out
 
 
 def is_gluon(fn: Any) -> bool:
