@@ -215,6 +215,8 @@ QUEUED = {  # a kernel, and what the program changes while its compile waits in 
         mp.setattr(ek, "K", tl.constexpr(5)), mp.setattr(ek, "DT", tl.bfloat16))),
     "helper called by name replaced": lambda: (ek.defaults, lambda mp: mp.setattr(ek, "_scaled", helpers.op_b)),
     "closure cell": _closure_case,
+    "module attribute and a helper replaced on its module": lambda: (ek.reads_module, lambda mp: (
+        mp.setattr(helpers, "FACTOR", tl.constexpr(4)), mp.setattr(helpers, "op", helpers.op_b))),
 }
 
 
@@ -236,16 +238,19 @@ def test_a_front_end_run_later_reads_the_kernel_as_it_was_when_its_compile_was_a
     stream = compile_stream(spec, TARGET, [c], fn=as_read_now(spec.fn))  # nothing runs until it is read
     asked = reference(kernel, c, tmp_path / "asked")  # Triton in the caller, at the call
     change(monkeypatch)
-    assigns = _Assigns(ek)
-    monkeypatch.setattr(ek, "_assigns", assigns, raising=False)
+    assigners = {module: _Assigns(module) for module in (ek, helpers)}  # the kernel's module, and its helpers'
+    for module, assigns in assigners.items():
+        monkeypatch.setattr(module, "_assigns", assigns, raising=False)
     try:
         (c,) = stream
     finally:
-        for name in assigns.assigned:
-            delattr(ek, name)
+        for module, assigns in assigners.items():
+            for name in assigns.assigned:
+                delattr(module, name)
     assert c.error is None, c.error
     assert c.binary.ttir == asked.asm["ttir"] and same_bytes(c.binary.cubin) == same_bytes(asked.asm["cubin"])
-    monkeypatch.delattr(ek, "_assigns")
+    for module in assigners:
+        monkeypatch.delattr(module, "_assigns")
     now = check(kernel, tmp_path)
     assert same_bytes(now.cubin) != same_bytes(c.binary.cubin)  # the change matters, and the next compile sees it
 

@@ -275,31 +275,45 @@ def _code_names(code) -> set[str]:
 def as_read_now(fn: JITFunction) -> JITFunction:
     """`fn` as Triton's front end reads it now, for a front end that runs later on another
     thread: a copy of the function whose globals are a copy of its module's and whose closure
-    cells hold what they hold now, and so for each @jit function it calls by name. Triton's
-    front end iterates a function's globals (CodeGenerator's gscope); run beside the program,
-    the live dict changed under it (a global assigned: "dictionary changed size during
+    cells hold what they hold now, and so for each @jit function it calls, by name or through
+    a module (a copy of the module's attributes, but for Triton's own modules). Triton's front
+    end iterates a function's globals (CodeGenerator's gscope); run beside the program, the
+    live dict changed under it (a global assigned: "dictionary changed size during
     iteration", a candidate lost), and a value changed since the call would compile into the
-    binary. Attributes of modules stay live."""
-    views: dict[int, JITFunction] = {}
-    scopes: dict[int, dict] = {}  # one copy per module: its functions see one another's views
+    binary under the call's key."""
+    made: dict[int, Any] = {}  # id(the live object) -> its copy
+    copies: set[int] = set()  # id() of every copy: never copied again
 
-    def now(value: Any) -> Any:
-        mine = isinstance(value, JITFunction) and all(value is not w for w in views.values())
-        return view(value) if mine else value
+    def now(value: Any, names: set[str]) -> Any:
+        if id(value) in copies:
+            return value
+        if isinstance(value, JITFunction):
+            return view(value)
+        if isinstance(value, types.ModuleType) and value.__name__.partition(".")[0] != "triton":
+            if id(value) not in made:
+                mod = made[id(value)] = types.ModuleType(value.__name__)
+                mod.__dict__.update(value.__dict__)  # one C call: no thread runs during the copy
+                copies.add(id(mod))
+            mod = made[id(value)]
+            for name in names & mod.__dict__.keys():  # what the code reads of it
+                mod.__dict__[name] = now(mod.__dict__[name], names)
+            return mod
+        return value
 
     def view(f: JITFunction) -> JITFunction:
-        if id(f) not in views:
-            v = views[id(f)] = copy.copy(f)
+        if id(f) not in made:
+            v = made[id(f)] = copy.copy(f)
+            copies.add(id(v))
             live = f.__globals__
-            if id(live) not in scopes:
-                scopes[id(live)] = dict(live)  # one C call: no thread runs during the copy
-            v.__globals__ = scope = scopes[id(live)]
-            for name in _code_names(f.fn.__code__):
-                if name in scope:
-                    scope[name] = now(scope[name])
+            if id(live) not in made:  # one copy per module: its functions see one another's views
+                made[id(live)] = dict(live)
+            v.__globals__ = scope = made[id(live)]
+            names = _code_names(f.fn.__code__)
+            for name in names & scope.keys():
+                scope[name] = now(scope[name], names)
             if f.fn.__closure__:
-                v.fn = _with_cells(f.fn, tuple(_cell_now(c, now) for c in f.fn.__closure__))
-        return views[id(f)]
+                v.fn = _with_cells(f.fn, tuple(_cell_now(c, lambda x: now(x, names)) for c in f.fn.__closure__))
+        return made[id(f)]
 
     return view(fn)
 
