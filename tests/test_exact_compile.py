@@ -18,6 +18,11 @@ bypassed), and compares the TTIR text and the cubin bytes. The classes:
   globals, a module attribute, a helper replaced on its module, a closure cell,
   ``math``'s attribute, what ``getattr``'s default stood for): Triton memoises
   the kernel's cache key, so its hash stays that of the first compile;
+- what the program changes while the compile waits in the queue (globals, a
+  helper replaced by name or on its module, a closure cell, a module attribute),
+  and a global it assigns while the front end runs, which iterates the globals
+  (a front end runs on the queue's thread, later than the call: it reads the
+  kernel as the call did, ``model.spec.as_read_now``);
 - Triton's knobs set in code (``nvidia.disable_ptxas_opt``,
   ``compilation.disable_line_info``, with ``knobs.propagate_env`` off too: no
   variable written; ``compilation.use_ir_loc``).
@@ -30,7 +35,9 @@ alone (TextSource.hash = Triton's source hash) every "changed after" case fails
 (the worker's Triton cache returns the first compile's binary); a front end run
 in a process without this one's driver sees no target (`test_the_target_is_this_processs`
 checks the case would notice), and one that re-ran the module's defs, or read
-modules by name there, would see SCALE = 3 and no shim.
+modules by name there, would see SCALE = 3 and no shim; a front end given the
+live kernel (``spec.fn``) instead of its view fails every queued case (the
+change compiled in, and "dictionary changed size during iteration").
 """
 import gc
 import math
