@@ -46,6 +46,7 @@ from .. import _core
 from ..cache import keys, measurements
 from ..compile import schedule
 from ..compile.compiler import AllCandidatesFailed, Candidate
+from ..model.spec import as_read_now
 
 log = logging.getLogger("lazytriton")
 
@@ -70,7 +71,7 @@ class Resolving(Protocol):
     def load_cached(self, cache: Any, cands: list) -> list: ...
 
     def compile_candidates(self, cache: Any, cands: list, background: bool = False, order: int | None = None,
-                           in_order: bool = False) -> Iterator[Candidate]: ...
+                           in_order: bool = False, fn: Any = None) -> Iterator[Candidate]: ...
 
     def entry_of(self, c: Candidate) -> Any: ...
 
@@ -192,9 +193,11 @@ class Session:
             return
         # The first in the queue compiles alone: the others, compiled beside it, would slow it down
         # (the first call waits for it); they start once it is ready (or failed). Both streams
-        # are made now: their keys and front ends read the kernel as it is at this call.
-        ready = res.compile_candidates(cache, todo[:1], in_order=True)
-        rest = res.compile_candidates(cache, todo[1:], in_order=True) if len(todo) > 1 else iter(())
+        # are made now: their keys and front ends read the kernel as it is at this call, one
+        # reading for both.
+        now = as_read_now(res.spec.fn)
+        ready = res.compile_candidates(cache, todo[:1], in_order=True, fn=now)
+        rest = res.compile_candidates(cache, todo[1:], in_order=True, fn=now) if len(todo) > 1 else iter(())
         threading.Thread(target=self._arrivals, args=(ready, rest), name=f"lazytriton-online-{self.name}",
                          daemon=True).start()
 

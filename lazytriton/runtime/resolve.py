@@ -369,11 +369,12 @@ class Resolution:
 
     def compile_candidates(self, cache: Cache, cands: list[Candidate], background: bool = False,
                            order: int | None = None, in_order: bool = False,
-                           soon: bool = False) -> Iterator[Candidate]:
+                           soon: bool = False, fn: Any = None) -> Iterator[Candidate]:
         """compile_stream over the cache: binaries found there are not compiled,
         those compiled are stored, and a candidate another thread of this
         process is compiling already (compile_ahead, a first call of another
-        key) is waited for, not compiled twice."""
+        key) is waited for, not compiled twice. `fn`: the kernel as read at the
+        call (`as_read_now`), for streams of one call; made now by default."""
         def store(c, binary):
             _stats["compiles"] += 1
             if self.leaf_names is not None:  # read here: off a first call's path when compiled ahead
@@ -385,7 +386,8 @@ class Resolution:
         # The front ends read the kernel as it is now too, wherever and whenever they run.
         return compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(self.compile_key(c)),
                               store=store, key=self.compile_key, wait_for_server=background,
-                              order=order, in_order=in_order, soon=soon, fn=as_read_now(self.spec.fn))
+                              order=order, in_order=in_order, soon=soon,
+                              fn=as_read_now(self.spec.fn) if fn is None else fn)
 
     def compile_ahead(self, target, order: int | None = None, soon: bool = False) -> int:
         """Compiles every candidate of this specialization for `target` and
