@@ -518,6 +518,47 @@ def test_a_calls_job_waits_for_a_starting_server_while_front_ends_made_ahead_are
     schedule._finish(alone, None, (None, 0.0, "thread"))  # the stand-in ran no back end
 
 
+def test_while_the_server_starts_a_calls_back_ends_run_here_two_at_a_time_the_others_wait_for_it(monkeypatch):
+    """A fresh process's first call, its server still starting: two back ends run on threads
+    here at a time (a kernel of one or two configs does not wait for the server); the others
+    wait for the server (on threads they would share the GIL: an 8-config matmul was compiled
+    1.3 s in there, 0.6 s in waiting 0.3 s for the workers), the next one here once one ended, and
+    every one still waiting goes to the server when it is ready. Fails if all go to threads at
+    once (the rule before) or if none starts here."""
+    import threading
+
+    from lazytriton.compile import ir_text, schedule
+
+    pool = StartingPool(4)
+    monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
+    gates, here = {n: threading.Event() for n in "abcde"}, []
+
+    def compile_text(ir, target):  # the thread's back end: held until the test lets it end
+        here.append(ir["name"])
+        gates[ir["name"]].wait(30)
+
+    monkeypatch.setattr(ir_text, "compile_text", compile_text)
+    tickets = [schedule.Ticket(lambda n=n: {"ir": {"local": None, "name": n}, "target": None, "name": n},
+                               schedule.URGENT, n, (), cost) for n, cost in zip("abcde", (5.0, 4.0, 3.0, 2.0, 1.0))]
+    for t in tickets:
+        schedule.submit(t)
+    _until(lambda: all(t.state in ("ready", "running") for t in tickets))
+    time.sleep(0.05)
+    assert sorted(here) == ["a", "b"] and pool.names() == []  # the two costliest here, the others wait
+    gates["a"].set()
+    _until(lambda: len(here) == 3)  # one ended: the next one here
+    time.sleep(0.05)
+    assert here[2] == "c" and pool.names() == []
+    pool.up()  # d and e go to the workers; b and c stay where they run
+    _until(lambda: pool.names() == ["d", "e"])
+    gates["b"].set(), gates["c"].set()
+    for n in ("d", "e"):
+        pool.finish(n)
+    _until(lambda: all(t.future.done() for t in tickets))
+    assert [t.future.result()[2] for t in tickets] == ["thread"] * 3 + ["worker"] * 2
+    assert schedule._here_now == [0]
+
+
 def test_compile_cost_ranks_the_slowest_compiles_first():
     """compile_cost on configs whose compile times were measured (one H200, Triton 3.6,
     the field benchmark's four matmuls, each kernel's 8 configs alone on 16 cores): the

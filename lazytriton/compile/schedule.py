@@ -12,9 +12,9 @@ process's Triton state, compile.ir_text) waits among the ready jobs in the same
 order; it starts as soon as a slot is free: in the compile server
 (compile.pool), a call's jobs on up to every worker and those made ahead (niced
 there) on the workers left, any but a pole niced a little more; on a thread of
-this process when there is no server
-(disabled, refused, or not ready yet for a call's candidate while no front end
-made ahead is queued; compiles made ahead wait for it). A call that reaches a
+this process when there is no server (disabled, refused), or while it starts for
+one of a call's candidates at a time (no front end made ahead queued; the others
+wait for it, as compiles made ahead do). A call that reaches a
 candidate still queued ahead of time (`promote`) moves it among the call's; those
 asked for `soon` (a JAX program's sites, at its lowering: it runs them all, in an
 order not known) are there, in one place (`TOGETHER`): the longest first across them.
@@ -52,6 +52,7 @@ BACKGROUND = 1  # compiled ahead: no call waits for it yet
 # threads on 16 cores: the GELU tile took 5-26% longer than alone).
 POLE = 2 / 3
 _NICE, _SHORT_NICE = {URGENT: 0, BACKGROUND: 10}, 5
+HERE_WHILE_STARTING = 2  # a call's back ends on threads here at a time while the server starts
 TOGETHER = -1  # the place of compiles asked for `soon`: one program's, run in an order not known
 
 
@@ -138,6 +139,7 @@ _live = {URGENT: collections.Counter(), BACKGROUND: collections.Counter()}  # co
 _thread: threading.Thread | None = None
 _threads: cf.ThreadPoolExecutor | None = None  # back ends in this process
 _waiting_for_server = False
+_here_now = [0]  # back ends running on threads of this process (_cv is re-entrant: _dispatch holds it)
 _history: collections.deque = collections.deque(maxlen=4096)
 _orders = itertools.count()
 _calls, _SWITCH_S = [0, 0.0], 0.0005  # resolving(): calls now, the interval before them; the interval meanwhile
@@ -209,11 +211,11 @@ def _dispatch() -> None:
             # Here: no server, or a job whose state cannot travel (compile.ir_text.process_state).
             here = pool is None or ticket.here or bool(ticket.job["ir"].get("local"))
             server = not here and pool.ready()
-            # Compiles made ahead wait for a server still starting; so does a call's while front
-            # ends made ahead are queued: a back end on a thread here then shares the GIL with
-            # them (an H200's field run: 2.7-2.9 s for a matmul that takes 0.3-0.6 s in a worker).
+            # A server still starting is waited for, but by two of a call's back ends at a time:
+            # on threads here they share the GIL (an H200, an 8-config matmul's first call: compiled
+            # 1.3 s in on threads, 0.6 s in waiting for the workers; 2.7-2.9 s beside front ends made ahead).
             wait = not here and not server and pool.starting() and (
-                ticket.ahead or any(t.ahead for t in _fronts.tickets()))
+                ticket.ahead or _here_now[0] >= HERE_WHILE_STARTING or any(t.ahead for t in _fronts.tickets()))
             if wait:
                 wait, _waiting_for_server = not _waiting_for_server, True
                 break
@@ -225,15 +227,16 @@ def _dispatch() -> None:
             _running[ticket.priority] += 1
             ticket.times["ran_as"] = ticket.priority  # what it counts against until it ends
             job = dict(ticket.job, nice=_NICE[ticket.priority] + _SHORT_NICE * (not _pole(ticket)))
-        if server:
-            try:
-                # The front end's own module stays here until the worker answers: it compiles here
-                # if the worker cannot read the job (its text does not read back as printed).
-                pool.submit(job).add_done_callback(lambda f, t=ticket: _settled(t, f))
+            if not server:  # counted (under _cv) before the next ticket is looked at
+                _back_end_here(ticket, job)
                 continue
-            except (compile_pool.WorkerUnavailable, OSError) as exc:
-                log.info("%s: compiling it in this process (%s)", ticket.times["label"], exc)
-        _back_end_here(ticket, job)
+        try:
+            # The front end's own module stays here until the worker answers: it compiles here
+            # if the worker cannot read the job (its text does not read back as printed).
+            pool.submit(job).add_done_callback(lambda f, t=ticket: _settled(t, f))
+        except (compile_pool.WorkerUnavailable, OSError) as exc:
+            log.info("%s: compiling it in this process (%s)", ticket.times["label"], exc)
+            _back_end_here(ticket, job)
     if wait:
         pool.when_ready(_server_ready)
 
@@ -254,9 +257,10 @@ def _back_end_here(ticket: Ticket, job: dict) -> None:
         return compile_text(job["ir"], job["target"]), time.perf_counter() - t0, "thread"
 
     with _cv:
+        ticket.times["here"] = True  # counted until it ends (_finish)
+        _here_now[0] += 1
         if _threads is None:
             _threads = cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="lazytriton-compile")
-    ticket.times["here"] = True
     _threads.submit(run).add_done_callback(lambda f: _settled(ticket, f))
 
 
@@ -274,6 +278,8 @@ def _finish(ticket: Ticket, exc: BaseException | None, result, counted: bool = T
     with _cv:
         if counted:
             _running[ticket.times["ran_as"]] -= 1
+            if ticket.times.get("here"):
+                _here_now[0] -= 1
         _forget(ticket)
         job, ticket.state, ticket.work, ticket.job = ticket.job, "done", None, None  # what it held of the kernel goes
     if job is not None:
@@ -300,7 +306,7 @@ def _after_fork() -> None:  # a forked child has none of this process's threads:
     _fronts.clear()
     _ready.clear()
     _thread = _threads = None
-    _running[URGENT] = _running[BACKGROUND] = 0
+    _running[URGENT] = _running[BACKGROUND] = _here_now[0] = 0
     _live[URGENT].clear()
     _live[BACKGROUND].clear()
     _waiting_for_server = False
