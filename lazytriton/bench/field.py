@@ -530,9 +530,10 @@ def write_package(root: str) -> str:
     return pkg
 
 
-def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
+def measure(repeat: int = 1, skip: set | None = None, say=print, saved=None) -> dict:
     """Every row's numbers (each a fresh process; cold rows `repeat` times,
-    interleaved): {row: the median run's numbers with all_first_s, ...}."""
+    interleaved): {row: the median run's numbers with all_first_s, ...}; `saved(res)`
+    after each group, so that a run cut short keeps the groups it finished."""
     skip = skip or set()
     root = tempfile.mkdtemp(prefix="lt-cold-field-")
     pkg = write_package(root)
@@ -574,6 +575,8 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
                      ("jax_one_threads", ONE_JAX, {"LAZYTRITON_COMPILE_WORKERS": "0"},
                       "lazytriton.jax, in-process threads")])
         res["warm"] = one_process(ONE, {"LT_MODE": "lazy"}, pkg, dirs["lazytriton"], "warm start, new process", say)
+        if saved:
+            saved(res)
     if "jax" not in skip:
         say("16 autotuned call sites under one jax.jit, first step (fresh process and caches):")
         dirs = cold([("jax_ahead", JAX16, {}, "JAX, compiled ahead at lowering"),
@@ -582,6 +585,8 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         if "timings" in res["jax_serial"]:
             res["jax_reference"] = reference(res["jax_serial"]["timings"])
             res["jax_reference_medians"] = reference(median_timings(res["jax_serial"]["all_timings"]))
+        if saved:
+            saved(res)
     if "standalone" not in skip:
         say("the same 16 calls, standalone face, first calls (fresh process and caches):")
         dirs = cold([("sa_ahead", STANDALONE16, {"LT_AHEAD": "1"}, "standalone, compile_ahead at start"),
@@ -593,6 +598,8 @@ def measure(repeat: int = 1, skip: set | None = None, say=print) -> dict:
         if "timings" in res["sa_serial"]:
             res["sa_reference"] = reference(res["sa_serial"]["timings"])
             res["sa_reference_medians"] = reference(median_timings(res["sa_serial"]["all_timings"]))
+        if saved:
+            saved(res)
     shutil.rmtree(root, ignore_errors=True)
     return res
 
@@ -603,7 +610,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="cold rows: runs each (interleaved); the median is reported")
     p.add_argument("--skip", default="", help="comma-separated groups to skip: one, jax, standalone")
     opts = p.parse_args(argv)
-    res = measure(opts.repeat, set(filter(None, opts.skip.split(","))))
+
+    def save(res: dict) -> None:
+        if opts.out:
+            with open(opts.out, "w") as f:
+                json.dump(res, f, indent=1)
+
+    res = measure(opts.repeat, set(filter(None, opts.skip.split(","))), saved=save)
     print("\n| row | first call / step (s) | ratio |")
     print("| --- | --- | --- |")
 
@@ -649,9 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         r = res.get(name, {})
         if "compiles" in r:
             print(f"{name}: compiles {r['compiles']}, tunes {r['tunes']}, winners from the cache {r['record_hits']}")
-    if opts.out:
-        with open(opts.out, "w") as f:
-            json.dump(res, f, indent=1)
+    save(res)
     return 0
 
 
