@@ -13,7 +13,7 @@ order; it starts as soon as a slot is free: in the compile server
 (compile.pool), a call's jobs on up to every worker and those made ahead (niced
 there) on the workers left, any but a pole niced a little more; on a thread of
 this process when there is no server (disabled, refused), or while it starts for
-one of a call's candidates at a time (no front end made ahead queued; the others
+two of a call's candidates at a time (no front end made ahead queued; the others
 wait for it, as compiles made ahead do). A call that reaches a
 candidate still queued ahead of time (`promote`) moves it among the call's; those
 asked for `soon` (a JAX program's sites, at its lowering: it runs them all, in an
