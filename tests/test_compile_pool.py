@@ -53,7 +53,16 @@ def fresh_triton_cache(tmp_path, monkeypatch):
     if pool is not None:
         pool.close()
         assert pool.wait_ready()  # candidates reached before the server is ready compile in this process
+        wait_hashed(pool)  # jobs forked before it fill a private Triton cache (server._unhashed)
     return tmp_path
+
+
+def wait_hashed(pool, timeout: float = 120.0) -> None:
+    """Until the running server has Triton's installation hash."""
+    deadline = time.perf_counter() + timeout
+    while "hashed_at" not in pool.timeline:
+        assert time.perf_counter() < deadline, pool.timeline
+        time.sleep(0.01)
 
 
 def test_demo_configs_compile_in_worker_processes(fresh_triton_cache, caplog):
@@ -92,6 +101,32 @@ def test_workers_and_threads_key_tritons_cache_alike(fresh_triton_cache):
     assert sorted(p.name for p in cache.iterdir()) == before  # a hit: no new entry
 
 
+def test_the_server_starts_without_lazytritons_runtime_or_tritons_front_end(tmp_path):
+    """A fresh process's first compiles wait for its compile server to start: the server imports
+    lazytriton's compile path without the package's __init__ (the runtime and the faces), and warms
+    up Triton's later stages on an empty kernel made with Triton's IR builder, never importing the
+    code generator its children do not run. Fails with the package imported whole, or with a
+    warm-up through an ASTSource (its front end imports the code generator)."""
+    import ast
+    import subprocess
+    import sys
+
+    from lazytriton.compile import server
+
+    # BOOTSTRAP itself, its server loop swapped for the warm-up and a look at what it imported.
+    probe = server.BOOTSTRAP.replace("serve(int(sys.argv[1]), r, pid)",
+                                     "server._warm_up()\nprint(sorted(sys.modules))")
+    probe = probe.replace("from lazytriton.compile.server import serve", "from lazytriton.compile import server")
+    assert probe.count("server._warm_up()") == 1 and "import serve\n" not in probe
+    p = subprocess.run([sys.executable, "-c", probe, "1"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert p.returncode == 0, p.stderr[-3000:]
+    imported = set(ast.literal_eval(p.stdout.strip().splitlines()[-1]))
+    assert {"lazytriton.compile.server", "lazytriton.compile.ir_text", "lazytriton.cache"} <= imported
+    assert not {m for m in imported if m.startswith(("lazytriton.runtime", "lazytriton.jax"))}, imported
+    assert "triton.compiler.code_generator" not in imported
+
+
 def test_the_servers_installation_hash_comes_from_its_child_or_is_computed_there(monkeypatch, capsys):
     """What the compile server does with the answer of the child that computed
     Triton's installation hash: the hash, for Triton's cache keys from then on;
@@ -121,11 +156,64 @@ def test_the_server_reports_its_start_up_on_the_callers_clock(fresh_triton_cache
     pool = compile_pool.get_pool()
     spec, cands = demo_candidates(DEMO_CONFIGS[:1])
     compile_all(spec, TARGET, cands)  # starts the server and waits for a compile
+    wait_hashed(pool)
     t = compile_pool.server_timeline()
-    assert set(t) == {"started_at", "imports_done_at", "ready_at", "waited_for_hash_s"}, t
-    assert t["started_at"] < t["imports_done_at"] < t["ready_at"] < time.perf_counter()
-    assert 0 <= t["waited_for_hash_s"] < t["ready_at"] - t["started_at"] < 60
+    assert set(t) == {"started_at", "imports_done_at", "ready_at", "hashed_at"}, t
+    # Ready before the hash, which it reads between jobs (a frame of its own).
+    assert t["started_at"] < t["imports_done_at"] < t["ready_at"] <= t["hashed_at"] < time.perf_counter()
+    assert t["hashed_at"] - t["started_at"] < 60
     assert pool is compile_pool.get_pool()
+
+
+def test_a_job_before_tritons_installation_hash_compiles_the_same_binary_into_a_private_cache(tmp_path):
+    """A compile server is ready before Triton's installation hash (0.5 s on an H200, after Triton's
+    0.3 s import, in a child of its own). A job forked before it is keyed by a stand-in: it must
+    neither read nor fill the caller's Triton cache (another installation's stand-in entry would
+    be a wrong hit), and builds the same binary. A cache manager of the caller's is keyed for real
+    (the child computes the hash). Run in a process of its own: a worker's state is applied to it.
+    Fails if the stand-in reached the caller's cache, or if the private one were kept."""
+    import subprocess
+    import sys
+
+    script = f"""
+import os, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+os.environ["TRITON_CACHE_DIR"] = {str(tmp_path / "triton")!r}
+from triton.runtime import cache as triton_cache
+from test_compile_pool import TARGET, demo_candidates
+from lazytriton.compile import server
+from lazytriton.compile.ir_text import front_end
+
+dirs = []
+init = triton_cache.FileCacheManager.__init__
+def record(self, *a, **k):
+    init(self, *a, **k)
+    dirs.append(self.cache_dir)
+triton_cache.FileCacheManager.__init__ = record
+spec, (c,) = demo_candidates()[0], demo_candidates()[1][:1]
+def job():
+    b = c.bound
+    return {{"ir": front_end(spec.fn, TARGET, b.signature, b.constexprs, b.attrs, b.options.__dict__), "target": TARGET}}
+mine = os.environ["TRITON_CACHE_DIR"]
+early = server._compile(job())  # server._hashed is False: no hash yet
+assert dirs and not any(d.startswith(mine) for d in dirs), dirs
+assert not os.listdir(mine) if os.path.isdir(mine) else True
+assert all(not os.path.exists(d) for d in dirs), dirs  # the private cache went with it
+assert os.environ["TRITON_CACHE_DIR"] == mine and triton_cache.FileCacheManager.__init__ is record
+os.environ["TRITON_CACHE_MANAGER"] = "triton.runtime.cache:FileCacheManager"  # a manager of the caller's
+dirs.clear()
+managed = server._compile(job())
+assert dirs and all(d.startswith(mine) for d in dirs), dirs
+del os.environ["TRITON_CACHE_MANAGER"]
+server._hashed = True
+dirs.clear()
+late = server._compile(job())
+assert dirs and all(d.startswith(mine) for d in dirs), dirs
+assert early.cubin == managed.cubin == late.cubin and early.cubin[:4] == b"\x7fELF"
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-4000:]
 
 
 def test_candidates_compile_here_until_the_server_is_ready(tmp_path, monkeypatch, caplog):
@@ -234,8 +322,8 @@ def first_job(spec, bound):
     from lazytriton.compile.ir_text import front_end
 
     b = bound
-    return compile_pool.worker_job(front_end(spec.fn, TARGET, b.signature, b.constexprs, b.attrs,
-                                             b.options.__dict__), TARGET)
+    return {"ir": front_end(spec.fn, TARGET, b.signature, b.constexprs, b.attrs, b.options.__dict__),
+            "target": TARGET}
 
 
 def test_a_crashing_worker_fails_its_candidate_only(fresh_triton_cache, monkeypatch):
@@ -250,9 +338,8 @@ def test_a_crashing_worker_fails_its_candidate_only(fresh_triton_cache, monkeypa
     # A real process death: the child for candidate 0 (the first job submitted) is SIGKILLed before compiling.
     monkeypatch.setattr(compile_pool, "get_pool", lambda: pool)
     made = []
-    orig = compile_pool.worker_job
-    monkeypatch.setattr(compile_pool, "worker_job", lambda ir, t: made.append(1) or dict(
-        orig(ir, t), crash_for_test=len(made) == 1))
+    submit = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda job: made.append(1) or submit(dict(job, crash_for_test=len(made) == 1)))
     compile_all(spec, TARGET, cands)
     assert cands[0].binary is None and "compile worker process killed by SIGKILL" in cands[0].error
     assert cands[1].binary is not None

@@ -4,6 +4,7 @@ and in the compile server's workers) to cubin for sm_80 and sm_90, autotuned
 (triton.autotune around a Gluon kernel), keyed apart from a @triton.jit kernel
 of the same source, and lowered through lazytriton.jax.triton_call."""
 import logging
+import pickle
 
 import pytest
 import triton
@@ -107,10 +108,10 @@ def test_gluon_candidates_compile_in_worker_processes(fresh_pool, caplog):
     cands = [Candidate(i, cfg, binder.bind((X, X, X, 100_000), cfg.all_kwargs())) for i, cfg in enumerate(spec.configs)]
     b = cands[0].bound
     ir = front_end(spec.fn, SM90, b.signature, b.constexprs, b.attrs, b.options.__dict__)
-    job = compile_pool.worker_job(ir, SM90)
     # Gluon's front end made the IR (its language and first stage travel with it); the job pickles.
     gluon_src = ast_source(spec.fn, b.signature, b.constexprs, b.attrs)
-    assert job is not None and (ir["language"], ir["ext"]) == (gluon_src.language, gluon_src.ext)
+    assert pickle.loads(pickle.dumps({"ir": ir, "target": SM90}))["ir"]["text"] == ir["text"]
+    assert (ir["language"], ir["ext"]) == (gluon_src.language, gluon_src.ext)
     with caplog.at_level(logging.INFO, logger="lazytriton"):
         compile_all(spec, SM90, cands)
     assert "worker process(es)" in caplog.text, caplog.text

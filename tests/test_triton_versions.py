@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,12 @@ def test_matrix_follows_tritons_knobs(cache_dir, tmp_path, monkeypatch):
     from lazytriton.compile import pool as compile_pool
 
     compile_pool.start()  # the server runs before the settings change
+    pool = compile_pool.get_pool()
+    assert pool.wait_ready()
+    deadline = time.perf_counter() + 120
+    while "hashed_at" not in pool.timeline:  # jobs forked before it fill a private Triton cache
+        assert time.perf_counter() < deadline, pool.timeline
+        time.sleep(0.01)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setenv("TRITON_DEBUG", "1")
     import triton

@@ -428,9 +428,9 @@ def one_process(script: str, env: dict, pkg: str, caches: str, label: str, say=p
              if tm else "")
     sv = r.get("server") or {}
     if "ready_at" in sv:
+        hashed = f"{sv['hashed_at']:+.2f}" if "hashed_at" in sv else "not yet at the end"
         split += (f"; compile server ready {sv['ready_at']:+.2f} s from the call (started {sv['started_at']:+.2f}, "
-                  f"imports done {sv['imports_done_at']:+.2f}, then {sv['waited_for_hash_s']:.2f} s waiting for "
-                  "Triton's installation hash)")
+                  f"imports done {sv['imports_done_at']:+.2f}; Triton's installation hash {hashed})")
     if r.get("gc"):
         split += "; full collections of the interpreter in the step: " + ", ".join(
             f"{d * 1e3:.0f} ms at {s:+.2f} s" for _, s, d in r["gc"])

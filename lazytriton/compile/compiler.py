@@ -200,22 +200,19 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
                    max_workers: int | None = None, key=None, wait_for_server: bool = False,
                    order: int | None = None, in_order: bool = False, soon: bool = False,
                    fn: Any = None) -> Iterator[Candidate]:
-    """Compiles the candidates that `load` does not find and yields every
-    candidate as soon as it has its binary or its error, so that tuning can
-    start on the first. Each candidate takes one of three routes: a candidate
-    another stream of this process is compiling (same compile key `key(c)`:
-    compile_ahead, another first call, a JAX lowering) is waited for, not
-    compiled again; else Triton's front end runs here (compile.schedule's
-    thread) and its back end in the compile server; or, with no server
-    (max_workers set, LAZYTRITON_COMPILE_WORKERS=0, or not ready yet for a
-    call's candidate), on a thread here. `wait_for_server`: compiles made ahead,
-    no call waits for them yet (they wait for the server, go after a call's and
-    run niced, unless `soon`: a program about to run needs them all). `order`
-    (compile.schedule.next_order(), taken when asked for) places them among those of their priority.
-    `in_order`: the candidates' own order is the queue's (online tuning lists the
-    likeliest winner, or the quickest compile, first), not the costliest first. `fn`: the kernel
-    the front ends read (model.spec.as_read_now, taken when the compile was asked for; by
-    default when the stream starts)."""
+    """Compiles the candidates that `load` does not find and yields every candidate as soon as it has its
+    binary or its error, so that tuning can start on the first. Each candidate takes one of three
+    routes: a candidate another stream of this process is compiling (same compile key `key(c)`:
+    compile_ahead, another first call, a JAX lowering) is waited for, not compiled again; else Triton's
+    front end runs here (compile.schedule's thread) and its back end in the compile server; or, with no
+    server (max_workers set, LAZYTRITON_COMPILE_WORKERS=0, or not ready yet for a call's candidate), on
+    a thread here. `wait_for_server`: compiles made ahead, no call waits for them yet (they wait for the
+    server, go after a call's and run niced, unless `soon`: a program about to run needs them all).
+    `order` (compile.schedule.next_order(), taken when asked for) places them among those of their
+    priority. `in_order`: the candidates' own order is the queue's (online tuning lists the likeliest
+    winner, or the quickest compile, first), not the costliest first. `fn`: the kernel the front ends
+    read (model.spec.as_read_now, taken when the compile was asked for; by default when the stream
+    starts)."""
     fn = as_read_now(spec.fn) if fn is None else fn
     todo = []
     for c in candidates:
@@ -325,7 +322,7 @@ def _front_end(spec: KernelSpec, fn: Any, target: GPUTarget, c: Candidate) -> di
     c.extra["front_end_s"] = time.perf_counter() - t0
     if ir["local"]:
         log.debug("kernel %s: %s: back end in this process (%s)", spec.name, c.label, ir["local"])
-    return compile_pool.worker_job(ir, target)
+    return {"ir": ir, "target": target}  # a worker's job; compile.schedule adds its nice increment
 
 
 def _settle(c: Candidate, fut: cf.Future) -> None:

@@ -1,17 +1,15 @@
 """The caller's handle on the compile server (lazytriton.compile.server).
 
-Started when a kernel is wrapped, so that it is warm by the first call that
-compiles; a process that never calls a kernel only pays for one idle process.
-A job is a candidate's TTIR text with the caller's Triton state
-(lazytriton.compile.ir_text.front_end); the server forks a child for it at
+Started when a kernel is wrapped, so that it is warm by the first call that compiles; a process that
+never calls a kernel only pays for one idle process. A job is a candidate's TTIR text with the
+caller's Triton state (lazytriton.compile.ir_text.front_end); the server forks a child for it at
 once: which job is sent when is decided by the caller (compile.schedule).
 
-A child that dies (a crash in the compiler) is reported for its candidate
-alone; a server that dies fails its running jobs and is restarted on next
-use: nothing ever hangs.
+A child that dies (a crash in the compiler) is reported for its candidate alone; a server that dies
+fails its running jobs and is restarted on next use: nothing ever hangs.
 
-Settings: ``LAZYTRITON_COMPILE_WORKERS`` (default: the cores this process may
-use, at most 32; 0 compiles in-process on threads).
+Settings: ``LAZYTRITON_COMPILE_WORKERS`` (default: the cores this process may use, at most 32; 0
+compiles in-process on threads).
 """
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ from .server import BOOTSTRAP, READY, WorkerUnavailable, read_frame, shadows, wr
 
 log = logging.getLogger("lazytriton.compile.pool")
 
-__all__ = ["CompileFailed", "CompilePool", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start", "worker_job"]
+__all__ = ["CompileFailed", "CompilePool", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start"]
 
 
 class WorkerCrashed(RuntimeError):
@@ -55,12 +53,6 @@ def default_workers() -> int:
     return max(1, min(cores, 32))
 
 
-def worker_job(ir: dict, target, nice: int = 0) -> dict:
-    """What a worker needs to compile one candidate (`ir`: compile.ir_text.front_end's
-    output); `nice`: the worker's nice increment (compile.schedule decides it)."""
-    return {"ir": ir, "target": target, "nice": nice}
-
-
 class CompilePool:
     """A handle on the compile server process; jobs return Futures."""
 
@@ -75,9 +67,7 @@ class CompilePool:
         self._pending: dict[int, tuple[subprocess.Popen, Future]] = {}  # job id -> (its server, its future)
         self._ids = itertools.count()
         self._stderr = None  # the running server's stderr, a file: its tail names a crash
-        # The running server's start-up on this process's perf_counter clock: started_at,
-        # then from its ready frame imports_done_at, ready_at, waited_for_hash_s.
-        self.timeline: dict = {}
+        self.timeline: dict = {}  # its start-up on our perf_counter: started_at, imports_done_at, ready_at, hashed_at
         self._on_ready: list = []  # when_ready's callables for the server starting now
 
     def start(self) -> None:
@@ -88,13 +78,13 @@ class CompilePool:
     def _ensure_started(self) -> subprocess.Popen:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        # The server must never see a GPU; Triton's settings and sys.path are inherited,
-        # and it imports this very lazytriton (not a source tree in its working directory).
+        # The server must never see a GPU; Triton's settings and sys.path are inherited (so no `site`:
+        # -S, its .pth files took 65 ms on an H200), and it imports this very lazytriton (not a source tree).
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds lazytriton/
         path = [here] + [p for p in sys.path if p and not shadows(p, here)]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(path))
         stderr = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(self.workers)], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-S", "-c", BOOTSTRAP, str(self.workers)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=here, close_fds=True,
                                 start_new_session=True)
         self._proc, self._stderr, self.timeline, self._on_ready = proc, stderr, {"started_at": time.perf_counter()}, []
@@ -261,9 +251,8 @@ def start() -> None:
 
 
 def server_timeline() -> dict:
-    """The running compile server's start-up on this process's perf_counter
-    clock (started_at, imports_done_at, ready_at; waited_for_hash_s), for
-    benchmarks; {} when none was started."""
+    """The running compile server's start-up on this process's perf_counter clock (started_at,
+    imports_done_at, ready_at, hashed_at: Triton's installation hash), for benchmarks; {} if none."""
     pool = _pool
     if pool is None:
         return {}

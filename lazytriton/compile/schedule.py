@@ -1,23 +1,20 @@
-"""The process's one compile queue: which candidate's front end runs next, and
-which back end starts next and where. Every ordering decision is here.
+"""The process's one compile queue: which candidate's front end runs next, and which back end starts
+next and where. Every ordering decision is here.
 
-A candidate is a `Ticket`. One thread runs front ends (Triton's, in this
-process: they hold the GIL, so more threads would not run them sooner): a
-call's candidates before those compiled ahead of time (a call resolving meanwhile
-gets the GIL back sooner: `resolving`); within each, the long poles first
-(`compile_cost` at least POLE times the costliest not ended: a first step waits
-for its longest compile), then the others in the order asked for (a program's
-first sites tune while the poles compile). A front end's job (its TTIR text and this
-process's Triton state, compile.ir_text) waits among the ready jobs in the same
-order; it starts as soon as a slot is free: in the compile server
-(compile.pool), a call's jobs on up to every worker and those made ahead (niced
-there) on the workers left, any but a pole niced a little more; on a thread of
-this process when there is no server (disabled, refused), or while it starts for
-two of a call's candidates at a time (no front end made ahead queued; the others
-wait for it, as compiles made ahead do). A call that reaches a
-candidate still queued ahead of time (`promote`) moves it among the call's; those
-asked for `soon` (a JAX program's sites, at its lowering: it runs them all, in an
-order not known) are there, in one place (`TOGETHER`): the longest first across them.
+A candidate is a `Ticket`. One thread runs front ends (Triton's, in this process: they hold the GIL,
+so more threads would not run them sooner): a call's candidates before those compiled ahead of time
+(a call resolving meanwhile gets the GIL back sooner: `resolving`); within each, the long poles
+first (`compile_cost` at least POLE times the costliest not ended: a first step waits for its
+longest compile), then the others in the order asked for (a program's first sites tune while the
+poles compile). A front end's job (its TTIR text and this process's Triton state, compile.ir_text)
+waits among the ready jobs in the same order; it starts as soon as a slot is free: in the compile
+server (compile.pool), a call's jobs on up to every worker and those made ahead (niced there) on the
+workers left, any but a pole niced a little more; on a thread of this process when there is no
+server (disabled, refused), or while it starts for two of a call's candidates at a time (no front
+end made ahead queued; the others wait for it, as compiles made ahead do). A call that reaches a
+candidate still queued ahead of time (`promote`) moves it among the call's; those asked for `soon`
+(a JAX program's sites, at its lowering: it runs them all, in an order not known) are there, in one
+place (`TOGETHER`): the longest first across them.
 """
 from __future__ import annotations
 
@@ -44,12 +41,11 @@ __all__ = ["BACKGROUND", "TOGETHER", "URGENT", "Ticket", "compile_cost", "histor
 
 URGENT = 0  # a call waits for it
 BACKGROUND = 1  # compiled ahead: no call waits for it yet
-# A long pole: a ticket whose cost is at least POLE times that of the costliest ticket of its
-# priority not ended. Poles go first, costliest first (a first step waits for its longest compile);
-# the others follow in the order asked for (a program's first sites then tune while the poles
-# compile). A worker's nice increment: compiles made ahead yield the cores to a call's, and within
-# each the others yield them to the poles (an H200's 16-site program, 16 workers and the caller's
-# threads on 16 cores: the GELU tile took 5-26% longer than alone).
+# A long pole: a ticket whose cost is at least POLE times that of the costliest ticket of its priority
+# not ended. Poles go first, costliest first (a first step waits for its longest compile); the others
+# in the order asked for (a program's first sites tune while the poles compile). A worker's nice
+# increment: compiles made ahead yield the cores to a call's, and within each the others yield them to
+# the poles (an H200's 16-site program, 16 workers on 16 cores: the GELU tile took 5-26% longer than alone).
 POLE = 2 / 3
 _NICE, _SHORT_NICE = {URGENT: 0, BACKGROUND: 10}, 5
 HERE_WHILE_STARTING = 2  # a call's back ends on threads here at a time while the server starts

@@ -1,45 +1,44 @@
-"""The compile server: the process that compiles candidate configs for
-lazytriton.compile.pool, one forked child per job.
+"""The compile server: the process that compiles candidate configs for lazytriton.compile.pool, one
+forked child per job.
 
-The server imports Triton, computes Triton's installation hash and compiles
-one tiny kernel (the first compile in a process pays for backend set-up), then
-forks a child for each job as it comes: the caller (compile.schedule) decides
-which job is sent when, so this process keeps no queue. When it forks it runs
-no other thread, so forking it is safe, and it never touches CUDA (it runs
-with ``CUDA_VISIBLE_DEVICES=""``).
+The server imports Triton and compiles one tiny kernel (the first compile in a process pays for
+backend set-up), then forks a child for each job as it comes: the caller (compile.schedule) decides
+which job is sent when, so this process keeps no queue. When it forks it runs no other thread, so
+forking it is safe, and it never touches CUDA (it runs with ``CUDA_VISIBLE_DEVICES=""``).
 
-A child takes the caller's Triton state (``ir_text.apply_state``: its knobs
-and the environment they read, as they were when the job was made), compiles
-the candidate's TTIR text with ``triton.compile`` (``compile.ir_text``: the
-caller ran the front end) and returns the CompiledBinary (Triton's own cache
-is filled as a side effect). It never imports user code. A job runs at the
-nice increment the caller gave it (``job["nice"]``): made ahead of time, or
-short beside a longer one, it yields the cores.
+A child takes the caller's Triton state (``ir_text.apply_state``: its knobs and the environment they
+read, as they were when the job was made), compiles the candidate's TTIR text with
+``triton.compile`` (``compile.ir_text``: the caller ran the front end) and returns the
+CompiledBinary (Triton's own cache is filled as a side effect, once Triton's installation hash is
+known: `_unhashed`). It never imports user code. A job runs at the nice increment the caller gave it
+(``job["nice"]``): made ahead of time, or short beside a longer one, it yields the cores.
 
-Protocol: length-prefixed pickles. The caller writes ``(job id, pickled
-job)``; the server answers ``(job id, status, value, seconds)`` with status
-``ok`` (value: the CompiledBinary), ``unavailable`` (compile it in the
-caller's process), ``error`` (Triton refused it: its whole message) or
-``crashed`` (the child died). Once warm it sends ``(READY, "ready", {when},
-0.0)``. The server exits when its stdin closes, killing its children.
+Protocol: length-prefixed pickles. The caller writes ``(job id, pickled job)``; the server answers
+``(job id, status, value, seconds)`` with status ``ok`` (value: the CompiledBinary), ``unavailable``
+(compile it in the caller's process), ``error`` (Triton refused it: its whole message) or
+``crashed`` (the child died). Once warm it sends ``(READY, "ready", {when}, 0.0)``, and ``(READY,
+"hashed", {when}, 0.0)`` once it has Triton's installation hash. The server exits when its stdin
+closes, killing its children.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import selectors
 import signal
 import struct
 import sys
+import tempfile
 import time
 from typing import Any
 
-# The server's command line (``python -c BOOTSTRAP N``). Its first act after
-# importing Triton is to fork a child that computes Triton's installation hash
-# (``triton_key()``: sha256 of the 400-500 MB libtriton.so, about 0.3 s alone) and
-# writes it to a pipe, so that the hash overlaps importing lazytriton and the
-# warm-up compile instead of following them. A thread would contend with them for
-# the GIL at every 1 MB chunk: on the device that stretched the hash to 0.75 s.
+from triton import knobs
+
+# The server's command line (``python -c BOOTSTRAP N``). Its first act after importing Triton is
+# to fork a child that computes Triton's installation hash (``triton_key()``: sha256 of the
+# 400-500 MB libtriton.so, 0.5 s on an H200) into a pipe, read between jobs (a thread would
+# contend with the warm-up for the GIL at every 1 MB chunk: 0.75 s on the device).
 BOOTSTRAP = """\
 import os, sys
 from triton.runtime import cache
@@ -55,6 +54,8 @@ if pid == 0:
         f.write(out)
     os._exit(0)
 os.close(w)
+import importlib.util  # lazytriton's compile path without its package's __init__ (0.05 s of imports)
+sys.modules["lazytriton"] = importlib.util.module_from_spec(importlib.util.find_spec("lazytriton"))
 from lazytriton.compile.server import serve
 serve(int(sys.argv[1]), r, pid)
 """
@@ -116,9 +117,37 @@ def _compile(job: dict):
         raise WorkerUnavailable(f"unreadable job: {type(exc).__name__}: {exc}") from None
     apply_state(state)  # this forked child serves this job alone
     try:
-        return compile_text(job["ir"], job["target"])
+        # A cache manager of the caller's (a remote one, say) gets the real key: this child computes it.
+        with _unhashed() if not _hashed and knobs.cache.manager_class is None else contextlib.nullcontext():
+            return compile_text(job["ir"], job["target"])
     except DoesNotReadBack as exc:  # the caller compiles the front end's own module
         raise WorkerUnavailable(str(exc)) from None
+
+
+_hashed = False  # the server has Triton's installation hash (its children forked since inherit it)
+
+
+@contextlib.contextmanager
+def _unhashed():
+    """A compile before Triton's installation hash is known (BOOTSTRAP's child computes it: 0.5 s
+    on an H200, after Triton's 0.3 s import): keyed by a stand-in, it reads and fills a Triton cache
+    of its own, gone with it, never the caller's. Its binary is the one the real key gives: the key
+    names cache entries only (and metadata's "hash", never Triton's here: lazytriton keys its cache)."""
+    from triton.runtime import cache as triton_cache
+
+    real_key, env, knob = triton_cache.triton_key, os.environ.get("TRITON_CACHE_DIR"), dict(vars(knobs.cache))
+    with tempfile.TemporaryDirectory() as d:
+        knobs.cache.dir = d  # set in code: it wins over the caller's value, set in code or not
+        triton_cache.triton_key = lambda: "lazytriton-compile-server-unhashed"
+        try:
+            yield
+        finally:  # as it was (the warm-up: the server's own state)
+            triton_cache.triton_key = real_key
+            vars(knobs.cache).clear()
+            vars(knobs.cache).update(knob)
+            os.environ.pop("TRITON_CACHE_DIR", None)
+            if env is not None:
+                os.environ["TRITON_CACHE_DIR"] = env
 
 
 def reason(exc: BaseException) -> str:
@@ -159,51 +188,23 @@ def _child(data: bytes, wfd: int) -> None:
 
 
 def _warm_up() -> None:
-    """One tiny compile: the first compile in a process sets up the backend
-    (ptxas version, libdevice, pass pipelines); forked children inherit it."""
-    import tempfile
-
-    import triton
-    import triton.language as tl
-    from triton.compiler import ASTSource
-    from triton.runtime import cache as triton_cache
-
+    """One tiny compile, as every job compiles: the first in a process sets up the back end
+    (ptxas's version, LLVM's targets, the pass pipelines); forked children inherit it."""
     from .. import cache  # noqa: F401  (what the children use)
-    from . import ir_text, targets  # noqa: F401
+    from . import ir_text, targets
 
-    @triton.jit
-    def _lt_warm_up(x, n, B: tl.constexpr):
-        o = tl.program_id(0) * B + tl.arange(0, B)
-        tl.store(x + o, tl.load(x + o, mask=o < n) + 1, mask=o < n)
-
-    # Into a throwaway cache (a hit in Triton's cache would skip the set-up), so
-    # its cache key does not matter: it is made with a stand-in for Triton's
-    # installation hash while the real one is computed in BOOTSTRAP's child.
-    real_key = triton_cache.triton_key
-    saved = os.environ.get("TRITON_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as d:
-        os.environ["TRITON_CACHE_DIR"] = d  # Triton's knobs read the environment at each use
-        triton_cache.triton_key = lambda: "lazytriton-compile-server-warm-up"
-        try:
-            try:
-                target = targets.default_target()
-            except ValueError:  # a warm-up only: the caller reports the bad setting
-                target = targets.target_for(90)
-            triton.compile(ASTSource(_lt_warm_up, {"x": "*fp32", "n": "i32", "B": "constexpr"}, {(2,): 128}),
-                           target=target)
-        finally:
-            triton_cache.triton_key = real_key
-            if saved is None:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-            else:
-                os.environ["TRITON_CACHE_DIR"] = saved
+    try:
+        target = targets.default_target()
+    except ValueError:  # a warm-up only: the caller reports the bad setting
+        target = targets.target_for(90)
+    with _unhashed():  # a hit in Triton's cache would skip the set-up
+        ir_text.compile_text(ir_text.empty_kernel_job(), target)
 
 
 def _take_installation_hash(key_fd: int, pid: int | None) -> None:
-    """Makes Triton's ``triton_key()`` return the hash the child `pid` computed, as Triton's
-    own compile warm-up pool does in its workers (``triton/_compile_warmup_pool.py``),
-    so that this process and its children never compute it again. Where the child
-    failed, it is computed here (or its error raised)."""
+    """Makes Triton's ``triton_key()`` return the hash the child `pid` computed (as Triton's own
+    ``_compile_warmup_pool.py`` does), for this process and its children; computed here where the
+    child failed (or its error raised)."""
     from triton.runtime import cache as triton_cache
 
     with os.fdopen(key_fd, "rb") as f:
@@ -221,9 +222,9 @@ def _take_installation_hash(key_fd: int, pid: int | None) -> None:
 
 
 def serve(workers: int, key_fd: int, key_pid: int) -> None:
-    """The server's loop; `key_fd` reads Triton's installation hash from the
-    child BOOTSTRAP forked to compute it (`key_pid`). `workers` is the caller's
-    bound on jobs at once (compile.schedule keeps to it)."""
+    """The server's loop; `key_fd` reads Triton's installation hash from the child BOOTSTRAP
+    forked to compute it (`key_pid`). `workers`: the caller's bound on jobs at once."""
+    global _hashed
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
     t0 = time.perf_counter()
@@ -231,23 +232,26 @@ def serve(workers: int, key_fd: int, key_pid: int) -> None:
         _warm_up()
     except Exception as exc:  # the children will report real errors
         print(f"lazytriton compile server: warm-up failed: {reason(exc)}", file=sys.stderr)
-    t1 = time.perf_counter()
-    try:
-        _take_installation_hash(key_fd, key_pid)
-    except Exception as exc:  # each child then computes it, or reports its error
-        print(f"lazytriton compile server: Triton's installation hash: {reason(exc)}", file=sys.stderr)
-    waited_s = time.perf_counter() - t1
-    # When it became ready, on the caller's clock (perf_counter is CLOCK_MONOTONIC): where a
-    # cold first call's wait for the server goes.
-    write_frame(stdout, (READY, "ready", {"imports_done_at": t0, "ready_at": time.perf_counter(),
-                                          "waited_for_hash_s": waited_s}, 0.0))
+    # Ready before Triton's installation hash (`_unhashed`). When, on the caller's clock
+    # (perf_counter is CLOCK_MONOTONIC): where a cold first call's wait for the server goes.
+    write_frame(stdout, (READY, "ready", {"imports_done_at": t0, "ready_at": time.perf_counter()}, 0.0))
     sel = selectors.DefaultSelector()
     sel.register(stdin, selectors.EVENT_READ, None)
+    sel.register(key_fd, selectors.EVENT_READ, "hash")
     running: dict[int, tuple[int, int, bytearray]] = {}  # read fd -> (job id, pid, data)
     stdin_open = True
     inbox = bytearray()
     while stdin_open or running:
         for ready, _ in sel.select():
+            if ready.data == "hash":  # BOOTSTRAP's child is done: the children forked from now on have it
+                sel.unregister(key_fd)
+                try:
+                    _take_installation_hash(key_fd, key_pid)
+                    _hashed = True
+                except Exception as exc:  # each child then computes it, or reports its error
+                    print(f"lazytriton compile server: Triton's installation hash: {reason(exc)}", file=sys.stderr)
+                write_frame(stdout, (READY, "hashed", {"hashed_at": time.perf_counter()}, 0.0))
+                continue
             if ready.data is None:  # jobs from the caller (unbuffered: a read may hold several frames)
                 chunk = os.read(stdin.fileno(), 1 << 20)
                 if not chunk:  # the caller is gone: stop
