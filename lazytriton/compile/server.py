@@ -248,7 +248,7 @@ def serve(workers: int, key_fd: int, key_pid: int) -> None:
                 try:
                     _take_installation_hash(key_fd, key_pid)
                     _hashed = True
-                except Exception as exc:  # each child then computes it, or reports its error
+                except Exception as exc:  # the children keep to private Triton caches (`_unhashed`)
                     print(f"lazytriton compile server: Triton's installation hash: {reason(exc)}", file=sys.stderr)
                 write_frame(stdout, (READY, "hashed", {"hashed_at": time.perf_counter()}, 0.0))
                 continue
