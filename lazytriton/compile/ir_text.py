@@ -73,20 +73,14 @@ def front_end(fn, target, signature: dict, constexprs: dict, attrs: dict, option
 
 
 def empty_kernel_job() -> dict:
-    """A job of an empty kernel, made with Triton's IR builder: a compile server's warm-up
-    without Triton's code generator, which its children never run (importing it was 0.15 s
-    of an ASTSource's 0.27 s warm-up on a CPU)."""
+    """A job of an empty kernel made with Triton's IR builder: a compile server's warm-up without Triton's
+    code generator, which its children never run (importing it was 0.15 s of a 0.27 s warm-up on a CPU)."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import Language
 
     context = ir.context()
     ir.load_dialects(context)
-    builder = ir.builder(context)
-    module = builder.create_module()
-    fn = builder.get_or_insert_function(module, "lt_warm_up", builder.get_function_ty([], []), "public", False)
-    module.push_back(fn)
-    builder.set_insertion_point_to_start(fn.add_entry_block())
-    builder.ret([])
+    module = _one_function("lt_warm_up", context, lambda builder: None)
     text = module.str()
     return {"text": text, "locs": _arg_locs(module, context), "hash": hashlib.sha256(text.encode()).hexdigest(),
             "name": "lt_warm_up", "language": Language.TRITON, "ext": "ttir", "options": {}, "local": None}
@@ -151,21 +145,26 @@ def _block_args(module) -> list:
 
 
 def _arg_locs(module, context) -> str:
-    """Every block argument's location, whole, as text the parser reads: one constant per
-    argument, at that location, in a function of a module of its own."""
+    """Every block argument's location, whole, as text the parser reads: one constant at each, in a module."""
+    def body(builder) -> None:
+        for arg in _block_args(module):
+            # On the op itself: the builder's own location is unknown while line info is disabled.
+            builder.get_int32(0).set_loc(arg.get_loc())
+    return _one_function("block_argument_locations", context, body).str()
+
+
+def _one_function(name: str, context, body):
+    """A module of one public function of no arguments, `body(builder)` its ops before its return."""
     from triton._C.libtriton import ir
 
     builder = ir.builder(context)
-    holder = builder.create_module()
-    fn = builder.get_or_insert_function(holder, "block_argument_locations", builder.get_function_ty([], []),
-                                        "public", False)
-    holder.push_back(fn)
+    module = builder.create_module()
+    fn = builder.get_or_insert_function(module, name, builder.get_function_ty([], []), "public", False)
+    module.push_back(fn)
     builder.set_insertion_point_to_start(fn.add_entry_block())
-    for arg in _block_args(module):
-        # On the op itself: the builder's own location is unknown while line info is disabled.
-        builder.get_int32(0).set_loc(arg.get_loc())
+    body(builder)
     builder.ret([])
-    return holder.str()
+    return module
 
 
 def _parse(text: str, context, ir):
