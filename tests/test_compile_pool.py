@@ -169,9 +169,10 @@ def test_a_job_before_tritons_installation_hash_compiles_the_same_binary_into_a_
     """A compile server is ready before Triton's installation hash (0.5 s on an H200, after Triton's
     0.3 s import, in a child of its own). A job forked before it is keyed by a stand-in: it must
     neither read nor fill the caller's Triton cache (another installation's stand-in entry would
-    be a wrong hit), and builds the same binary. A cache manager of the caller's is keyed for real
-    (the child computes the hash). Run in a process of its own: a worker's state is applied to it.
-    Fails if the stand-in reached the caller's cache, or if the private one were kept."""
+    be a wrong hit), and builds the same binary. A cache manager of the caller's, or use_ir_loc
+    (Triton writes the IR file's path in its cache into the binary), is keyed for real (the child
+    computes the hash). Run in a process of its own: a worker's state is applied to it. Fails if
+    the stand-in reached the caller's cache, or either of those got the private one."""
     import subprocess
     import sys
 
@@ -205,6 +206,11 @@ dirs.clear()
 managed = server._compile(job())
 assert dirs and all(d.startswith(mine) for d in dirs), dirs
 del os.environ["TRITON_CACHE_MANAGER"]
+os.environ["USE_IR_LOC"] = "ttgir"  # the IR file's path in Triton's cache goes into the line info
+dirs.clear()
+located = server._compile(job())
+assert dirs and all(d.startswith(mine) for d in dirs), dirs
+del os.environ["USE_IR_LOC"]
 server._hashed = True
 dirs.clear()
 late = server._compile(job())

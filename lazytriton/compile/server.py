@@ -117,8 +117,9 @@ def _compile(job: dict):
         raise WorkerUnavailable(f"unreadable job: {type(exc).__name__}: {exc}") from None
     apply_state(state)  # this forked child serves this job alone
     try:
-        # A cache manager of the caller's (a remote one, say) gets the real key: this child computes it.
-        with _unhashed() if not _hashed and knobs.cache.manager_class is None else contextlib.nullcontext():
+        # The real key (this child computes it) where the cache reaches the binary (`_unhashed`).
+        real = _hashed or knobs.cache.manager_class is not None or knobs.compilation.use_ir_loc
+        with contextlib.nullcontext() if real else _unhashed():
             return compile_text(job["ir"], job["target"])
     except DoesNotReadBack as exc:  # the caller compiles the front end's own module
         raise WorkerUnavailable(str(exc)) from None
@@ -129,10 +130,10 @@ _hashed = False  # the server has Triton's installation hash (its children forke
 
 @contextlib.contextmanager
 def _unhashed():
-    """A compile before Triton's installation hash is known (BOOTSTRAP's child computes it: 0.5 s
-    on an H200, after Triton's 0.3 s import): keyed by a stand-in, it reads and fills a Triton cache
-    of its own, gone with it, never the caller's. Its binary is the one the real key gives: the key
-    names cache entries only (and metadata's "hash", never Triton's here: lazytriton keys its cache)."""
+    """A compile before Triton's installation hash is known (computed by BOOTSTRAP's child: 0.5 s on an
+    H200): keyed by a stand-in, it reads and fills a Triton cache of its own, never the caller's. The
+    binary is the real key's: the key names cache entries, but for a cache manager of the caller's (a
+    remote one) and use_ir_loc (the IR file's path in the cache enters the line info): keyed for real."""
     from triton.runtime import cache as triton_cache
 
     real_key, env, knob = triton_cache.triton_key, os.environ.get("TRITON_CACHE_DIR"), dict(vars(knobs.cache))
