@@ -197,7 +197,7 @@ def _forget(k: str, ticket: schedule.Ticket, _=None) -> None:
 
 
 def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candidate], load=None, store=None,
-                   max_workers: int | None = None, key=None, wait_for_server: bool = False,
+                   max_workers: int | None = None, key=None, ahead: bool = False,
                    order: int | None = None, in_order: bool = False, soon: bool = False,
                    fn: Any = None) -> Iterator[Candidate]:
     """Compiles the candidates that `load` does not find and yields every candidate as soon as it has its
@@ -205,9 +205,9 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     routes: a candidate another stream of this process is compiling (same compile key `key(c)`:
     compile_ahead, another first call, a JAX lowering) is waited for, not compiled again; else Triton's
     front end runs here (compile.schedule's thread) and its back end in the compile server; or, with no
-    server (max_workers set, LAZYTRITON_COMPILE_WORKERS=0, or not ready yet for a call's candidate), on
-    a thread here. `wait_for_server`: compiles made ahead, no call waits for them yet (they wait for the
-    server, go after a call's and run niced, unless `soon`: a program about to run needs them all).
+    server (max_workers set, LAZYTRITON_COMPILE_WORKERS=0, or it could not start or died), on a thread
+    here. `ahead`: compiles made ahead, no call waits for them yet (they go after a call's and run niced,
+    unless `soon`: a program about to run needs them all).
     `order` (compile.schedule.next_order(), taken when asked for) places them among those of their
     priority. `in_order`: the candidates' own order is the queue's (online tuning lists the likeliest
     winner, or the quickest compile, first), not the costliest first. `fn`: the kernel the front ends
@@ -235,7 +235,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             log.warning("kernel %s: the compile server could not start (%s): compiling in this process", spec.name,
                         exc)
             pool = None
-    priority = schedule.BACKGROUND if wait_for_server and not soon else schedule.URGENT
+    priority = schedule.BACKGROUND if ahead and not soon else schedule.URGENT
     order = schedule.next_order() if order is None else order
     code = None  # spec.code_size(), read once a candidate is queued here (not for those joined)
     futures: dict[cf.Future, Candidate] = {}
@@ -255,7 +255,7 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
             cost = (schedule.in_order_cost(rank, len(todo)) if in_order else
                     schedule.compile_cost(c.bound.constexprs, getattr(c.bound.options, "num_warps", None), code))
             t = schedule.Ticket(functools.partial(_front_end, spec, fn, target, c), priority, f"{spec.name} {c.label}",
-                                (order, rank), cost, here=pool is None, ahead=wait_for_server)
+                                (order, rank), cost, here=pool is None)
             if k is not None:
                 _inflight[k] = t
                 t.future.add_done_callback(functools.partial(_forget, k, t))
@@ -264,14 +264,13 @@ def compile_stream(spec: KernelSpec, target: GPUTarget, candidates: list[Candida
     if joined:
         log.info("kernel %s: %d candidate(s) already compiling in this process: waiting for them", spec.name,
                  len(joined))
-        if not wait_for_server:
+        if not ahead:
             for t in joined:
                 schedule.promote(t)
     if mine:
         where = f"in {min(pool.workers, len(mine))} worker process(es)" if pool is not None else "in this process"
-        log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end %s%s", spec.name, len(mine),
-                 target_label(target), where,
-                 "" if pool is None or pool.ready() else " (until the compile server is ready: in this process)")
+        log.info("kernel %s: compiling %d candidate(s) for %s: front end here, back end %s", spec.name, len(mine),
+                 target_label(target), where)
     for _, t in mine:
         schedule.submit(t)
     seen: dict[str, str] = {}  # an error's text -> the first candidate that failed with it

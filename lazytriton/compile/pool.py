@@ -6,7 +6,8 @@ caller's Triton state (lazytriton.compile.ir_text.front_end); the server forks a
 once: which job is sent when is decided by the caller (compile.schedule).
 
 A child that dies (a crash in the compiler) is reported for its candidate alone; a server that dies
-fails its running jobs and is restarted on next use: nothing ever hangs.
+fails its running jobs and is restarted on next use; one not ready START_S after its start is killed
+(what waits for it compiles in the caller): nothing ever hangs.
 
 Settings: ``LAZYTRITON_COMPILE_WORKERS`` (default: the cores this process may use, at most 32; 0
 compiles in-process on threads).
@@ -14,11 +15,13 @@ compiles in-process on threads).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
 import pickle
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,8 @@ from .server import BOOTSTRAP, READY, WorkerUnavailable, read_frame, shadows, wr
 log = logging.getLogger("lazytriton.compile.pool")
 
 __all__ = ["CompileFailed", "CompilePool", "WorkerCrashed", "WorkerUnavailable", "get_pool", "start"]
+
+START_S = 120.0  # a server still not ready this long after its start is stopped (ready in 0.3-0.9 s on an H200)
 
 
 class WorkerCrashed(RuntimeError):
@@ -93,8 +98,20 @@ class CompilePool:
                          daemon=True).start()
         threading.Thread(target=self._read_results, args=(proc, stderr), name="lazytriton-compile-pool",
                          daemon=True).start()
+        timer = threading.Timer(START_S, self._not_ready, args=(proc,))
+        timer.daemon = True
+        timer.start()
         log.debug("started the compile server (pid %d, %d workers)", proc.pid, self.workers)
         return proc
+
+    def _not_ready(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            if self._proc is not proc or "ready_at" in self.timeline or proc.poll() is not None:
+                return
+        log.warning("lazytriton: the compile server was not ready %g s after its start: stopping it, compiling in "
+                    "this process%s", START_S, self._tail())
+        with contextlib.suppress(OSError):  # with its children (its session); its reader then lets the waiting go
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def ready(self) -> bool:
         """Whether the server is up and warm (it has sent its ready frame)."""
@@ -109,12 +126,9 @@ class CompilePool:
     def wait_ready(self, timeout: float = 120.0) -> bool:
         """Starts the server if needed and waits until it is ready (tests, benchmarks)."""
         self.start()
-        deadline = time.perf_counter() + timeout
-        while not self.ready():
-            if time.perf_counter() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        up = threading.Event()
+        self.when_ready(up.set)
+        return up.wait(timeout) and self.ready()
 
     def when_ready(self, fn) -> None:
         """Calls fn() once the running server is ready or has died (on the thread

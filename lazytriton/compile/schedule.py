@@ -9,9 +9,8 @@ longest compile), then the others in the order asked for (a program's first site
 poles compile). A front end's job (its TTIR text and this process's Triton state, compile.ir_text)
 waits among the ready jobs in the same order; it starts as soon as a slot is free: in the compile
 server (compile.pool), a call's jobs on up to every worker and those made ahead (niced there) on the
-workers left, any but a pole niced a little more; on a thread of this process when there is no
-server (disabled, refused), or while it starts for two of a call's candidates at a time (no front
-end made ahead queued; the others wait for it, as compiles made ahead do). A call that reaches a
+workers left, any but a pole niced a little more; on a thread of this process only when there is
+no server (disabled, refused, dead): one still starting is waited for. A call that reaches a
 candidate still queued ahead of time (`promote`) moves it among the call's; those asked for `soon`
 (a JAX program's sites, at its lowering: it runs them all, in an order not known) are there, in one
 place (`TOGETHER`): the longest first across them.
@@ -48,7 +47,6 @@ BACKGROUND = 1  # compiled ahead: no call waits for it yet
 # the poles (an H200's 16-site program, 16 workers on 16 cores: the GELU tile took 5-26% longer than alone).
 POLE = 2 / 3
 _NICE, _SHORT_NICE = {URGENT: 0, BACKGROUND: 10}, 5
-HERE_WHILE_STARTING = 2  # a call's back ends on threads here at a time while the server starts
 TOGETHER = -1  # the place of compiles asked for `soon`: one program's, run in an order not known
 
 
@@ -82,9 +80,6 @@ class _Line:
         pole = self._top(self.by_cost)
         return pole if pole is not None and pole.priority <= nxt.priority and _pole(pole) else nxt
 
-    def tickets(self) -> list:
-        return [e[-1] for e in self.by_order if e[-1].state == self.state]
-
     def clear(self) -> None:
         self.by_cost.clear()
         self.by_order.clear()
@@ -95,13 +90,12 @@ class Ticket:
     thread) and returns the job: compile.ir_text.front_end's output and the
     target. `future` gets (CompiledBinary, the back end's seconds, "worker" or "thread"), or the error."""
 
-    __slots__ = ("work", "priority", "ahead", "order", "cost", "state", "job", "here", "future", "times")
+    __slots__ = ("work", "priority", "order", "cost", "state", "job", "here", "future", "times")
 
     def __init__(self, work: Callable[[], dict], priority: int, label: str = "", order: tuple = (),
-                 cost: float = 0.0, here: bool = False, ahead: bool = False) -> None:
+                 cost: float = 0.0, here: bool = False) -> None:
         self.work = work
         self.priority = priority
-        self.ahead = ahead or priority == BACKGROUND  # no call waits for it yet: it waits for the server
         self.order = order  # among tickets of one priority: (its stream's next_order(), its rank there)
         self.cost = cost  # compile_cost
         self.here = here  # its back end runs in this process (no compile server)
@@ -135,7 +129,6 @@ _live = {URGENT: collections.Counter(), BACKGROUND: collections.Counter()}  # co
 _thread: threading.Thread | None = None
 _threads: cf.ThreadPoolExecutor | None = None  # back ends in this process
 _waiting_for_server = False
-_here_now = [0]  # back ends running on threads of this process (_cv is re-entrant: _dispatch holds it)
 _history: collections.deque = collections.deque(maxlen=4096)
 _orders = itertools.count()
 _calls, _SWITCH_S = [0, 0.0], 0.0005  # resolving(): calls now, the interval before them; the interval meanwhile
@@ -160,7 +153,6 @@ def promote(ticket: Ticket) -> None:
     """A call now waits for this candidate: what is left of it goes ahead of
     every compile made ahead of time (a back end already running stays as it is)."""
     with _cv:
-        ticket.ahead = False  # a call waits for it now
         if ticket.priority != URGENT:  # else asked for as a call's (`soon`): its place stays
             if ticket.state in ("front", "running", "ready"):
                 _forget(ticket)
@@ -207,11 +199,9 @@ def _dispatch() -> None:
             # Here: no server, or a job whose state cannot travel (compile.ir_text.process_state).
             here = pool is None or ticket.here or bool(ticket.job["ir"].get("local"))
             server = not here and pool.ready()
-            # A server still starting is waited for, but by two of a call's back ends at a time:
-            # on threads here they share the GIL (an H200, an 8-config matmul's first call: compiled
-            # 1.3 s in on threads, 0.6 s in waiting for the workers; 2.7-2.9 s beside front ends made ahead).
-            wait = not here and not server and pool.starting() and (
-                ticket.ahead or _here_now[0] >= HERE_WHILE_STARTING or any(t.ahead for t in _fronts.tickets()))
+            # A server still starting is waited for (ready 0.3 s into a fresh process's first call, H200): on
+            # threads here back ends share the GIL (an 8-config matmul: 0.92 s waiting, 1.19 s two on threads).
+            wait = not here and not server and pool.starting()
             if wait:
                 wait, _waiting_for_server = not _waiting_for_server, True
                 break
@@ -253,8 +243,7 @@ def _back_end_here(ticket: Ticket, job: dict) -> None:
         return compile_text(job["ir"], job["target"]), time.perf_counter() - t0, "thread"
 
     with _cv:
-        ticket.times["here"] = True  # counted until it ends (_finish)
-        _here_now[0] += 1
+        ticket.times["here"] = True
         if _threads is None:
             _threads = cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="lazytriton-compile")
     _threads.submit(run).add_done_callback(lambda f: _settled(ticket, f))
@@ -274,8 +263,6 @@ def _finish(ticket: Ticket, exc: BaseException | None, result, counted: bool = T
     with _cv:
         if counted:
             _running[ticket.times["ran_as"]] -= 1
-            if ticket.times.get("here"):
-                _here_now[0] -= 1
         _forget(ticket)
         job, ticket.state, ticket.work, ticket.job = ticket.job, "done", None, None  # what it held of the kernel goes
     if job is not None:
@@ -302,7 +289,7 @@ def _after_fork() -> None:  # a forked child has none of this process's threads:
     _fronts.clear()
     _ready.clear()
     _thread = _threads = None
-    _running[URGENT] = _running[BACKGROUND] = _here_now[0] = 0
+    _running[URGENT] = _running[BACKGROUND] = 0
     _live[URGENT].clear()
     _live[BACKGROUND].clear()
     _waiting_for_server = False

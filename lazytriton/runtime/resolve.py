@@ -385,7 +385,7 @@ class Resolution:
             self.compile_key(c)
         # The front ends read the kernel as it is now too, wherever and whenever they run.
         return compile_stream(self.spec, self.target, cands, load=lambda c: cache.load_binary(self.compile_key(c)),
-                              store=store, key=self.compile_key, wait_for_server=background,
+                              store=store, key=self.compile_key, ahead=background,
                               order=order, in_order=in_order, soon=soon,
                               fn=as_read_now(self.spec.fn) if fn is None else fn)
 
