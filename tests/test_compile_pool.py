@@ -589,9 +589,9 @@ class StartingPool(FakePool):
 
 def test_while_the_server_starts_every_job_waits_for_it_and_runs_here_if_it_dies(monkeypatch):
     """A fresh process's first call, its server still starting: none of its back ends runs on a
-    thread here, however few its configs (there they share the GIL: an H200's 8-config matmul was
-    compiled 1.19 s into its first call with two on threads, 0.92 s with all 8 waiting 0.3 s for the
-    workers), nor do those made ahead; once it is ready they go to its workers, a call's first,
+    thread here, however few its configs (there they share the GIL: an H200's 8-config matmul's
+    first call took 1.22 s with two on threads, 0.91 s with all 8 waiting for the workers), nor do
+    those made ahead; once it is ready they go to its workers, a call's first,
     costliest first. A server that dies while starting (or is stopped: compile.pool.START_S) sends
     what waits for it to threads here. Fails if any back end runs here while it starts."""
     from lazytriton.compile import schedule

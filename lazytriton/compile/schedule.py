@@ -200,7 +200,7 @@ def _dispatch() -> None:
             here = pool is None or ticket.here or bool(ticket.job["ir"].get("local"))
             server = not here and pool.ready()
             # A server still starting is waited for (ready 0.3 s into a fresh process's first call, H200): on
-            # threads here back ends share the GIL (an 8-config matmul: 0.92 s waiting, 1.19 s two on threads).
+            # threads here back ends share the GIL (an 8-config matmul: 0.91 s waiting, 1.22 s two on threads).
             wait = not here and not server and pool.starting()
             if wait:
                 wait, _waiting_for_server = not _waiting_for_server, True
