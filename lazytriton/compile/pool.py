@@ -7,7 +7,7 @@ once: which job is sent when is decided by the caller (compile.schedule).
 
 A child that dies (a crash in the compiler) is reported for its candidate alone; a server that dies
 fails its running jobs and is restarted on next use; one not ready START_S after its start is killed
-(what waits for it compiles in the caller): nothing ever hangs.
+and none started again (the caller compiles alone): nothing ever hangs.
 
 Settings: ``LAZYTRITON_COMPILE_WORKERS`` (default: the cores this process may use, at most 32; 0
 compiles in-process on threads).
@@ -73,6 +73,7 @@ class CompilePool:
         self._ids = itertools.count()
         self._stderr = None  # the running server's stderr, a file: its tail names a crash
         self.timeline: dict = {}  # its start-up on our perf_counter: started_at, imports_done_at, ready_at, hashed_at
+        self.stopped = False  # one was not ready START_S after its start: this process compiles alone
         self._on_ready: list = []  # when_ready's callables for the server starting now
 
     def start(self) -> None:
@@ -108,8 +109,9 @@ class CompilePool:
         with self._lock:
             if self._proc is not proc or "ready_at" in self.timeline or proc.poll() is not None:
                 return
-        log.warning("lazytriton: the compile server was not ready %g s after its start: stopping it, compiling in "
-                    "this process%s", START_S, self._tail())
+            self.stopped = True
+        log.warning("lazytriton: the compile server was not ready %g s after its start: stopping it; this process "
+                    "compiles alone from now on%s", START_S, self._tail())
         with contextlib.suppress(OSError):  # with its children (its session); its reader then lets the waiting go
             os.killpg(proc.pid, signal.SIGKILL)
 
@@ -126,8 +128,7 @@ class CompilePool:
     def wait_ready(self, timeout: float = 120.0) -> bool:
         """Starts the server if needed and waits until it is ready (tests, benchmarks)."""
         self.start()
-        up = threading.Event()
-        self.when_ready(up.set)
+        self.when_ready((up := threading.Event()).set)  # ready, or dead
         return up.wait(timeout) and self.ready()
 
     def when_ready(self, fn) -> None:
@@ -241,7 +242,7 @@ _pool_lock = threading.Lock()
 
 
 def get_pool() -> CompilePool | None:
-    """The process's compile pool, or None when disabled (LAZYTRITON_COMPILE_WORKERS=0)."""
+    """The process's compile pool, or None when disabled (LAZYTRITON_COMPILE_WORKERS=0) or stopped."""
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -250,7 +251,7 @@ def get_pool() -> CompilePool | None:
                 return None
             _pool = CompilePool(n)
             atexit.register(_pool.close)
-        return _pool
+        return None if _pool.stopped else _pool
 
 
 def start() -> None:
@@ -267,8 +268,7 @@ def start() -> None:
 def server_timeline() -> dict:
     """The running compile server's start-up on this process's perf_counter clock (started_at,
     imports_done_at, ready_at, hashed_at: Triton's installation hash), for benchmarks; {} if none."""
-    pool = _pool
-    if pool is None:
+    if _pool is None:
         return {}
-    with pool._lock:
-        return dict(pool.timeline)
+    with _pool._lock:
+        return dict(_pool.timeline)
