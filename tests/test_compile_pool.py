@@ -590,6 +590,12 @@ class StartingPool(FakePool):
         for fn in self.waiting:
             fn()
 
+    def die(self) -> None:
+        """Neither ready nor starting; its reader lets what waits for it go."""
+        self.starting = lambda: False
+        for fn in self.waiting:
+            fn()
+
 
 def test_while_the_server_starts_every_job_waits_for_it_and_runs_here_if_it_dies(monkeypatch):
     """A fresh process's first call, its server still starting: none of its back ends runs on a
@@ -623,9 +629,7 @@ def test_while_the_server_starts_every_job_waits_for_it_and_runs_here_if_it_dies
     _until(lambda: alone.state == "ready" and pool.waiting)
     time.sleep(0.05)
     assert here == []
-    pool.starting = lambda: False  # dead: neither ready nor starting; its reader lets the waiting go
-    for fn in pool.waiting:
-        fn()
+    pool.die()
     assert here == ["alone"] and pool.names() == ["two", "one", "ahead"]
     schedule._finish(alone, None, (None, 0.0, "thread"))  # the stand-in ran no back end
 
