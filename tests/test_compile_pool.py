@@ -571,13 +571,13 @@ class StartingPool(FakePool):
 
     def __init__(self, workers: int = 1) -> None:
         super().__init__(workers)
-        self.is_ready, self.waiting = False, []
+        self.is_ready, self.dead, self.waiting = False, False, []
 
     def ready(self) -> bool:
         return self.is_ready
 
     def starting(self) -> bool:
-        return not self.is_ready
+        return not self.is_ready and not self.dead
 
     def when_ready(self, fn) -> None:
         if self.is_ready:
@@ -592,7 +592,7 @@ class StartingPool(FakePool):
 
     def die(self) -> None:
         """Neither ready nor starting; its reader lets what waits for it go."""
-        self.starting = lambda: False
+        self.dead = True
         for fn in self.waiting:
             fn()
 
